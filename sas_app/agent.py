@@ -1,0 +1,211 @@
+"""The Agent: wraps one remote service; one Celery queue per agent (``sas.agent.<name>``).
+
+An action is a plain function ``fn(call: AgentCall) -> JSON``. The base around it retries
+transient faults with exponential back-off while the step's complete-by allows, passes the same
+idempotency key and the attempt's fencing token on every try, stops silently once complete-by has
+passed, and replies to the Scheduler with the result or with a non-transient error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import httpx
+from celery.exceptions import SoftTimeLimitExceeded
+from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential_jitter
+
+from . import faults
+from .errors import PermanentError, StaleAttempt, StepExpired, TransientError, WorkflowDefinitionError
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+log = logging.getLogger("sas.agent")
+
+SCHEDULER_QUEUE = "sas.scheduler"
+
+
+def agent_queue(agent: str) -> str:
+    return f"sas.agent.{agent}"
+
+
+def agent_task_name(agent: str, action: str) -> str:
+    return f"sas.agent.{agent}.{action}"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The retry policy: :class:`TransientError`, and the network's own transient faults
+    (``httpx.TransportError`` — connect errors and timeouts —, ``ConnectionError``, ``TimeoutError``).
+
+    Never retried: :class:`PermanentError` (replied as an error at once), :class:`StaleAttempt`
+    and :class:`StepExpired` (the agent stops silently), and any other exception, which is a bug
+    in the action and is replied as an error, so an operator sees it instead of a silent loop."""
+    return isinstance(exc, (TransientError, httpx.TransportError, ConnectionError, TimeoutError))
+
+
+@dataclass
+class AgentCall:
+    """What an action receives: the step's identity, its input and the time left."""
+
+    run_id: str
+    business_key: str
+    workflow: str
+    step: str
+    position: int
+    attempt: int
+    idempotency_key: str
+    payload: Any
+    results: dict[str, Any]
+    budget: float
+    started: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> "AgentCall":
+        call = cls(
+            run_id=str(message["run_id"]),
+            business_key=str(message["business_key"]),
+            workflow=str(message["workflow"]),
+            step=str(message["step"]),
+            position=int(message["position"]),
+            attempt=int(message["attempt"]),
+            idempotency_key=str(message["idempotency_key"]),
+            payload=message["payload"],
+            results=dict(message.get("results") or {}),
+            budget=float(message["budget"]),
+        )
+        if call.attempt < 1 or call.budget <= 0:
+            raise ValueError(f"attempt {call.attempt} and budget {call.budget} must be positive")
+        return call
+
+    def remaining(self) -> float:
+        """Seconds left before complete-by (measured from when this worker received the step)."""
+        return self.budget - (time.monotonic() - self.started)
+
+    def headers(self) -> dict[str, str]:
+        """The headers a remote service deduplicates and fences on."""
+        return {"Idempotency-Key": self.idempotency_key, "X-Fencing-Token": str(self.attempt)}
+
+
+ActionFn = Callable[[AgentCall], Any]
+
+
+@dataclass
+class AgentAction:
+    agent: "Agent"
+    name: str
+    fn: ActionFn
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.agent.name}.{self.name}"
+
+    def __call__(self, call: AgentCall) -> Any:
+        return self.fn(call)
+
+
+class Agent:
+    """One remote service's agent. Declare actions with :meth:`action`."""
+
+    def __init__(
+        self,
+        celery: "Celery",
+        name: str,
+        *,
+        retry_initial: float = 0.1,
+        retry_max: float = 2.0,
+    ) -> None:
+        self.celery = celery
+        self.name = name
+        self.queue = agent_queue(name)
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.actions: dict[str, AgentAction] = {}
+
+    def action(self, fn: ActionFn | None = None, *, name: str | None = None) -> Any:
+        """Decorator: register ``fn`` as the action ``<agent>.<name>`` (default: its own name)."""
+
+        def register(fn: ActionFn) -> AgentAction:
+            action_name = name or fn.__name__
+            if action_name in self.actions:
+                raise WorkflowDefinitionError(f"agent {self.name!r} already has an action {action_name!r}")
+            action = AgentAction(self, action_name, fn)
+            self.actions[action_name] = action
+            self._register_task(action)
+            return action
+
+        return register(fn) if fn is not None else register
+
+    def _register_task(self, action: AgentAction) -> None:
+        # Late acks with reject-on-worker-lost: a worker killed mid-step leaves the message to be
+        # redelivered, not lost; the fencing token makes the second run harmless.
+        @self.celery.task(
+            name=agent_task_name(self.name, action.name),
+            acks_late=True,
+            reject_on_worker_lost=True,
+            ignore_result=True,
+        )
+        def run_action(**message: Any) -> None:
+            self.execute(action, message)
+
+    def execute(self, action: AgentAction, message: dict[str, Any]) -> None:
+        try:
+            call = AgentCall.from_message(message)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("agent %s rejected a malformed message (%s): %r", action.qualname, exc, message)
+            return
+        where = f"{action.qualname} run {call.run_id} step {call.step} attempt {call.attempt}"
+        try:
+            result = self._call_with_retries(action, call)
+            json.dumps(result, allow_nan=False)
+        except (StepExpired, SoftTimeLimitExceeded):
+            log.warning("%s: complete-by passed; stopping without a reply", where)
+            return
+        except StaleAttempt as exc:
+            log.warning("%s: superseded (%s); stopping without a reply", where, exc)
+            return
+        except PermanentError as exc:
+            self._reply("sas.scheduler.step_failed", call, error=str(exc) or type(exc).__name__)
+            return
+        except Exception as exc:
+            if is_transient(exc):
+                log.warning("%s: still failing when complete-by came (%s); no reply", where, exc)
+                return
+            log.exception("%s: unexpected error, reported as a permanent failure", where)
+            self._reply("sas.scheduler.step_failed", call, error=f"{type(exc).__name__}: {exc}")
+            return
+        faults.hit("agent.after_call")
+        if call.remaining() <= 0:
+            log.warning("%s: result came after complete-by; not replying", where)
+            return
+        self._reply("sas.scheduler.step_done", call, result=result)
+
+    def _call_with_retries(self, action: AgentAction, call: AgentCall) -> Any:
+        if call.remaining() <= 0:
+            raise StepExpired(call.step)
+        for attempt in Retrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential_jitter(initial=self.retry_initial, max=self.retry_max),
+            stop=stop_before_delay(max(call.remaining(), 0.0)),
+            reraise=True,
+        ):
+            with attempt:
+                if call.remaining() <= 0:
+                    raise StepExpired(call.step)
+                return action(call)
+        raise StepExpired(call.step)  # pragma: no cover - Retrying either returns or raises
+
+    def _reply(self, task: str, call: AgentCall, **outcome: Any) -> None:
+        self.celery.send_task(
+            task,
+            kwargs={
+                "run_id": call.run_id,
+                "position": call.position,
+                "attempt": call.attempt,
+                **outcome,
+            },
+            queue=SCHEDULER_QUEUE,
+        )

@@ -1,0 +1,158 @@
+"""The client API other Python code uses: submit a run, look at it, wait for it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import faults
+from .agent import SCHEDULER_QUEUE
+from .errors import DuplicateBusinessKey, InvalidSubmission, UnknownRun, UnknownWorkflow
+from .store import EventRow, NewStep, RunRow, StepRow, dumps_payload
+
+if TYPE_CHECKING:
+    from .app import SasApp
+
+log = logging.getLogger("sas.client")
+
+TERMINAL_STATES = frozenset({"processed", "error", "compensated", "cancelled"})
+MAX_KEY_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run as the store holds it now, with its steps and history."""
+
+    run: RunRow
+    steps: list[StepRow]
+    events: list[EventRow]
+
+    @property
+    def id(self) -> str:
+        return self.run.id
+
+    @property
+    def process_state(self) -> str:
+        return self.run.process_state
+
+    @property
+    def terminal(self) -> bool:
+        return self.run.process_state in TERMINAL_STATES
+
+    def step(self, name: str) -> StepRow:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(f"run {self.id} has no step {name!r}")
+
+
+class RunHandle:
+    """What :func:`submit` returns: the run's id, whether this call created it, and ways to watch it."""
+
+    def __init__(self, app: "SasApp", run_id: str, created: bool) -> None:
+        self.app = app
+        self.id = run_id
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"<RunHandle {self.id} created={self.created}>"
+
+    def status(self) -> RunView:
+        return get_run(self.app, self.id)
+
+    def wait(self, timeout: float = 60.0) -> RunView:
+        """Block until the run is terminal (processed, error, compensated, cancelled) and return it.
+
+        Raises ``TimeoutError`` naming the state it was left in."""
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            run = self.app.store.get_run(self.id)
+            if run is not None and run.process_state in TERMINAL_STATES:
+                return self.status()
+            if time.monotonic() >= deadline:
+                state = run.process_state if run else "missing"
+                raise TimeoutError(f"run {self.id} is still {state} after {timeout}s")
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+            delay = min(delay * 1.5, 0.5)
+
+
+def get_run(app: "SasApp", run_id: str) -> RunView:
+    run = app.store.get_run(run_id)
+    if run is None:
+        raise UnknownRun(f"no run with id {run_id!r}")
+    return RunView(run, app.store.get_steps(run_id), app.store.get_events(run_id))
+
+
+def submit(
+    app: "SasApp",
+    workflow: str,
+    payload: Any,
+    *,
+    business_key: str,
+    reply_to: str | None = None,
+) -> RunHandle:
+    """Write the run, its steps and whatever the workflow's ``on_submit`` writes in one
+    transaction, then ask the Scheduler to start it.
+
+    The same business key submitted again returns the existing run (``handle.created`` is False);
+    with a different payload it raises :class:`DuplicateBusinessKey`. Bad input raises
+    :class:`InvalidSubmission` or :class:`UnknownWorkflow` and writes nothing.
+    """
+    wf = app.workflows.get(workflow) if isinstance(workflow, str) else None
+    if wf is None:
+        raise UnknownWorkflow(
+            f"unknown workflow {workflow!r}; registered: {sorted(app.workflows) or 'none'}"
+        )
+    if not isinstance(business_key, str) or not business_key.strip():
+        raise InvalidSubmission(f"business_key must be a non-empty string, got {business_key!r}")
+    if len(business_key) > MAX_KEY_LENGTH or not business_key.isprintable():
+        raise InvalidSubmission(
+            f"business_key must be printable and at most {MAX_KEY_LENGTH} characters"
+        )
+    if reply_to is not None and (not isinstance(reply_to, str) or not reply_to or len(reply_to) > 200):
+        raise InvalidSubmission(f"reply_to must be a queue name, got {reply_to!r}")
+    if not isinstance(payload, dict):
+        raise InvalidSubmission(f"payload must be a JSON object (a dict), got {type(payload).__name__}")
+    try:
+        encoded = dumps_payload(payload)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSubmission(f"payload is not JSON-serialisable: {exc}") from None
+    limit = app.settings.max_payload_bytes
+    if len(encoded.encode()) > limit:
+        raise InvalidSubmission(f"payload is {len(encoded.encode())} bytes, over the {limit}-byte limit")
+    payload = json.loads(encoded)
+
+    run_id = uuid.uuid4().hex
+    new_steps = [
+        NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, f"{run_id}:{s.name}")
+        for s in wf.steps
+    ]
+    run, created = app.store.create_run(
+        run_id=run_id,
+        workflow=wf.name,
+        business_key=business_key,
+        payload=payload,
+        reply_to=reply_to,
+        new_steps=new_steps,
+        pickup_timeout=app.settings.pickup_timeout,
+        on_insert=wf.on_submit,
+    )
+    if not created:
+        if run.payload != payload:
+            raise DuplicateBusinessKey(
+                f"business key {business_key!r} already names run {run.id} of workflow "
+                f"{wf.name!r} with a different payload"
+            )
+        return RunHandle(app, run.id, created=False)
+    faults.hit("submit.after_commit")
+    try:
+        app.celery.send_task("sas.scheduler.advance", args=[run.id], queue=SCHEDULER_QUEUE)
+    except Exception:
+        log.warning("run %s is stored but the broker refused the message; the Supervisor will "
+                    "start it after %ss", run.id, app.settings.pickup_timeout, exc_info=True)
+    return RunHandle(app, run.id, created=True)

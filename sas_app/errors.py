@@ -1,0 +1,48 @@
+"""Named failures, in the pattern's terms."""
+
+from __future__ import annotations
+
+
+class SasError(Exception):
+    """Base of every error sas_app raises on purpose."""
+
+
+class TransientError(SasError):
+    """A fault worth retrying: the remote service is busy, unreachable or timed out.
+
+    An agent retries it with back-off while the step's complete-by allows."""
+
+
+class PermanentError(SasError):
+    """A fault that retrying will not cure (a declined card, a malformed request).
+
+    The agent reports it to the Scheduler at once; the run goes to ``error`` with an alert."""
+
+
+class StepExpired(SasError):
+    """The step's complete-by passed: the agent stops and sends nothing."""
+
+
+class StaleAttempt(SasError):
+    """This attempt has been superseded (the remote service saw a newer fencing token, or the
+    store moved on): the agent stops and sends nothing."""
+
+
+class UnknownWorkflow(SasError, LookupError):
+    """No workflow is registered under that name."""
+
+
+class UnknownRun(SasError, LookupError):
+    """No run has that id."""
+
+
+class WorkflowDefinitionError(SasError, ValueError):
+    """A workflow or agent was declared wrongly; raised when it is registered."""
+
+
+class InvalidSubmission(SasError, ValueError):
+    """``submit`` was called with input the store must not accept; nothing was written."""
+
+
+class DuplicateBusinessKey(InvalidSubmission):
+    """The business key already names a run of this workflow with a different payload."""

@@ -1,0 +1,155 @@
+"""The state store's tables: ``runs``, ``steps`` and ``events``, named as the pattern names them.
+
+Times are seconds since the epoch (``DOUBLE PRECISION``), always taken from the database's clock
+(:class:`db_now`), so hosts whose clocks disagree still agree on whether a complete-by has passed.
+In psql, ``to_timestamp(complete_by)`` shows one as a date.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+metadata = MetaData()
+
+#: ``runs.process_state`` values (the pattern's ProcessState, plus compensation and cancel).
+RUN_STATES = (
+    "pending",
+    "processing",
+    "processed",
+    "error",
+    "compensating",
+    "compensated",
+    "cancelled",
+)
+#: ``steps.state`` values.
+STEP_STATES = (
+    "not_started",
+    "pending",
+    "running",
+    "completed",
+    "failed",
+    "compensating",
+    "compensated",
+)
+
+_json = JSON().with_variant(JSONB(), "postgresql")
+_event_id = BigInteger().with_variant(Integer(), "sqlite")
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("workflow", String(200), nullable=False),
+    # The pattern's OrderID: unique per workflow, so a resubmitted request is deduplicated.
+    Column("business_key", String(200), nullable=False),
+    Column("payload", _json, nullable=False),
+    Column("process_state", String(20), nullable=False, server_default="pending"),
+    Column("locked_by", String(200)),
+    # While pending: the time by which a Scheduler must have picked the run up.
+    Column("complete_by", Double),
+    Column("failure_count", Integer, nullable=False, server_default="0"),
+    Column("reply_to", String(200)),
+    Column("error", Text),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    UniqueConstraint("workflow", "business_key", name="uq_runs_workflow_business_key"),
+)
+# The Supervisor's search for runs whose submit message was lost: only pending runs are indexed.
+Index(
+    "ix_runs_pending_complete_by",
+    runs.c.complete_by,
+    postgresql_where=text("process_state = 'pending'"),
+    sqlite_where=text("process_state = 'pending'"),
+)
+Index("ix_runs_state_created", runs.c.process_state, runs.c.created_at)
+
+steps = Table(
+    "steps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("agent", String(200), nullable=False),
+    Column("action", String(200), nullable=False),
+    Column("state", String(20), nullable=False, server_default="not_started"),
+    # The fencing token: raised on every dispatch; a reply or a sweep naming another attempt
+    # changes nothing.
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("locked_by", String(200)),
+    Column("complete_by", Double),
+    Column("not_before", Double),
+    Column("timeout", Double, nullable=False),
+    Column("max_failures", Integer, nullable=False),
+    Column("failure_count", Integer, nullable=False, server_default="0"),
+    # Stable across every attempt; the remote service deduplicates on it.
+    Column("idempotency_key", String(300), nullable=False),
+    Column("result", _json),
+    Column("error", Text),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Column("completed_at", Double),
+    UniqueConstraint("run_id", "position", name="uq_steps_run_position"),
+)
+# The sweep reads only live steps (pending or running), ordered by complete-by: its cost follows
+# the number of live steps past their deadline, not the size of the table.
+Index(
+    "ix_steps_live_complete_by",
+    steps.c.complete_by,
+    postgresql_where=text("state IN ('pending', 'running')"),
+    sqlite_where=text("state IN ('pending', 'running')"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", _event_id, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), nullable=False),
+    Column("position", Integer),
+    # transition | alert | stale_reply | requeue
+    Column("kind", String(30), nullable=False),
+    Column("from_state", String(20)),
+    Column("to_state", String(20)),
+    Column("attempt", Integer),
+    Column("actor", String(200)),
+    Column("at", Double, nullable=False),
+    Column("detail", _json),
+)
+Index("ix_events_run", events.c.run_id, events.c.id)
+
+
+class db_now(FunctionElement[float]):
+    """The database's clock, in epoch seconds: every deadline is compared against this."""
+
+    type = Double()
+    inherit_cache = True
+
+
+@compiles(db_now)
+def _db_now_sqlite(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+@compiles(db_now, "postgresql")
+def _db_now_postgresql(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"

@@ -1,0 +1,190 @@
+"""The Scheduler: runs each workflow's steps in order, recording state before acting.
+
+Celery tasks on the ``sas.scheduler`` queue. Every handler is one transaction that locks the run,
+makes fenced transitions and commits; only then does it send the next message. A message lost
+after the commit is recovered by the Supervisor; a duplicate or late one is refused by the fence.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import faults
+from .agent import SCHEDULER_QUEUE, agent_queue, agent_task_name
+from .alerts import Alert, Alerts
+from .settings import instance_id
+from .store import RunRow, StepRow, Store, Tx
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+log = logging.getLogger("sas.scheduler")
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """An agent message to send once the transaction that marked its step running commits."""
+
+    run: RunRow
+    step: StepRow
+    results: dict[str, Any]
+
+    def message(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run.id,
+            "business_key": self.run.business_key,
+            "workflow": self.run.workflow,
+            "step": self.step.name,
+            "position": self.step.position,
+            "attempt": self.step.attempt,
+            "idempotency_key": self.step.idempotency_key,
+            "payload": self.run.payload,
+            "results": self.results,
+            "complete_by": self.step.complete_by,
+            "budget": self.step.timeout,
+        }
+
+
+@dataclass(frozen=True)
+class Later:
+    """Ask the Scheduler again for this run after ``delay`` seconds (a back-off not yet over)."""
+
+    run_id: str
+    delay: float
+
+
+class Scheduler:
+    @property
+    def instance_id(self) -> str:
+        return instance_id()
+
+    def __init__(self, store: Store, celery: "Celery", alerts: Alerts) -> None:
+        self.store = store
+        self.celery = celery
+        self.alerts = alerts
+        self._register_tasks()
+
+    def _register_tasks(self) -> None:
+        options: dict[str, Any] = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
+
+        @self.celery.task(name="sas.scheduler.advance", **options)
+        def advance(run_id: str) -> None:
+            self.advance(run_id)
+
+        @self.celery.task(name="sas.scheduler.step_done", **options)
+        def step_done(run_id: str, position: int, attempt: int, result: Any = None) -> None:
+            self.step_done(run_id, position, attempt, result)
+
+        @self.celery.task(name="sas.scheduler.step_failed", **options)
+        def step_failed(run_id: str, position: int, attempt: int, error: str = "") -> None:
+            self.step_failed(run_id, position, attempt, error)
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    def advance(self, run_id: str) -> None:
+        """Claim the run if it is pending and dispatch its next step, if that step is due."""
+        with self.store.begin() as tx:
+            run = tx.lock_run(run_id)
+            if run is None:
+                log.warning("advance: no run %s; message ignored", run_id)
+                return
+            if run.process_state == "pending":
+                tx.claim_run(run_id, self.instance_id)
+            elif run.process_state != "processing":
+                log.info("advance: run %s is %s; nothing to do", run_id, run.process_state)
+                return
+            next_message = self._next(tx, run)
+        self._send(next_message)
+
+    def step_done(self, run_id: str, position: int, attempt: int, result: Any) -> None:
+        """An agent's success reply: record it if that attempt still runs, then go on."""
+        with self.store.begin() as tx:
+            run = tx.lock_run(run_id)
+            if run is None or run.process_state != "processing" or not tx.complete_step(
+                run_id, position, attempt, result, actor=self.instance_id
+            ):
+                self._stale(tx, run, position, attempt, "step_done")
+                return
+            next_message = self._next(tx, run)
+        self._send(next_message)
+
+    def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None:
+        """An agent's non-transient fault: the step fails, the run goes to ``error``, one alert."""
+        with self.store.begin() as tx:
+            run = tx.lock_run(run_id)
+            if run is None or run.process_state != "processing" or not tx.fail_step(
+                run_id, position, attempt, error, actor=self.instance_id, count_failure=True
+            ):
+                self._stale(tx, run, position, attempt, "step_failed")
+                return
+            step = tx.steps_of(run_id)[position]
+            alert = fail_run(tx, self.alerts, run, step, attempt, f"step {step.name!r} failed: {error}",
+                             actor=self.instance_id)
+        self.alerts.emit(alert)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _next(self, tx: Tx, run: RunRow) -> Dispatch | Later | None:
+        """Within the run's transaction: dispatch the first unfinished step, or finish the run."""
+        steps = tx.steps_of(run.id)
+        for step in steps:
+            if step.state == "completed":
+                continue
+            if step.state not in ("not_started", "pending"):
+                return None  # running or failed: an agent or the Supervisor owns it
+            running = tx.mark_step_running(step, self.instance_id)
+            if running is not None:
+                results = {s.name: s.result for s in steps if s.state == "completed"}
+                return Dispatch(run, running, results)
+            if step.not_before is not None:
+                delay = step.not_before - tx.now()
+                if delay > 0:
+                    return Later(run.id, delay)
+            return None
+        tx.finish_run(run.id, "processed", actor=self.instance_id)
+        log.info("run %s (%s %s) processed", run.id, run.workflow, run.business_key)
+        return None
+
+    def _stale(self, tx: Tx, run: RunRow | None, position: int, attempt: int, kind: str) -> None:
+        if run is None:
+            log.warning("%s for unknown run; ignored", kind)
+            return
+        log.info("%s for run %s step %s attempt %s is stale; ignored", kind, run.id, position, attempt)
+        tx.event(run.id, position, "stale_reply", None, None, attempt=attempt, actor=self.instance_id,
+                 detail={"message": kind})
+
+    def _send(self, next_message: Dispatch | Later | None) -> None:
+        if next_message is None:
+            return
+        faults.hit("scheduler.after_commit")
+        try:
+            if isinstance(next_message, Later):
+                self.celery.send_task(
+                    "sas.scheduler.advance", args=[next_message.run_id], queue=SCHEDULER_QUEUE,
+                    countdown=next_message.delay,
+                )
+                return
+            step = next_message.step
+            self.celery.send_task(
+                agent_task_name(step.agent, step.action),
+                kwargs=next_message.message(),
+                queue=agent_queue(step.agent),
+                expires=step.timeout,
+                soft_time_limit=step.timeout + 1,
+                time_limit=step.timeout + 5,
+            )
+        except Exception:
+            # The transition is committed; the Supervisor re-dispatches after complete-by.
+            log.exception("could not publish for run %s; the Supervisor will recover it", next_message)
+
+
+def fail_run(
+    tx: Tx, alerts: Alerts, run: RunRow, step: StepRow, attempt: int, reason: str, *, actor: str
+) -> Alert:
+    """processing → error with its alert, in the caller's transaction (the step already failed)."""
+    tx.finish_run(run.id, "error", actor=actor, error=reason)
+    tx.count_run_failure(run.id)
+    alert = Alert(run.id, run.workflow, run.business_key, step.name, step.position, attempt, reason)
+    return alerts.record(tx, alert, actor)

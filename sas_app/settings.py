@@ -1,0 +1,109 @@
+"""One typed settings object, read once from the environment.
+
+Every field names its environment variable and default. Reliability defaults live here, in code,
+so a user who never reads the README still gets them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Mapping
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("SAS_HOME", ".sas")).resolve()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Configuration of one sas_app instance.
+
+    Build it with :meth:`from_env` (what the CLI and workers do) or directly in code and tests.
+    """
+
+    #: SAS_DATABASE_URL — the state store. Default: an SQLite file under SAS_HOME (embedded, no server).
+    database_url: str = ""
+    #: SAS_BROKER_URL — the Celery broker. Default: kombu's filesystem transport under SAS_HOME.
+    broker_url: str = ""
+    #: SAS_HOME — folder for the embedded defaults (SQLite file, filesystem broker). Default ``.sas``.
+    home: Path = field(default_factory=lambda: _home(os.environ))
+    #: SAS_SUPERVISOR_INTERVAL — seconds between Supervisor sweeps (beat schedule). Default 5.
+    supervisor_interval: float = 5.0
+    #: SAS_PICKUP_TIMEOUT — seconds a pending run or step may wait for the Scheduler before the
+    #: Supervisor re-sends the Scheduler's message (a lost message). Default 30.
+    pickup_timeout: float = 30.0
+    #: SAS_RETRY_BACKOFF — first back-off, in seconds, before the Supervisor retries a step that
+    #: passed its complete-by; doubled for each further failure. Default 1.
+    retry_backoff: float = 1.0
+    #: SAS_RETRY_BACKOFF_MAX — cap on that back-off. Default 60.
+    retry_backoff_max: float = 60.0
+    #: SAS_SWEEP_BATCH — most expired rows one sweep transaction handles. Default 500.
+    sweep_batch: int = 500
+    #: SAS_VISIBILITY_TIMEOUT — Redis redelivers an unacknowledged message after this many seconds;
+    #: it must exceed the longest step timeout or a slow agent's message is run twice. Default 3600.
+    visibility_timeout: float = 3600.0
+    #: SAS_MAX_PAYLOAD_BYTES — largest accepted payload (serialised JSON). Default 256 KiB.
+    max_payload_bytes: int = 256 * 1024
+    #: SAS_ALERT_HOOK — ``module:function`` called with each alert, after it is stored. Default none.
+    alert_hook: str = ""
+    #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.faults). Default none.
+    faults: str = ""
+    #: SAS_TASK_EVENTS — workers send Celery task events, so Flower can show every task. Default on.
+    task_events: bool = True
+    #: SAS_AGENT_CONCURRENCY — default worker concurrency for ``sas worker``. Default 4.
+    agent_concurrency: int = 4
+
+    def __post_init__(self) -> None:
+        home = Path(self.home)
+        if not self.database_url:
+            object.__setattr__(self, "database_url", f"sqlite:///{home / 'state.db'}")
+        if not self.broker_url:
+            object.__setattr__(self, "broker_url", "filesystem://")
+        for name in ("supervisor_interval", "pickup_timeout", "retry_backoff", "visibility_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
+        if self.sweep_batch <= 0:
+            raise ValueError(f"setting sweep_batch must be positive, got {self.sweep_batch!r}")
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.broker_url.startswith("filesystem://")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":
+        """Read every ``SAS_<FIELD>`` variable; ``overrides`` win over the environment."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {"home": _home(env)}
+        for f in fields(cls):
+            raw = env.get(f"SAS_{f.name.upper()}")
+            if raw is None or f.name == "home":
+                continue
+            kind = type(getattr(cls, f.name, ""))
+            try:
+                values[f.name] = _parse(kind, raw)
+            except ValueError:
+                raise ValueError(f"SAS_{f.name.upper()}={raw!r} is not a valid {kind.__name__}") from None
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _parse(kind: type, raw: str) -> object:
+    if kind is bool:
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(raw)
+    if kind in (int, float):
+        return kind(raw)
+    return raw
+
+
+def instance_id() -> str:
+    """This process's identity, written to ``locked_by``: ``host:pid`` (each forked worker child
+    has its own)."""
+    return f"{socket.gethostname()}:{os.getpid()}"

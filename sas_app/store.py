@@ -1,0 +1,539 @@
+"""The state store: every SQL statement sas_app runs lives in this module.
+
+Each transition is one conditional statement (``UPDATE … WHERE state = :expected AND attempt = :n``)
+whose row count says whether the caller won, and each writes its row in ``events`` in the same
+transaction. Callers compose transitions inside :meth:`Store.begin`; nothing here sends a message.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row, make_url
+
+from .models import db_now, events, metadata, runs, steps
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    workflow: str
+    business_key: str
+    payload: Any
+    process_state: str
+    locked_by: str | None
+    complete_by: float | None
+    failure_count: int
+    reply_to: str | None
+    error: str | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class StepRow:
+    id: int
+    run_id: str
+    position: int
+    name: str
+    agent: str
+    action: str
+    state: str
+    attempt: int
+    locked_by: str | None
+    complete_by: float | None
+    not_before: float | None
+    timeout: float
+    max_failures: int
+    failure_count: int
+    idempotency_key: str
+    result: Any
+    error: str | None
+    created_at: float
+    updated_at: float
+    completed_at: float | None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    run_id: str
+    position: int | None
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    attempt: int | None
+    actor: str | None
+    at: float
+    detail: Any
+
+
+@dataclass(frozen=True)
+class NewStep:
+    """A step as written at submit time, copied from its workflow definition."""
+
+    name: str
+    agent: str
+    action: str
+    timeout: float
+    max_failures: int
+    idempotency_key: str
+
+
+def _as(kind: type[T], row: Row[Any]) -> T:
+    mapping = row._mapping
+    return kind(**{f.name: mapping[f.name] for f in fields(kind)})  # type: ignore[arg-type]
+
+
+def make_engine(url: str) -> Engine:
+    """An engine tuned for the state store: WAL and ``BEGIN IMMEDIATE`` on SQLite, so that
+    concurrent worker processes serialise their writes instead of failing; pre-ping on a server
+    database so a restarted PostgreSQL costs one reconnect, not an error."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+
+
+class Store:
+    """The durable truth: runs, steps and their history."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.engine.dialect.name == "postgresql"
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def create_schema(self) -> None:
+        """Create the tables directly (tests of the store only; use ``sas migrate`` otherwise)."""
+        metadata.create_all(self.engine)
+
+    @contextmanager
+    def begin(self) -> Iterator["Tx"]:
+        """One transaction: every transition made through the yielded :class:`Tx` commits together."""
+        with self.engine.begin() as conn:
+            yield Tx(conn)
+
+    # -- submit -----------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        *,
+        run_id: str,
+        workflow: str,
+        business_key: str,
+        payload: Any,
+        reply_to: str | None,
+        new_steps: Sequence[NewStep],
+        pickup_timeout: float,
+        on_insert: Callable[[Connection, RunRow], None] | None = None,
+    ) -> tuple[RunRow, bool]:
+        """Insert a run, its steps, its first event and whatever ``on_insert`` writes, in one
+        transaction. Returns ``(run, created)``; when the workflow already has a run for this
+        business key nothing is written and the existing run is returned."""
+        insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
+        with self.engine.begin() as conn:
+            now = db_now()
+            stmt = (
+                insert_fn(runs)
+                .values(
+                    id=run_id,
+                    workflow=workflow,
+                    business_key=business_key,
+                    payload=payload,
+                    process_state="pending",
+                    reply_to=reply_to,
+                    complete_by=now + pickup_timeout,
+                    failure_count=0,
+                    created_at=now,
+                    updated_at=now,
+                )
+                .on_conflict_do_nothing(index_elements=["workflow", "business_key"])
+                .returning(*runs.c)
+            )
+            row = conn.execute(stmt).first()
+            if row is None:
+                existing = conn.execute(
+                    select(runs).where(runs.c.workflow == workflow, runs.c.business_key == business_key)
+                ).one()
+                return _as(RunRow, existing), False
+            run = _as(RunRow, row)
+            conn.execute(
+                insert(steps).values(created_at=now, updated_at=now, state="not_started"),
+                [
+                    {
+                        "run_id": run_id,
+                        "position": position,
+                        "name": s.name,
+                        "agent": s.agent,
+                        "action": s.action,
+                        "timeout": s.timeout,
+                        "max_failures": s.max_failures,
+                        "idempotency_key": s.idempotency_key,
+                        "attempt": 0,
+                        "failure_count": 0,
+                    }
+                    for position, s in enumerate(new_steps)
+                ],
+            )
+            Tx(conn).event(run_id, None, "transition", None, "pending", detail={"business_key": business_key})
+            if on_insert is not None:
+                on_insert(conn, run)
+            return run, True
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> RunRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+        return None if row is None else _as(RunRow, row)
+
+    def find_run(self, workflow: str, business_key: str) -> RunRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(runs).where(runs.c.workflow == workflow, runs.c.business_key == business_key)
+            ).first()
+        return None if row is None else _as(RunRow, row)
+
+    def get_steps(self, run_id: str) -> list[StepRow]:
+        with self.engine.connect() as conn:
+            return Tx(conn).steps_of(run_id)
+
+    def get_events(self, run_id: str) -> list[EventRow]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(events).where(events.c.run_id == run_id).order_by(events.c.id))
+            return [_as(EventRow, r) for r in rows]
+
+    def list_runs(
+        self, *, state: str | None = None, workflow: str | None = None, limit: int = 50
+    ) -> list[RunRow]:
+        query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
+        if state is not None:
+            query = query.where(runs.c.process_state == state)
+        if workflow is not None:
+            query = query.where(runs.c.workflow == workflow)
+        with self.engine.connect() as conn:
+            return [_as(RunRow, r) for r in conn.execute(query)]
+
+    def count_runs_by_state(self) -> dict[str, int]:
+        query = select(runs.c.process_state, func.count()).group_by(runs.c.process_state)
+        with self.engine.connect() as conn:
+            return {state: count for state, count in conn.execute(query)}
+
+    def count_events(self, kind: str, run_id: str | None = None) -> int:
+        query = select(func.count()).select_from(events).where(events.c.kind == kind)
+        if run_id is not None:
+            query = query.where(events.c.run_id == run_id)
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def now(self) -> float:
+        """The database's clock, in epoch seconds."""
+        with self.engine.connect() as conn:
+            return float(conn.execute(select(db_now())).scalar_one())
+
+
+class Tx:
+    """Transitions inside one transaction. Each returns whether this caller won the row."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    # -- history ----------------------------------------------------------------------------
+
+    def event(
+        self,
+        run_id: str,
+        position: int | None,
+        kind: str,
+        from_state: str | None,
+        to_state: str | None,
+        *,
+        attempt: int | None = None,
+        actor: str | None = None,
+        detail: Any = None,
+    ) -> None:
+        self.conn.execute(
+            insert(events).values(
+                run_id=run_id,
+                position=position,
+                kind=kind,
+                from_state=from_state,
+                to_state=to_state,
+                attempt=attempt,
+                actor=actor,
+                at=db_now(),
+                detail=detail,
+            )
+        )
+
+    def now(self) -> float:
+        """The database's clock, in epoch seconds."""
+        return float(self.conn.execute(select(db_now())).scalar_one())
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def lock_run(self, run_id: str) -> RunRow | None:
+        """Read the run and hold its row until commit (PostgreSQL), so that every transition of
+        one run is serialised; on SQLite the whole write transaction already is."""
+        row = self.conn.execute(select(runs).where(runs.c.id == run_id).with_for_update()).first()
+        return None if row is None else _as(RunRow, row)
+
+    def claim_run(self, run_id: str, locked_by: str) -> bool:
+        """pending → processing, recording which Scheduler instance holds it (LockedBy)."""
+        won = self._update_run(run_id, "pending", "processing", locked_by=locked_by, complete_by=None)
+        if won:
+            self.event(run_id, None, "transition", "pending", "processing", actor=locked_by)
+        return won
+
+    def finish_run(
+        self,
+        run_id: str,
+        to_state: str,
+        *,
+        from_state: str = "processing",
+        actor: str | None = None,
+        error: str | None = None,
+        failure_count: int | None = None,
+    ) -> bool:
+        """processing → processed | error (or any ``from_state`` → ``to_state``)."""
+        values: dict[str, Any] = {"locked_by": None, "complete_by": None}
+        if error is not None:
+            values["error"] = error
+        if failure_count is not None:
+            values["failure_count"] = failure_count
+        won = self._update_run(run_id, from_state, to_state, **values)
+        if won:
+            detail = {"error": error} if error else None
+            self.event(run_id, None, "transition", from_state, to_state, actor=actor, detail=detail)
+        return won
+
+    def count_run_failure(self, run_id: str) -> None:
+        """The run's FailureCount: one more failed attempt of any of its steps."""
+        self.conn.execute(
+            update(runs).where(runs.c.id == run_id).values(failure_count=runs.c.failure_count + 1)
+        )
+
+    def _update_run(self, run_id: str, expected: str, new: str, **values: Any) -> bool:
+        result = self.conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.process_state == expected)
+            .values(process_state=new, updated_at=db_now(), **values)
+        )
+        return result.rowcount == 1
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def steps_of(self, run_id: str) -> list[StepRow]:
+        rows = self.conn.execute(
+            select(steps).where(steps.c.run_id == run_id).order_by(steps.c.position)
+        )
+        return [_as(StepRow, r) for r in rows]
+
+    def mark_step_running(self, step: StepRow, locked_by: str) -> StepRow | None:
+        """not_started | pending → running with ``attempt + 1`` and ``complete_by = now + timeout``.
+
+        Refused while a back-off (``not_before``) has not passed. Returns the step as dispatched,
+        or None if another actor moved it first."""
+        now = db_now()
+        row = self.conn.execute(
+            update(steps)
+            .where(
+                steps.c.id == step.id,
+                steps.c.state == step.state,
+                steps.c.attempt == step.attempt,
+                (steps.c.not_before.is_(None)) | (steps.c.not_before <= now),
+            )
+            .values(
+                state="running",
+                attempt=steps.c.attempt + 1,
+                locked_by=locked_by,
+                complete_by=now + steps.c.timeout,
+                not_before=None,
+                updated_at=now,
+            )
+            .returning(*steps.c)
+        ).first()
+        if row is None:
+            return None
+        running = _as(StepRow, row)
+        self.event(
+            step.run_id,
+            step.position,
+            "transition",
+            step.state,
+            "running",
+            attempt=running.attempt,
+            actor=locked_by,
+            detail={"complete_by": running.complete_by},
+        )
+        return running
+
+    def complete_step(
+        self, run_id: str, position: int, attempt: int, result: Any, actor: str | None = None
+    ) -> bool:
+        """running → completed, only at the attempt that is still running (fenced)."""
+        now = db_now()
+        won = self._update_step(
+            run_id, position, attempt, "running", "completed",
+            result=result, locked_by=None, completed_at=now,
+        )
+        if won:
+            self.event(run_id, position, "transition", "running", "completed", attempt=attempt, actor=actor)
+        return won
+
+    def fail_step(
+        self,
+        run_id: str,
+        position: int,
+        attempt: int,
+        error: str,
+        *,
+        actor: str | None = None,
+        count_failure: bool = False,
+    ) -> bool:
+        """running → failed (fenced), optionally counting one more failure."""
+        values: dict[str, Any] = {"error": error, "locked_by": None}
+        if count_failure:
+            values["failure_count"] = steps.c.failure_count + 1
+        won = self._update_step(run_id, position, attempt, "running", "failed", **values)
+        if won:
+            self.event(
+                run_id, position, "transition", "running", "failed",
+                attempt=attempt, actor=actor, detail={"error": error},
+            )
+        return won
+
+    def retry_step(self, step: StepRow, backoff: float, pickup_timeout: float, actor: str) -> bool:
+        """running (expired) → pending: one more failure, LockedBy cleared, a back-off before the
+        Scheduler may dispatch it again and a new complete-by for that pick-up."""
+        now = db_now()
+        won = self._update_step(
+            step.run_id, step.position, step.attempt, "running", "pending",
+            failure_count=steps.c.failure_count + 1,
+            locked_by=None,
+            not_before=now + backoff,
+            complete_by=now + backoff + pickup_timeout,
+        )
+        if won:
+            self.count_run_failure(step.run_id)
+            self.event(
+                step.run_id, step.position, "transition", "running", "pending",
+                attempt=step.attempt, actor=actor,
+                detail={"failure_count": step.failure_count + 1, "backoff": backoff, "reason": "expired"},
+            )
+        return won
+
+    def _update_step(
+        self, run_id: str, position: int, attempt: int, expected: str, new: str, **values: Any
+    ) -> bool:
+        result = self.conn.execute(
+            update(steps)
+            .where(
+                steps.c.run_id == run_id,
+                steps.c.position == position,
+                steps.c.state == expected,
+                steps.c.attempt == attempt,
+            )
+            .values(state=new, updated_at=db_now(), **values)
+        )
+        return result.rowcount == 1
+
+    # -- the Supervisor's reads ---------------------------------------------------------------
+
+    def expired_steps(self, limit: int) -> list[StepRow]:
+        """Running steps of processing runs whose complete-by has passed, oldest first, locked
+        with ``SKIP LOCKED`` so that concurrent Supervisors take disjoint sets."""
+        query = (
+            select(steps)
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(
+                steps.c.state == "running",
+                steps.c.complete_by < db_now(),
+                runs.c.process_state == "processing",
+            )
+            .order_by(steps.c.complete_by)
+            .limit(limit)
+            .with_for_update(skip_locked=True, of=[steps, runs])
+        )
+        return [_as(StepRow, r) for r in self.conn.execute(query)]
+
+    def requeue_stalled(self, pickup_timeout: float, limit: int, actor: str) -> list[str]:
+        """Pending runs and pending steps that no Scheduler picked up by their complete-by (a lost
+        message): push their complete-by forward and return their run ids to be re-enqueued."""
+        now = db_now()
+        stalled_runs = self.conn.execute(
+            select(runs.c.id, runs.c.complete_by)
+            .where(runs.c.process_state == "pending", runs.c.complete_by < now)
+            .order_by(runs.c.complete_by)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).all()
+        stalled_steps = self.conn.execute(
+            select(steps.c.id, steps.c.run_id, steps.c.position, steps.c.attempt)
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(
+                steps.c.state == "pending",
+                steps.c.complete_by < now,
+                runs.c.process_state == "processing",
+            )
+            .order_by(steps.c.complete_by)
+            .limit(limit)
+            .with_for_update(skip_locked=True, of=[steps, runs])
+        ).all()
+        requeued: list[str] = []
+        for run_id, old in stalled_runs:
+            result = self.conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.process_state == "pending", runs.c.complete_by == old)
+                .values(complete_by=now + pickup_timeout, updated_at=now)
+            )
+            if result.rowcount == 1:
+                self.event(run_id, None, "requeue", "pending", "pending", actor=actor)
+                requeued.append(run_id)
+        for step_id, run_id, position, attempt in stalled_steps:
+            result = self.conn.execute(
+                update(steps)
+                .where(steps.c.id == step_id, steps.c.state == "pending", steps.c.attempt == attempt)
+                .values(complete_by=now + pickup_timeout, updated_at=now)
+            )
+            if result.rowcount == 1:
+                self.event(run_id, position, "requeue", "pending", "pending", attempt=attempt, actor=actor)
+                requeued.append(run_id)
+        return requeued
+
+
+def dumps_payload(payload: Any) -> str:
+    """Serialise a payload exactly as the store and the broker will, refusing NaN and non-JSON."""
+    return json.dumps(payload, allow_nan=False, separators=(",", ":"), sort_keys=True)

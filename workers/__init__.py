@@ -1,0 +1,2 @@
+"""The deployable example: the pattern's e-commerce order processing, its agents and the
+simulated remote payment service."""
