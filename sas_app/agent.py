@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import httpx
 from celery.exceptions import SoftTimeLimitExceeded
-from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential_jitter
+from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
 from . import faults
 from .errors import PermanentError, StaleAttempt, StepExpired, TransientError, WorkflowDefinitionError
@@ -144,6 +144,7 @@ class Agent:
         # redelivered, not lost; the fencing token makes the second run harmless.
         @self.celery.task(
             name=agent_task_name(self.name, action.name),
+            shared=False,
             acks_late=True,
             reject_on_worker_lost=True,
             ignore_result=True,
@@ -188,7 +189,8 @@ class Agent:
             raise StepExpired(call.step)
         for attempt in Retrying(
             retry=retry_if_exception(is_transient),
-            wait=wait_exponential_jitter(initial=self.retry_initial, max=self.retry_max),
+            wait=wait_exponential(multiplier=self.retry_initial, max=self.retry_max)
+            + wait_random(0, self.retry_initial),
             stop=stop_before_delay(max(call.remaining(), 0.0)),
             reraise=True,
         ):

@@ -67,7 +67,7 @@ class Scheduler:
         self._register_tasks()
 
     def _register_tasks(self) -> None:
-        options: dict[str, Any] = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
+        options: dict[str, Any] = {"shared": False, "acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
 
         @self.celery.task(name="sas.scheduler.advance", **options)
         def advance(run_id: str) -> None:

@@ -55,7 +55,7 @@ class Supervisor:
         self.settings = settings
         self.alerts = alerts
 
-        @celery.task(name="sas.supervisor.sweep", ignore_result=True)
+        @celery.task(name="sas.supervisor.sweep", ignore_result=True, shared=False)
         def sweep() -> dict[str, int]:
             report = self.sweep()
             return {"retried": len(report.retried), "failed": len(report.failed),

@@ -1,0 +1,44 @@
+"""Test workflows whose agents do what the payload tells them, so a test states its fault plainly.
+
+``payload["script"][step]`` is a list of outcomes, one per delivery of that step to the agent:
+``"ok"`` (reply with a result), ``"permanent"`` (non-transient fault), ``"transient"`` (raise a
+transient fault; the agent retries it), ``"hang"`` (stop silently, as past complete-by). Once the
+list is used up the last outcome repeats; with no script a step just succeeds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sas_app import AgentCall, PermanentError, SasApp, Step, StepExpired, TransientError
+
+#: every call an agent received, per idempotency key: (attempt, outcome)
+CALLS: dict[str, list[tuple[int, str]]] = defaultdict(list)
+
+
+def scripted(call: AgentCall) -> dict[str, Any]:
+    script = (call.payload.get("script") or {}).get(call.step) or ["ok"]
+    seen = CALLS[call.idempotency_key]
+    outcome = script[min(len(seen), len(script) - 1)]
+    seen.append((call.attempt, outcome))
+    if outcome == "permanent":
+        raise PermanentError(f"{call.step} refused")
+    if outcome == "transient":
+        raise TransientError(f"{call.step} busy")
+    if outcome == "hang":
+        raise StepExpired(call.step)
+    return {"step": call.step, "attempt": call.attempt, "key": call.idempotency_key}
+
+
+def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int = 3) -> None:
+    svc = sas.agent("svc", retry_initial=0.01, retry_max=0.02)
+    svc.action(scripted, name="work")
+    sas.workflow(
+        "three",
+        [
+            Step("first", "svc.work", timeout=timeout, max_failures=max_failures),
+            Step("second", "svc.work", timeout=timeout, max_failures=max_failures),
+            Step("third", "svc.work", timeout=timeout, max_failures=max_failures),
+        ],
+    )

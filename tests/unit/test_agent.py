@@ -1,0 +1,123 @@
+"""The agent base: retries transient faults within complete-by, replies once, or stays silent."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from sas_app import AgentCall, PermanentError, StaleAttempt, TransientError
+
+
+def message(**overrides):
+    base = {
+        "run_id": "r1", "business_key": "b1", "workflow": "wf", "step": "s", "position": 0,
+        "attempt": 1, "idempotency_key": "r1:s", "payload": {}, "results": {},
+        "complete_by": time.time() + 5, "budget": 5.0,
+    }
+    return {**base, **overrides}
+
+
+@pytest.fixture
+def agent(sas):
+    return sas.agent("ext", retry_initial=0.01, retry_max=0.05)
+
+
+def run(sas, agent, fn, **overrides):
+    action = agent.action(fn, name=f"a{len(agent.actions)}")
+    sas.celery.tasks[f"sas.agent.ext.{action.name}"].run(**message(**overrides))
+
+
+def test_transient_faults_are_retried_with_the_same_key_and_token(sas, agent, pump):
+    seen = []
+
+    def flaky(call: AgentCall):
+        seen.append(call.headers())
+        if len(seen) < 3:
+            raise TransientError("busy") if len(seen) == 1 else httpx.ConnectError("refused")
+        return {"ok": len(seen)}
+
+    run(sas, agent, flaky, attempt=4)
+
+    assert seen == [{"Idempotency-Key": "r1:s", "X-Fencing-Token": "4"}] * 3
+    [reply] = pump.take("sas.scheduler")
+    assert (reply.task, reply.kwargs) == ("sas.scheduler.step_done",
+                                          {"run_id": "r1", "position": 0, "attempt": 4, "result": {"ok": 3}})
+
+
+def test_past_complete_by_the_agent_stops_and_sends_nothing(sas, agent, pump):
+    calls = []
+
+    def always_busy(call: AgentCall):
+        calls.append(call.remaining())
+        raise TransientError("still busy")
+
+    started = time.monotonic()
+    run(sas, agent, always_busy, budget=0.3)
+
+    assert time.monotonic() - started < 1.0
+    assert len(calls) > 1
+    assert pump.take("sas.scheduler") == []
+
+
+def test_a_result_that_comes_after_complete_by_is_not_sent(sas, agent, pump):
+    run(sas, agent, lambda call: time.sleep(0.25) or {"late": True}, budget=0.2)
+    assert pump.take("sas.scheduler") == []
+
+
+def test_a_permanent_fault_is_replied_as_an_error_at_once(sas, agent, pump):
+    calls = []
+
+    def declined(call):
+        calls.append(1)
+        raise PermanentError("card declined")
+
+    run(sas, agent, declined)
+
+    assert len(calls) == 1
+    [reply] = pump.take("sas.scheduler")
+    assert reply.task == "sas.scheduler.step_failed" and reply.kwargs["error"] == "card declined"
+
+
+def test_a_superseded_attempt_stops_silently(sas, agent, pump):
+    def stale(call):
+        raise StaleAttempt("the service saw attempt 3")
+
+    run(sas, agent, stale)
+    assert pump.take("sas.scheduler") == []
+
+
+def test_an_unexpected_exception_is_reported_not_retried(sas, agent, pump):
+    calls = []
+
+    def buggy(call):
+        calls.append(1)
+        return {}["missing"]
+
+    run(sas, agent, buggy)
+
+    assert len(calls) == 1
+    [reply] = pump.take("sas.scheduler")
+    assert reply.task == "sas.scheduler.step_failed" and reply.kwargs["error"].startswith("KeyError")
+
+
+def test_a_result_that_is_not_json_is_reported(sas, agent, pump):
+    run(sas, agent, lambda call: {"when": object()})
+    [reply] = pump.take("sas.scheduler")
+    assert reply.task == "sas.scheduler.step_failed" and "not JSON serializable" in reply.kwargs["error"]
+
+
+@pytest.mark.parametrize("broken", [{"run_id": None, "attempt": "x"}, {"budget": -1}, {"attempt": 0}])
+def test_a_malformed_message_is_dropped_with_a_logged_reason(sas, agent, pump, caplog, broken):
+    calls = []
+    msg = message(**broken)
+    if broken.get("run_id", "") is None:
+        del msg["run_id"]
+    action = agent.action(lambda call: calls.append(1), name="guarded")
+    sas.celery.tasks["sas.agent.ext.guarded"].run(**msg)
+
+    assert calls == []
+    assert pump.take("sas.scheduler") == []
+    assert "rejected a malformed message" in caplog.text
+    assert action.qualname == "ext.guarded"

@@ -1,0 +1,279 @@
+"""The engine's transitions, driven message by message through a real kombu broker.
+
+These run on SQLite here and, unchanged, on PostgreSQL in tests/integration/test_engine_postgresql.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from sas_app import SasApp
+from tests.support import Pump, wait_for
+from tests.testapp import install_test_workflows
+
+SCHEDULER = ["sas.scheduler"]
+AGENT = ["sas.agent.svc"]
+
+
+def expire(sas: SasApp, run_id: str) -> None:
+    """Wait (bounded) until every live step of the run is past its complete-by on the DB clock."""
+
+    def passed() -> bool:
+        now = sas.store.now()
+        live = [s for s in sas.store.get_steps(run_id) if s.state in ("running", "pending")]
+        return all(s.complete_by is not None and s.complete_by < now for s in live)
+
+    wait_for(passed, 5, "complete-by to pass")
+
+
+def backoff_over(sas: SasApp, run_id: str) -> None:
+    wait_for(
+        lambda: all(s.not_before is None or s.not_before <= sas.store.now() for s in sas.store.get_steps(run_id)),
+        5, "the back-off to end",
+    )
+
+
+def transitions(sas: SasApp, run_id: str, position: int | None) -> list[tuple[str | None, str | None, int | None]]:
+    return [
+        (e.from_state, e.to_state, e.attempt)
+        for e in sas.store.get_events(run_id)
+        if e.kind == "transition" and e.position == position
+    ]
+
+
+def test_happy_path_runs_every_step_once_and_records_the_history(sas, pump):
+    handle = sas.submit("three", {"n": 1}, business_key="order-1")
+
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert [(s.state, s.attempt, s.failure_count) for s in view.steps] == [("completed", 1, 0)] * 3
+    assert view.step("second").result["attempt"] == 1
+    assert transitions(sas, handle.id, None) == [(None, "pending", None), ("pending", "processing", None),
+                                                 ("processing", "processed", None)]
+    assert transitions(sas, handle.id, 1) == [("not_started", "running", 1), ("running", "completed", 1)]
+
+
+def test_agent_message_carries_key_attempt_and_complete_by_with_matching_expiry(sas, pump):
+    handle = sas.submit("three", {}, business_key="k")
+    pump.run(SCHEDULER)
+
+    [message] = pump.take("sas.agent.svc")
+    step = sas.store.get_steps(handle.id)[0]
+    assert message.task == "sas.agent.svc.work"
+    assert message.kwargs["idempotency_key"] == step.idempotency_key == f"{handle.id}:first"
+    assert message.kwargs["attempt"] == step.attempt == 1
+    assert message.kwargs["complete_by"] == step.complete_by
+    assert message.headers["expires"] is not None
+    assert message.headers["timelimit"][1] == pytest.approx(step.timeout + 1)
+
+
+def test_same_business_key_twice_gives_one_run(sas, pump):
+    first = sas.submit("three", {"n": 1}, business_key="order-7")
+    second = sas.submit("three", {"n": 1}, business_key="order-7")
+
+    assert second.id == first.id
+    assert (first.created, second.created) == (True, False)
+    assert len(sas.store.list_runs()) == 1
+    pump.run()
+    assert first.status().process_state == "processed"
+
+
+def test_a_duplicated_advance_dispatches_the_step_once(sas, pump):
+    handle = sas.submit("three", {}, business_key="dup-advance")
+    sas.celery.send_task("sas.scheduler.advance", args=[handle.id], queue="sas.scheduler")
+
+    pump.run(SCHEDULER)
+
+    assert len(pump.take("sas.agent.svc")) == 1
+    assert sas.store.get_steps(handle.id)[0].attempt == 1
+
+
+def test_a_duplicated_reply_completes_the_step_once(sas, pump):
+    handle = sas.submit("three", {}, business_key="dup-reply")
+    pump.run(SCHEDULER)
+    pump.run(AGENT)
+    [reply] = pump.take("sas.scheduler")
+    pump.execute(reply)
+    pump.execute(reply)
+
+    assert transitions(sas, handle.id, 0).count(("running", "completed", 1)) == 1
+    assert len(pump.take("sas.agent.svc")) == 1  # the second step, dispatched once
+    assert sas.store.count_events("stale_reply", handle.id) == 1
+
+
+def test_a_late_reply_from_an_old_attempt_changes_nothing(sas, pump):
+    handle = sas.submit("three", {}, business_key="late")
+    pump.run(SCHEDULER)
+    pump.take("sas.agent.svc")  # attempt 1 is lost in flight (its agent is a zombie)
+    expire(sas, handle.id)
+    sas.supervisor.sweep()
+    backoff_over(sas, handle.id)
+    pump.run(SCHEDULER)  # attempt 2 dispatched
+    assert sas.store.get_steps(handle.id)[0].attempt == 2
+
+    sas.scheduler.step_done(handle.id, 0, 1, {"zombie": True})
+
+    step = sas.store.get_steps(handle.id)[0]
+    assert (step.state, step.attempt, step.result) == ("running", 2, None)
+    assert sas.store.count_events("stale_reply", handle.id) == 1
+    pump.run()
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert view.steps[0].result["attempt"] == 2
+
+
+def test_a_transient_fault_is_retried_inside_the_agent(sas, pump):
+    handle = sas.submit("three", {"script": {"first": ["transient", "transient", "ok"]}}, business_key="t")
+
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert (view.steps[0].attempt, view.steps[0].failure_count) == (1, 0)
+
+
+def test_a_permanent_fault_puts_the_run_in_error_with_one_alert(sas, pump):
+    handle = sas.submit("three", {"script": {"second": ["permanent"]}}, business_key="p")
+
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "error"
+    assert [s.state for s in view.steps] == ["completed", "failed", "not_started"]
+    assert "second" in view.run.error and "refused" in view.run.error
+    assert sas.store.count_events("alert", handle.id) == 1
+
+
+def test_the_supervisor_retries_an_expired_step_after_a_back_off(sas, pump):
+    handle = sas.submit("three", {"script": {"first": ["hang", "ok"]}}, business_key="h")
+    pump.run()
+    assert handle.status().steps[0].state == "running"
+    expire(sas, handle.id)
+
+    report = sas.supervisor.sweep()
+
+    step = sas.store.get_steps(handle.id)[0]
+    assert [(r[0], r[1]) for r in report.retried] == [(handle.id, 0)]
+    assert (step.state, step.failure_count, step.locked_by) == ("pending", 1, None)
+    assert step.not_before is not None and step.complete_by > step.not_before
+    backoff_over(sas, handle.id)
+    pump.run()
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert (view.steps[0].attempt, view.steps[0].failure_count, view.run.failure_count) == (2, 1, 1)
+
+
+def test_an_early_retry_request_waits_for_the_back_off(sas, pump):
+    handle = sas.submit("three", {"script": {"first": ["hang", "ok"]}}, business_key="early")
+    pump.run()
+    expire(sas, handle.id)
+    sas.supervisor.sweep()
+    pump.take("sas.scheduler")  # the Supervisor's hint (sent with a countdown)
+
+    sas.scheduler.advance(handle.id)  # arrives before the back-off is over
+
+    assert sas.store.get_steps(handle.id)[0].state == "pending"
+    [later] = pump.take("sas.scheduler")
+    assert later.task == "sas.scheduler.advance" and later.headers["eta"] is not None
+
+
+def test_a_step_that_always_expires_ends_in_error_at_the_threshold_with_one_alert(sas, pump):
+    alerts = []
+    sas.alerts.hook = alerts.append
+    handle = sas.submit("three", {"script": {"first": ["hang"]}}, business_key="always")
+
+    for _ in range(3):
+        pump.run()
+        expire(sas, handle.id)
+        sas.supervisor.sweep()
+        backoff_over(sas, handle.id)
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "error"
+    assert (view.steps[0].state, view.steps[0].failure_count, view.steps[0].attempt) == ("failed", 3, 3)
+    assert view.run.failure_count == 3
+    assert sas.store.count_events("alert", handle.id) == 1
+    assert [(a.run_id, a.step) for a in alerts] == [(handle.id, "first")]
+    sas.supervisor.sweep()
+    assert sas.store.count_events("alert", handle.id) == 1
+
+
+def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(sas, pump):
+    handle = sas.submit("three", {}, business_key="lost-submit")
+    pump.take("sas.scheduler")  # the message never arrives
+    assert sas.supervisor.sweep().requeued == []  # not yet past its pick-up complete-by
+    expire_run = lambda: sas.store.get_run(handle.id).complete_by < sas.store.now()  # noqa: E731
+    wait_for(expire_run, 5, "the pending run's complete-by")
+
+    assert sas.supervisor.sweep().requeued == [handle.id]
+    assert sas.supervisor.sweep().requeued == []  # its complete-by moved on: asked once
+    pump.run()
+    assert handle.status().process_state == "processed"
+
+
+def test_a_lost_agent_message_is_recovered_once_complete_by_passes(sas, pump):
+    handle = sas.submit("three", {}, business_key="lost-agent")
+    pump.run(SCHEDULER)
+    pump.run(AGENT)
+    pump.run(SCHEDULER)
+    pump.take("sas.agent.svc")  # the second step's agent message is lost
+
+    expire(sas, handle.id)
+    sas.supervisor.sweep()
+    backoff_over(sas, handle.id)
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert [(s.attempt, s.failure_count) for s in view.steps] == [(1, 0), (2, 1), (1, 0)]
+
+
+def test_messages_for_unknown_runs_or_finished_runs_change_nothing(sas, pump):
+    handle = sas.submit("three", {}, business_key="fin")
+    pump.run()
+    before = sas.store.get_events(handle.id)
+
+    sas.scheduler.advance("0" * 32)
+    sas.scheduler.step_done("0" * 32, 0, 1, {})
+    sas.scheduler.advance(handle.id)
+    sas.scheduler.step_failed(handle.id, 2, 1, "late error")
+
+    assert handle.status().process_state == "processed"
+    after = sas.store.get_events(handle.id)
+    assert [e.kind for e in after[len(before):]] == ["stale_reply"]
+    assert pump.run() == 0
+
+
+def test_two_supervisors_sweeping_at_once_recover_each_step_once(sas, pump, settings):
+    other = SasApp(settings)
+    install_test_workflows(other)
+    handles = [sas.submit("three", {"script": {"first": ["hang"]}}, business_key=f"c{i}") for i in range(40)]
+    pump.run()
+    for h in handles:
+        expire(sas, h.id)
+
+    barrier = threading.Barrier(2)
+    reports = []
+
+    def sweep(app: SasApp) -> None:
+        barrier.wait()
+        reports.append(app.supervisor.sweep())
+
+    threads = [threading.Thread(target=sweep, args=(app,)) for app in (sas, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    other.store.dispose()
+
+    recovered = [r[0] for report in reports for r in report.retried]
+    assert sorted(recovered) == sorted(h.id for h in handles)
+    for h in handles:
+        step = sas.store.get_steps(h.id)[0]
+        assert (step.state, step.failure_count) == ("pending", 1)
+        assert transitions(sas, h.id, 0).count(("running", "pending", 1)) == 1

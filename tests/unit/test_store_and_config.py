@@ -1,0 +1,56 @@
+"""Schema migrations, settings from the environment and fault points."""
+
+from __future__ import annotations
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from sas_app import Settings, faults, migrate
+from sas_app.models import metadata
+from sas_app.store import Store
+
+
+def test_migrations_build_exactly_the_models_schema_and_can_run_again(db_url):
+    migrate(db_url)
+    migrate(db_url)
+    store = Store(db_url)
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    store.dispose()
+    assert diff == []
+
+
+def test_settings_come_from_the_environment_with_clear_errors():
+    s = Settings.from_env({"SAS_SUPERVISOR_INTERVAL": "0.5", "SAS_TASK_EVENTS": "no",
+                           "SAS_DATABASE_URL": "postgresql+psycopg2://db/x"})
+    assert (s.supervisor_interval, s.task_events, s.database_url) == (0.5, False, "postgresql+psycopg2://db/x")
+    assert Settings.from_env({}).database_url.startswith("sqlite:///")
+    with pytest.raises(ValueError, match="SAS_SWEEP_BATCH='many' is not a valid int"):
+        Settings.from_env({"SAS_SWEEP_BATCH": "many"})
+    with pytest.raises(ValueError, match="supervisor_interval must be positive"):
+        Settings.from_env({"SAS_SUPERVISOR_INTERVAL": "0"})
+
+
+def test_celery_gets_the_reliability_defaults(sas):
+    conf = sas.celery.conf
+    assert conf.accept_content == ["json"] and conf.task_serializer == "json"
+    assert conf.worker_prefetch_multiplier == 1
+    assert conf.broker_transport_options["visibility_timeout"] == sas.settings.visibility_timeout
+    agent_task = sas.celery.tasks["sas.agent.svc.work"]
+    assert agent_task.acks_late and agent_task.reject_on_worker_lost
+    assert conf.beat_schedule["sas.supervisor.sweep"]["options"]["queue"] == "sas.supervisor"
+
+
+def test_fault_points_fire_only_when_armed_and_once_when_asked(tmp_path):
+    try:
+        faults.hit("agent.after_call")  # nothing armed: no effect
+        with pytest.raises(ValueError, match="unknown fault point"):
+            faults.arm("agent.nowhere=kill")
+        faults.arm("agent.after_call=raise@once", tmp_path)
+        with pytest.raises(faults.FaultInjected):
+            faults.hit("agent.after_call")
+        faults.hit("agent.after_call")  # once: the marker exists now
+        faults.hit("scheduler.after_commit")
+    finally:
+        faults.arm("")

@@ -1,0 +1,67 @@
+"""Declaring workflows: every mistake is refused at registration, naming what is wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from sas_app import SasApp, Step, Workflow, WorkflowDefinitionError
+
+
+@pytest.fixture
+def app(settings):
+    app = SasApp(settings)
+    app.agent("svc").action(lambda call: {}, name="work")
+    app.agent("svc").action(lambda call: {}, name="undo")
+    yield app
+    app.store.dispose()
+
+
+@pytest.mark.parametrize(
+    ("steps", "problem"),
+    [
+        ([], "has no steps"),
+        ([Step("a", "nope.work")], "unknown agent action 'nope.work'"),
+        ([Step("a", "svc.missing")], "unknown agent action 'svc.missing'"),
+        ([Step("a", "svc.work", compensate="svc.gone")], "unknown agent action 'svc.gone' for compensate"),
+        ([Step("a", "svc.work"), Step("a", "svc.work")], "duplicate step name 'a'"),
+        ([Step("a", "svc.work", timeout=0)], "timeout must be a positive number"),
+        ([Step("a", "svc.work", timeout=-1.5)], "timeout must be a positive number"),
+        ([Step("a", "svc.work", timeout="10")], "timeout must be a positive number"),  # type: ignore[arg-type]
+        ([Step("a", "svc.work", timeout=7200)], "visibility timeout"),
+        ([Step("a", "svc.work", max_failures=0)], "max_failures must be an integer >= 1"),
+        ([Step("bad name", "svc.work")], "step name 'bad name' is not a valid name"),
+    ],
+)
+def test_a_mistake_is_refused_when_the_workflow_is_registered(app, steps, problem):
+    with pytest.raises(WorkflowDefinitionError, match=problem.replace("(", r"\(").replace(".", r"\.")):
+        app.register(Workflow("wf", steps))
+    assert "wf" not in app.workflows
+
+
+def test_a_bad_workflow_name_and_a_second_registration_are_refused(app):
+    with pytest.raises(WorkflowDefinitionError, match="workflow name"):
+        app.register(Workflow("no spaces please", [Step("a", "svc.work")]))
+    app.register(Workflow("wf", [Step("a", "svc.work", compensate="svc.undo")]))
+    with pytest.raises(WorkflowDefinitionError, match="already registered"):
+        app.register(Workflow("wf", [Step("a", "svc.work")]))
+
+
+def test_steps_may_name_actions_by_object_or_by_string(app):
+    action = app.agents["svc"].actions["work"]
+    wf = app.register(Workflow("wf", [Step("a", action), Step("b", "svc.work")]))
+    assert [(s.agent, s.action_name) for s in wf.steps] == [("svc", "work"), ("svc", "work")]
+
+
+def test_an_action_name_cannot_be_registered_twice(app):
+    with pytest.raises(WorkflowDefinitionError, match="already has an action 'work'"):
+        app.agent("svc").action(lambda call: {}, name="work")
+
+
+def test_each_app_has_its_own_registry_and_tasks(settings):
+    one, two = SasApp(settings), SasApp(settings)
+    one.agent("a").action(lambda call: {"app": 1}, name="x")
+    assert "sas.agent.a.x" in one.celery.tasks
+    assert "sas.agent.a.x" not in two.celery.tasks
+    assert two.agents == {} and two.workflows == {}
+    one.store.dispose()
+    two.store.dispose()
