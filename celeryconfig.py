@@ -54,6 +54,9 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         },
     }
     if settings.embedded_broker:
+        # kombu's filesystem transport: every process sharing SAS_HOME shares the queues. A
+        # consumer takes a message by renaming its file into ``processed`` (atomic on one file
+        # system, so two workers never both take it); it polls every 50 ms when idle.
         folder = settings.home / "broker"
         for sub in ("queue", "processed"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
@@ -62,7 +65,8 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
-            "store_processed": False,
+            "store_processed": True,
+            "polling_interval": 0.05,
         }
     return conf
 

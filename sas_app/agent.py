@@ -11,15 +11,22 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from celery.exceptions import SoftTimeLimitExceeded
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
 from . import faults
-from .errors import PermanentError, StaleAttempt, StepExpired, TransientError, WorkflowDefinitionError
+from .errors import (
+    PermanentError,
+    StaleAttempt,
+    StepExpired,
+    TransientError,
+    WorkflowDefinitionError,
+)
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -64,7 +71,7 @@ class AgentCall:
     started: float = field(default_factory=time.monotonic)
 
     @classmethod
-    def from_message(cls, message: dict[str, Any]) -> "AgentCall":
+    def from_message(cls, message: dict[str, Any]) -> AgentCall:
         call = cls(
             run_id=str(message["run_id"]),
             business_key=str(message["business_key"]),
@@ -95,7 +102,7 @@ ActionFn = Callable[[AgentCall], Any]
 
 @dataclass
 class AgentAction:
-    agent: "Agent"
+    agent: Agent
     name: str
     fn: ActionFn
 
@@ -112,7 +119,7 @@ class Agent:
 
     def __init__(
         self,
-        celery: "Celery",
+        celery: Celery,
         name: str,
         *,
         retry_initial: float = 0.1,

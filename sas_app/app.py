@@ -45,7 +45,7 @@ class SasApp:
         self.store = Store(self.settings.database_url)
         self.celery = Celery(main, set_as_current=False)
         self.celery.conf.update(celery_settings(self.settings))
-        self.celery.sas = self  # type: ignore[attr-defined]
+        self.celery.sas = self
         self.alerts = Alerts(load_hook(self.settings.alert_hook))
         self.agents: dict[str, Agent] = {}
         self.workflows: dict[str, Workflow] = {}

@@ -198,18 +198,44 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     console.print(history)
 
 
+@main.command()
+@click.option("--orders", type=click.IntRange(1, 100_000), default=50, show_default=True,
+              help="How many orders to submit.")
+@click.option("--fault-rate", type=click.FloatRange(0, 1), default=0.2, show_default=True,
+              help="Share of orders given a fault (transient error, hang past complete-by, latency).")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed for the fault plan.")
+@click.option("--timeout", type=float, default=300, show_default=True, help="Give up after this many seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: bool) -> None:
+    """Run the order example live: worker, beat and payment-service processes, faults injected,
+    one agent worker crash; ends with a summary (lost and duplicate charges must be 0)."""
+    from workers.demo import print_summary, run_demo
+
+    try:
+        summary = run_demo(orders, fault_rate, seed, timeout, as_json)
+    except KeyboardInterrupt:
+        fail("interrupted; every process the demo started has been stopped")
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        print_summary(summary)
+    if summary["lost"] or summary["duplicate_charges"]:
+        sys.exit(1)
+
+
 @main.command("payment-service")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8765, show_default=True)
 @click.option("--ledger", default=None, help="The service's ledger file (default under SAS_HOME).")
 @click.option("--transient-rate", type=float, default=0.0)
 @click.option("--hang-rate", type=float, default=0.0)
 @click.option("--permanent-rate", type=float, default=0.0)
-def payment_service(port: int, ledger: str | None, transient_rate: float, hang_rate: float,
+def payment_service(host: str, port: int, ledger: str | None, transient_rate: float, hang_rate: float,
                     permanent_rate: float) -> None:
     """Start the simulated remote payment service of the order example."""
     from workers import payment_service as service
 
-    argv = ["--port", str(port), "--transient-rate", str(transient_rate),
+    argv = ["--host", host, "--port", str(port), "--transient-rate", str(transient_rate),
             "--hang-rate", str(hang_rate), "--permanent-rate", str(permanent_rate)]
     if ledger:
         argv += ["--ledger", ledger]

@@ -53,7 +53,7 @@ class RunView:
 class RunHandle:
     """What :func:`submit` returns: the run's id, whether this call created it, and ways to watch it."""
 
-    def __init__(self, app: "SasApp", run_id: str, created: bool) -> None:
+    def __init__(self, app: SasApp, run_id: str, created: bool) -> None:
         self.app = app
         self.id = run_id
         self.created = created
@@ -81,7 +81,7 @@ class RunHandle:
             delay = min(delay * 1.5, 0.5)
 
 
-def get_run(app: "SasApp", run_id: str) -> RunView:
+def get_run(app: SasApp, run_id: str) -> RunView:
     run = app.store.get_run(run_id)
     if run is None:
         raise UnknownRun(f"no run with id {run_id!r}")
@@ -89,7 +89,7 @@ def get_run(app: "SasApp", run_id: str) -> RunView:
 
 
 def submit(
-    app: "SasApp",
+    app: SasApp,
     workflow: str,
     payload: Any,
     *,

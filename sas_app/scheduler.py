@@ -60,14 +60,18 @@ class Scheduler:
     def instance_id(self) -> str:
         return instance_id()
 
-    def __init__(self, store: Store, celery: "Celery", alerts: Alerts) -> None:
+    def __init__(self, store: Store, celery: Celery, alerts: Alerts) -> None:
         self.store = store
         self.celery = celery
         self.alerts = alerts
         self._register_tasks()
 
     def _register_tasks(self) -> None:
-        options: dict[str, Any] = {"shared": False, "acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
+        # Late acks: a scheduler killed mid-handler leaves the message to be redelivered; every
+        # handler is fenced, so running it twice is harmless.
+        options: dict[str, Any] = {
+            "shared": False, "acks_late": True, "reject_on_worker_lost": True, "ignore_result": True,
+        }
 
         @self.celery.task(name="sas.scheduler.advance", **options)
         def advance(run_id: str) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Mapping
 
 
 def _home(env: Mapping[str, str]) -> Path:
@@ -73,7 +73,7 @@ class Settings:
         return self.broker_url.startswith("filesystem://")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Read every ``SAS_<FIELD>`` variable; ``overrides`` win over the environment."""
         env = os.environ if env is None else env
         values: dict[str, object] = {"home": _home(env)}

@@ -8,10 +8,11 @@ transaction. Callers compose transitions inside :meth:`Store.begin`; nothing her
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -140,7 +141,7 @@ class Store:
         metadata.create_all(self.engine)
 
     @contextmanager
-    def begin(self) -> Iterator["Tx"]:
+    def begin(self) -> Iterator[Tx]:
         """One transaction: every transition made through the yielded :class:`Tx` commits together."""
         with self.engine.begin() as conn:
             yield Tx(conn)

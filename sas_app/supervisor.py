@@ -48,7 +48,7 @@ class Supervisor:
         return instance_id()
 
     def __init__(
-        self, store: Store, celery: "Celery", settings: Settings, alerts: Alerts
+        self, store: Store, celery: Celery, settings: Settings, alerts: Alerts
     ) -> None:
         self.store = store
         self.celery = celery

@@ -4,8 +4,9 @@ threshold and optional compensating action. Mistakes are caught when a workflow 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import WorkflowDefinitionError
 
@@ -24,7 +25,7 @@ class ActionRef(Protocol):
     def qualname(self) -> str: ...
 
 
-def action_name(ref: "str | ActionRef") -> str:
+def action_name(ref: str | ActionRef) -> str:
     return ref if isinstance(ref, str) else ref.qualname
 
 
@@ -38,10 +39,10 @@ class Step:
     """
 
     name: str
-    action: "str | ActionRef"
+    action: str | ActionRef
     timeout: float = 30.0
     max_failures: int = 3
-    compensate: "str | ActionRef | None" = None
+    compensate: str | ActionRef | None = None
 
     @property
     def agent(self) -> str:

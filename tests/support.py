@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from queue import Empty
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 from sas_app import SasApp
 

@@ -3,7 +3,8 @@
 It behaves as a well-made payment API does: it deduplicates charges by ``Idempotency-Key``,
 refuses a request whose ``X-Fencing-Token`` is older than one it already saw for that key (a
 zombie attempt waking up late), and keeps its ledger in its own SQLite file, so the ledger
-survives a crash of the service. ``GET /ledger`` lists the charges it actually applied.
+survives a crash of the service. ``GET /ledger`` lists the charges it actually applied;
+``GET /requests`` counts the requests it has admitted per key.
 
 Faults, per request (``"fault"`` in the JSON body) or per process (``POST /faults`` or flags):
 
@@ -80,7 +81,9 @@ class Ledger:
         """Apply the charge once per key; return it and whether it was already applied."""
         with self.lock:
             self.db.execute("BEGIN IMMEDIATE")
-            row = self.db.execute("SELECT charge_id, fencing_token FROM ledger WHERE idempotency_key = ?", (key,)).fetchone()
+            row = self.db.execute(
+                "SELECT charge_id, fencing_token FROM ledger WHERE idempotency_key = ?", (key,)
+            ).fetchone()
             if row is None:
                 charge_id = f"ch_{os.urandom(6).hex()}"
                 self.db.execute(
@@ -94,13 +97,17 @@ class Ledger:
             self.db.execute("COMMIT")
         return {"charge_id": charge_id, "idempotency_key": key, "order_id": order_id, "amount": amount}, duplicate
 
+    def requests(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self.db.execute("SELECT idempotency_key, requests FROM keys").fetchall())
+
     def entries(self) -> list[dict[str, Any]]:
         with self.lock:
             rows = self.db.execute(
                 "SELECT idempotency_key, order_id, amount, fencing_token, charge_id, at FROM ledger ORDER BY at"
             ).fetchall()
         names = ("idempotency_key", "order_id", "amount", "fencing_token", "charge_id", "at")
-        return [dict(zip(names, r)) for r in rows]
+        return [dict(zip(names, r, strict=True)) for r in rows]
 
 
 class Faults:
@@ -153,6 +160,8 @@ def make_handler(ledger: Ledger, faults: Faults) -> type[BaseHTTPRequestHandler]
                 self._reply(200, {"ok": True})
             elif self.path == "/ledger":
                 self._reply(200, ledger.entries())
+            elif self.path == "/requests":
+                self._reply(200, ledger.requests())
             else:
                 self._reply(404, {"error": f"no route {self.path}"})
 

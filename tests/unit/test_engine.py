@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from sas_app import SasApp
-from tests.support import Pump, wait_for
+from tests.support import wait_for
 from tests.testapp import install_test_workflows
 
 SCHEDULER = ["sas.scheduler"]
@@ -207,8 +207,8 @@ def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(sas, pump):
     handle = sas.submit("three", {}, business_key="lost-submit")
     pump.take("sas.scheduler")  # the message never arrives
     assert sas.supervisor.sweep().requeued == []  # not yet past its pick-up complete-by
-    expire_run = lambda: sas.store.get_run(handle.id).complete_by < sas.store.now()  # noqa: E731
-    wait_for(expire_run, 5, "the pending run's complete-by")
+    wait_for(lambda: sas.store.get_run(handle.id).complete_by < sas.store.now(), 5,
+             "the pending run's complete-by")
 
     assert sas.supervisor.sweep().requeued == [handle.id]
     assert sas.supervisor.sweep().requeued == []  # its complete-by moved on: asked once

@@ -90,5 +90,5 @@ def test_an_unknown_run_id_is_a_clear_error(shop):
 
 def test_wait_times_out_naming_the_state(shop):
     handle = shop.submit("order", {"amount": 1}, business_key="A-4")
-    with pytest.raises(TimeoutError, match="still pending after 0.2s"):
+    with pytest.raises(TimeoutError, match=r"still pending after 0\.2s"):
         handle.wait(0.2)

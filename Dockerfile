@@ -1,0 +1,9 @@
+# One image for every sas_app process in docker-compose.yml; the command picks the role.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md celeryconfig.py ./
+COPY sas_app ./sas_app
+COPY workers ./workers
+RUN pip install --no-cache-dir ".[flower]"
+ENV SAS_APP=workers.app:sas
+USER nobody

@@ -1,0 +1,110 @@
+"""Integration fixtures: a fresh PostgreSQL database and Redis database number per test, and the
+real processes. A service that does not answer fails the tests loudly; nothing is skipped."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+
+import pytest
+import redis
+from sqlalchemy import create_engine, text
+
+from sas_app import SasApp, Settings
+from tests.integration.stack import Stack, free_port
+from workers.orders import install
+
+POSTGRES = os.environ.get("SAS_TEST_POSTGRES", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
+REDIS = os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379")
+_redis_numbers = itertools.cycle(range(1, 16))
+
+
+@pytest.fixture(scope="session")
+def postgres_admin():
+    engine = create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:
+        pytest.fail(f"PostgreSQL at {POSTGRES} is not answering ({exc}); scripts/test starts it", pytrace=False)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def db_url(postgres_admin):
+    """A fresh PostgreSQL database for this test (overrides the unit tests' SQLite)."""
+    name = f"sas_t_{uuid.uuid4().hex[:12]}"
+    with postgres_admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield POSTGRES.rsplit("/", 1)[0] + f"/{name}"
+    with postgres_admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def redis_url():
+    """A Redis database number of this test's own, emptied first."""
+    url = f"{REDIS}/{next(_redis_numbers)}"
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    except redis.ConnectionError as exc:
+        pytest.fail(f"Redis at {REDIS} is not answering ({exc}); scripts/test starts it", pytrace=False)
+    finally:
+        client.close()
+    return url
+
+
+@pytest.fixture
+def stack_env(db_url, redis_url, tmp_path):
+    return {
+        "SAS_DATABASE_URL": db_url,
+        "SAS_BROKER_URL": redis_url,
+        "SAS_HOME": str(tmp_path / "home"),
+        "SAS_SUPERVISOR_INTERVAL": "0.5",
+        "SAS_PICKUP_TIMEOUT": "2",
+        "SAS_RETRY_BACKOFF": "0.2",
+        "SAS_RETRY_BACKOFF_MAX": "1",
+        "SAS_VISIBILITY_TIMEOUT": "120",
+        "SAS_TASK_EVENTS": "false",
+        "PAYMENT_SERVICE_URL": f"http://127.0.0.1:{free_port()}",
+        "ALERT_FILE": str(tmp_path / "alerts.jsonl"),
+        "SAS_ALERT_HOOK": "tests.integration.alert_sink:record",
+    }
+
+
+@pytest.fixture
+def stack(stack_env, tmp_path, request):
+    home = tmp_path / "home"
+    home.mkdir()
+    s = Stack(home, stack_env)
+    yield s
+    s.stop_all()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        for name in s.logs:
+            print(f"===== {name} =====\n{s.tail(name, 80)}")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+def shop_app(stack_env, charge_timeout: float = 2.0, max_failures: int = 3) -> SasApp:
+    """The submitting side, in the test process: same settings as the workers."""
+    env = {k: v for k, v in stack_env.items() if k != "SAS_ALERT_HOOK"}
+    app = SasApp(Settings.from_env(env))
+    install(app, charge_timeout=charge_timeout, max_failures=max_failures)
+    return app
+
+
+@pytest.fixture
+def shop(stack_env):
+    app = shop_app(stack_env)
+    app.migrate()
+    yield app
+    app.store.dispose()

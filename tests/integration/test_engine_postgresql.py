@@ -1,0 +1,5 @@
+"""The engine's unit tests, unchanged, on PostgreSQL (``db_url`` comes from this folder's conftest):
+the same transitions, fencing and sweeps, now with row locks and SKIP LOCKED."""
+
+from tests.unit.test_engine import *  # noqa: F403
+from tests.unit.test_submit import *  # noqa: F403

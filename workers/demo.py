@@ -1,0 +1,226 @@
+"""``sas demo``: the whole pattern live — real worker, beat and payment-service processes — with
+faults injected, a live view of runs by state, and a summary of what happened.
+
+With no SAS_* environment it runs on the embedded default (SQLite and kombu's filesystem
+transport under a fresh folder); with SAS_BROKER_URL / SAS_DATABASE_URL set it uses those.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from sas_app import SasApp, Settings
+from sas_app.client import TERMINAL_STATES
+
+from .orders import ORDER_WORKFLOW, install
+
+STATES = ("pending", "processing", "processed", "error", "compensating", "compensated", "cancelled")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Processes:
+    """The demo's children, each in its own process group; all stopped on exit or Ctrl-C."""
+
+    home: Path
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str) -> None:
+        with open(self.home / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "sas_app.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                env=self.env, start_new_session=True,
+            )
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+
+def plan_faults(orders: int, rate: float, rng: random.Random) -> list[str | None]:
+    """One fault spec (or None) per order: transient errors, hangs past complete-by, latency,
+    and exactly one permanent failure (each kind at least once while ``rate`` > 0)."""
+    plan: list[str | None] = []
+    for _ in range(orders):
+        if rng.random() >= rate:
+            plan.append(None)
+            continue
+        plan.append(rng.choices(["transient:2", "hang:30@1", "latency:0.5"], weights=[5, 3, 2])[0])
+    # However the dice fell, show each kind of fault at least once.
+    for kind in ("permanent", "hang:30@1", "transient:2"):
+        free = [i for i, f in enumerate(plan) if f is None or f == "latency:0.5"]
+        if kind not in plan and free and (rate > 0 or kind == "permanent"):
+            plan[rng.choice(free)] = kind
+    return plan
+
+
+def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: bool) -> dict[str, Any]:
+    console = Console(stderr=as_json)
+    embedded = not (os.environ.get("SAS_DATABASE_URL") or os.environ.get("SAS_BROKER_URL"))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(os.environ.get("SAS_HOME", ".sas")).resolve()
+    home = base / f"demo-{stamp}" if embedded else base
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {
+        **os.environ,
+        "SAS_HOME": str(home),
+        "SAS_APP": "workers.app:sas",
+        "SAS_SUPERVISOR_INTERVAL": os.environ.get("SAS_SUPERVISOR_INTERVAL", "1"),
+        "SAS_RETRY_BACKOFF": os.environ.get("SAS_RETRY_BACKOFF", "0.5"),
+        "SAS_PICKUP_TIMEOUT": os.environ.get("SAS_PICKUP_TIMEOUT", "5"),
+        "SAS_TASK_EVENTS": os.environ.get("SAS_TASK_EVENTS", "false"),
+        "PAYMENT_SERVICE_URL": f"http://127.0.0.1:{port}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                    os.environ.get("PYTHONPATH")])),
+    }
+    sas = SasApp(Settings.from_env(env))
+    install(sas, charge_timeout=2.0)
+    sas.migrate()
+    procs = Processes(home, env)
+    rng = random.Random(seed)
+    started = time.monotonic()
+    summary: dict[str, Any] = {}
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        procs.start("payment", "payment-service", "--port", str(port), "--ledger", str(home / "ledger.db"))
+        procs.start("scheduler", "worker", "-Q", "sas.scheduler,sas.supervisor", "-c", "2", "-n", "scheduler@%h")
+        procs.start("agents", "worker", "-Q", "sas.agent.payment,sas.agent.orders", "-c", "4", "-n", "agents@%h")
+        procs.start("beat", "beat", "--schedule", str(home / "celerybeat-schedule"))
+        _wait_for_service(port)
+
+        prefix = f"demo-{stamp}-{seed}"
+        handles = []
+        for i, fault in enumerate(plan_faults(orders, fault_rate, rng)):
+            payload: dict[str, Any] = {"amount": round(rng.uniform(5, 200), 2)}
+            if fault:
+                payload["faults"] = {"charge": fault}
+            handles.append(sas.submit(ORDER_WORKFLOW, payload, business_key=f"{prefix}-{i:05d}"))
+        ids = [h.id for h in handles]
+
+        crashed = False
+        deadline = time.monotonic() + timeout
+        with Live(console=console, refresh_per_second=8, transient=as_json) as live:
+            while True:
+                counts = sas.store.count_runs_by_state()
+                done = sum(counts.get(s, 0) for s in TERMINAL_STATES)
+                live.update(_progress_table(counts, done, orders, time.monotonic() - started))
+                if not crashed and done >= orders // 3:
+                    procs.kill("agents")  # one worker crash, mid-run
+                    procs.start("agents", "worker", "-Q", "sas.agent.payment,sas.agent.orders", "-c", "4",
+                                "-n", "agents@%h")
+                    crashed = True
+                if done >= orders or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        summary = _summary(sas, ids, port, time.monotonic() - started)
+        summary["home"] = str(home)
+    finally:
+        procs.stop_all()
+        signal.signal(signal.SIGTERM, previous)
+        sas.store.dispose()
+    return summary
+
+
+def _wait_for_service(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError("the payment service did not start within 30s")
+
+
+def _progress_table(counts: dict[str, int], done: int, total: int, elapsed: float) -> Table:
+    table = Table(title=f"orders: {done}/{total} finished, {elapsed:.1f}s")
+    for state in STATES:
+        table.add_column(state, justify="right")
+    table.add_row(*(str(counts.get(s, 0)) for s in STATES))
+    return table
+
+
+def _summary(sas: SasApp, ids: list[str], port: int, elapsed: float) -> dict[str, Any]:
+    states = Counter()
+    retried = 0
+    alerts = 0
+    errors: list[str] = []
+    for run_id in ids:
+        run = sas.store.get_run(run_id)
+        states[run.process_state if run else "missing"] += 1
+        events = sas.store.get_events(run_id)
+        retried += sum(1 for e in events if (e.kind, e.from_state, e.to_state) == ("transition", "running", "pending"))
+        alerts += sum(1 for e in events if e.kind == "alert")
+        if run and run.process_state == "error":
+            errors.append(f"{run.business_key}: {run.error}")
+    ledger = httpx.get(f"http://127.0.0.1:{port}/ledger", timeout=5).json()
+    per_order = Counter(entry["order_id"] for entry in ledger)
+    return {
+        "submitted": len(ids),
+        "processed": states["processed"],
+        "retried_by_supervisor": retried,
+        "compensated": states["compensated"],
+        "error": states["error"],
+        "alerts": alerts,
+        "lost": sum(n for s, n in states.items() if s not in TERMINAL_STATES),
+        "duplicate_charges": sum(n - 1 for n in per_order.values() if n > 1),
+        "charges": len(ledger),
+        "errors": errors,
+        "elapsed_s": round(elapsed, 2),
+    }
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    console = Console()
+    table = Table(title="sas demo")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for key in ("submitted", "processed", "retried_by_supervisor", "compensated", "error", "alerts",
+                "lost", "duplicate_charges", "elapsed_s"):
+        table.add_row(key.replace("_", " "), str(summary[key]))
+    console.print(table)
+    for line in summary["errors"]:
+        console.print(f"error: {line}")
+    console.print(f"state and logs: {summary['home']}  (SAS_HOME={summary['home']} sas runs)")
