@@ -183,7 +183,7 @@ def _progress_table(counts: dict[str, int], done: int, total: int, elapsed: floa
 
 
 def _summary(sas: SasApp, ids: list[str], port: int, elapsed: float) -> dict[str, Any]:
-    states = Counter()
+    states: Counter[str] = Counter()
     retried = 0
     alerts = 0
     errors: list[str] = []
