@@ -23,7 +23,8 @@ from .errors import SasError
 from .models import RUN_STATES
 
 DEFAULT_APP = "workers.app:sas"
-console = Console()
+# Piped or redirected output is not cut to 80 columns: every id and name stays whole.
+console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def load_app(spec: str) -> SasApp:
@@ -230,13 +231,14 @@ def demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: boo
 @click.option("--transient-rate", type=float, default=0.0)
 @click.option("--hang-rate", type=float, default=0.0)
 @click.option("--permanent-rate", type=float, default=0.0)
+@click.option("--crash-rate", type=float, default=0.0)
 def payment_service(host: str, port: int, ledger: str | None, transient_rate: float, hang_rate: float,
-                    permanent_rate: float) -> None:
+                    permanent_rate: float, crash_rate: float) -> None:
     """Start the simulated remote payment service of the order example."""
     from workers import payment_service as service
 
     argv = ["--host", host, "--port", str(port), "--transient-rate", str(transient_rate),
-            "--hang-rate", str(hang_rate), "--permanent-rate", str(permanent_rate)]
+            "--hang-rate", str(hang_rate), "--permanent-rate", str(permanent_rate), "--crash-rate", str(crash_rate)]
     if ledger:
         argv += ["--ledger", ledger]
     service.main(argv)

@@ -12,7 +12,7 @@ Faults, per request (``"fault"`` in the JSON body) or per process (``POST /fault
 ``latency:S``     wait S seconds, then charge
 ``hang:S@A``      on attempt A (default 1) wait S seconds (default 30) and drop the request
 ``permanent``     402 card declined, every time
-``crash@A``       on attempt A (default 1) the process exits at once, before charging
+``crash[@A]``     (on attempt A) the process exits at once, before charging
 
 Run it with ``python -m workers.payment_service --port 8765`` (or ``sas payment-service``).
 """
@@ -110,6 +110,16 @@ class Ledger:
         return [dict(zip(names, r, strict=True)) for r in rows]
 
 
+#: process-wide fault kinds (POST /faults, --*-rate flags) and the per-request fault each draws
+FAULT_KINDS = {
+    "transient": "transient:1",
+    "hang": "hang:30@1",
+    "permanent": "permanent",
+    "latency": "latency:0.2",
+    "crash": "crash",
+}
+
+
 class Faults:
     """Process-wide fault rates, each a probability per request."""
 
@@ -120,7 +130,7 @@ class Faults:
 
     def set(self, rates: dict[str, float]) -> None:
         with self.lock:
-            self.rates = {k: float(v) for k, v in rates.items() if k in ("transient", "hang", "permanent", "latency")}
+            self.rates = {k: float(v) for k, v in rates.items() if k in FAULT_KINDS}
 
     def draw(self, token: int) -> str | None:
         with self.lock:
@@ -131,8 +141,7 @@ class Faults:
             if roll < edge:
                 if kind == "hang" and token > 1:
                     return None  # a hang only on the first attempt, so a retry can succeed
-                return {"transient": "transient:1", "hang": "hang:30@1", "permanent": "permanent",
-                        "latency": "latency:0.2"}[kind]
+                return FAULT_KINDS[kind]
         return None
 
 
@@ -249,10 +258,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--transient-rate", type=float, default=0.0)
     parser.add_argument("--hang-rate", type=float, default=0.0)
     parser.add_argument("--permanent-rate", type=float, default=0.0)
+    parser.add_argument("--crash-rate", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s payment %(levelname)s %(message)s")
-    rates = {"transient": args.transient_rate, "hang": args.hang_rate, "permanent": args.permanent_rate}
+    rates = {"transient": args.transient_rate, "hang": args.hang_rate, "permanent": args.permanent_rate,
+             "crash": args.crash_rate}
     serve(args.port, args.ledger, args.host, rates, args.seed)
 
 

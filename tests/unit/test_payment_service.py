@@ -64,3 +64,42 @@ def test_bad_requests_are_refused(service):
     assert service.post("/charges", json={"amount": 1}, headers={"Idempotency-Key": "k"}).status_code == 400
     assert service.post("/charges", content=b"not json").status_code == 400
     assert service.get("/nowhere").status_code == 404
+
+
+def test_a_crashed_service_keeps_its_ledger(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.integration.stack import free_port
+    from tests.support import wait_for
+
+    port = free_port()
+    argv = [sys.executable, "-m", "workers.payment_service", "--port", str(port), "--ledger", str(tmp_path / "l.db")]
+
+    def start():
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: _up(port), 20, "the payment service to listen")
+        return proc
+
+    proc = start()
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5)
+    assert charge(client, "before", 1).status_code == 200
+    with pytest.raises(httpx.TransportError):
+        charge(client, "boom", 1, fault="crash@1")
+    assert proc.wait(10) == 3
+
+    proc = start()
+    try:
+        assert [e["idempotency_key"] for e in client.get("/ledger").json()] == ["before"]
+        assert charge(client, "boom", 2, fault="crash@1").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        client.close()
+
+
+def _up(port):
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -1,0 +1,62 @@
+"""The ``sas`` command as a user runs it: a subprocess on the embedded default (no servers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SAS = str(Path(sys.executable).parent / "sas")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def sas_cli(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
+    env.update({"SAS_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)})
+
+    def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([SAS, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+        if ok:
+            assert result.returncode == 0, result.stderr
+        return result
+
+    return run
+
+
+def test_migrate_submit_list_and_show(sas_cli):
+    assert "schema is up to date" in sas_cli("migrate").stdout
+    run_id = sas_cli("submit", "order", "--key", "cli-1", "--payload", '{"amount": 4.5}').stdout.strip()
+    again = sas_cli("submit", "order", "--key", "cli-1", "--payload", '{"amount": 4.5}').stdout.strip()
+    assert again == run_id and len(run_id) == 32
+
+    [listed] = json.loads(sas_cli("runs", "--json").stdout)
+    assert (listed["id"], listed["business_key"], listed["process_state"]) == (run_id, "cli-1", "pending")
+    shown = json.loads(sas_cli("show", run_id, "--json").stdout)
+    assert [s["name"] for s in shown["steps"]] == ["charge_payment", "confirm_order"]
+    assert shown["events"][0]["to_state"] == "pending"
+    assert "charge_payment" in sas_cli("show", run_id).stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["show", "nope"], "error: no run with id 'nope'"),
+        (["submit", "order", "--key", "k", "--payload", "{not json"], "error: --payload is not valid JSON"),
+        (["submit", "nope", "--key", "k"], "error: unknown workflow 'nope'"),
+        (["submit", "order", "--key", "k", "--payload", '{"amount": -1}'], "positive 'amount'"),
+        (["runs", "--state", "bogus"], "Invalid value for '--state'"),
+        (["worker", "-Q", "sas.nowhere"], "error: unknown queue(s) sas.nowhere"),
+        (["--app", "no.such.module:sas", "runs"], "error: cannot import the app module 'no.such.module'"),
+    ],
+)
+def test_errors_exit_non_zero_with_one_line_and_no_traceback(sas_cli, args, message):
+    sas_cli("migrate")
+    result = sas_cli(*args, ok=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
