@@ -204,6 +204,7 @@ class Agent:
             with attempt:
                 if call.remaining() <= 0:
                     raise StepExpired(call.step)
+                faults.hit("agent.before_call")
                 return action(call)
         raise StepExpired(call.step)  # pragma: no cover - Retrying either returns or raises
 

@@ -15,7 +15,8 @@ armed, :func:`hit` is one falsy check. Actions:
 Appending ``@once`` fires the point only the first time across all processes that share
 ``SAS_HOME`` (a marker file is created exclusively), so a restarted worker carries on.
 
-Points: ``agent.after_call`` (remote call returned, reply not sent), ``scheduler.after_commit``
+Points: ``agent.before_call`` (complete-by checked, remote call not yet made: a pause here is
+a zombie that wakes up late), ``agent.after_call`` (remote call returned, reply not sent), ``scheduler.after_commit``
 (step marked running, agent message not sent), ``supervisor.after_commit`` (recovery committed,
 Scheduler not asked), ``submit.after_commit`` (run written, Scheduler not asked).
 """
@@ -28,7 +29,13 @@ import time
 from pathlib import Path
 
 POINTS = frozenset(
-    {"agent.after_call", "scheduler.after_commit", "supervisor.after_commit", "submit.after_commit"}
+    {
+        "agent.before_call",
+        "agent.after_call",
+        "scheduler.after_commit",
+        "supervisor.after_commit",
+        "submit.after_commit",
+    }
 )
 
 

@@ -4,7 +4,8 @@ It behaves as a well-made payment API does: it deduplicates charges by ``Idempot
 refuses a request whose ``X-Fencing-Token`` is older than one it already saw for that key (a
 zombie attempt waking up late), and keeps its ledger in its own SQLite file, so the ledger
 survives a crash of the service. ``GET /ledger`` lists the charges it actually applied;
-``GET /requests`` counts the requests it has admitted per key.
+``GET /requests`` and ``GET /refused`` count, per key, the requests it admitted and those it
+refused for a stale fencing token.
 
 Faults, per request (``"fault"`` in the JSON body) or per process (``POST /faults`` or flags):
 
@@ -45,7 +46,8 @@ CREATE TABLE IF NOT EXISTS ledger (
 CREATE TABLE IF NOT EXISTS keys (
     idempotency_key TEXT PRIMARY KEY,
     max_token INTEGER NOT NULL,
-    requests INTEGER NOT NULL
+    requests INTEGER NOT NULL,
+    refused INTEGER NOT NULL DEFAULT 0
 );
 """
 
@@ -67,7 +69,8 @@ class Ledger:
             row = self.db.execute("SELECT max_token, requests FROM keys WHERE idempotency_key = ?", (key,)).fetchone()
             max_token, requests = row if row else (0, 0)
             if token < max_token:
-                self.db.execute("ROLLBACK")
+                self.db.execute("UPDATE keys SET refused = refused + 1 WHERE idempotency_key = ?", (key,))
+                self.db.execute("COMMIT")
                 return False, requests
             self.db.execute(
                 "INSERT INTO keys (idempotency_key, max_token, requests) VALUES (?, ?, 1) "
@@ -97,9 +100,11 @@ class Ledger:
             self.db.execute("COMMIT")
         return {"charge_id": charge_id, "idempotency_key": key, "order_id": order_id, "amount": amount}, duplicate
 
-    def requests(self) -> dict[str, int]:
+    def requests(self, column: str = "requests") -> dict[str, int]:
+        """Per key: requests admitted (``requests``) or refused as stale (``refused``)."""
+        assert column in ("requests", "refused")
         with self.lock:
-            return dict(self.db.execute("SELECT idempotency_key, requests FROM keys").fetchall())
+            return dict(self.db.execute(f"SELECT idempotency_key, {column} FROM keys").fetchall())
 
     def entries(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -171,6 +176,8 @@ def make_handler(ledger: Ledger, faults: Faults) -> type[BaseHTTPRequestHandler]
                 self._reply(200, ledger.entries())
             elif self.path == "/requests":
                 self._reply(200, ledger.requests())
+            elif self.path == "/refused":
+                self._reply(200, ledger.requests("refused"))
             else:
                 self._reply(404, {"error": f"no route {self.path}"})
 

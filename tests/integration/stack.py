@@ -55,15 +55,17 @@ class Stack:
         self.start("payment", [SAS, "payment-service", "--port", str(self.payment_port),
                                "--ledger", str(self.home / "ledger.db")], "payment service listening")
 
-    def worker(self, name: str, queues: str, concurrency: int = 2, env: dict[str, str] | None = None) -> None:
-        self.start(name, [SAS, "worker", "-Q", queues, "-c", str(concurrency), "-n", f"{name}@%h"],
+    def worker(self, name: str, queues: str, concurrency: int = 2, env: dict[str, str] | None = None,
+               pool: str = "prefork") -> None:
+        self.start(name, [SAS, "worker", "-Q", queues, "-c", str(concurrency), "-P", pool, "-n", f"{name}@%h"],
                    "ready.", env)
 
     def scheduler(self, env: dict[str, str] | None = None) -> None:
         self.worker("scheduler", "sas.scheduler,sas.supervisor", env=env)
 
-    def agents(self, name: str = "agents") -> None:
-        self.worker(name, "sas.agent.payment,sas.agent.orders")
+    def agents(self, name: str = "agents", concurrency: int = 2, env: dict[str, str] | None = None,
+               pool: str = "prefork") -> None:
+        self.worker(name, "sas.agent.payment,sas.agent.orders", concurrency, env, pool)
 
     def beat(self, name: str = "beat") -> None:
         self.start(name, [SAS, "beat", "--schedule", str(self.home / f"{name}-schedule")], "beat: Starting")
@@ -103,6 +105,9 @@ class Stack:
 
     def ledger(self) -> list[dict[str, object]]:
         return httpx.get(f"http://127.0.0.1:{self.payment_port}/ledger", timeout=5).json()  # type: ignore[no-any-return]
+
+    def refused(self) -> dict[str, int]:
+        return httpx.get(f"http://127.0.0.1:{self.payment_port}/refused", timeout=5).json()  # type: ignore[no-any-return]
 
     def requests_seen(self) -> dict[str, int]:
         return httpx.get(f"http://127.0.0.1:{self.payment_port}/requests", timeout=5).json()  # type: ignore[no-any-return]

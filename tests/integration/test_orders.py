@@ -179,3 +179,31 @@ def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(stack, shop):
 
     assert view.process_state == "processed"
     assert shop.store.count_events("requeue", run.id) >= 1
+
+
+def test_a_zombie_agent_that_wakes_up_late_is_refused_by_the_remote_service(stack, stack_env, tmp_path):
+    shop = shop_app(stack_env, charge_timeout=1.0)
+    shop.migrate()
+    stack.payment_service()
+    stack.scheduler()
+    stack.beat()
+    # This agent passes its complete-by check, then stalls 4 s before calling the service. In the
+    # threads pool no time limit interrupts it (prefork's soft limit would), so it wakes a zombie.
+    stack.agents("zombie", concurrency=1, env={"SAS_FAULTS": "agent.before_call=sleep:4@once"}, pool="threads")
+    handle = shop.submit("order", {"amount": 9}, business_key="z-1")
+    marker = Path(stack_env["SAS_HOME"]) / "fault-agent.before_call"
+    wait_for(marker.exists, 20, "the zombie to stall")
+
+    stack.agents("healthy")
+    view = handle.wait(30)
+    key = f"{handle.id}:charge_payment"
+    wait_for(lambda: stack.refused().get(key), 20, "the zombie's late request")
+
+    assert view.process_state == "processed"
+    assert view.step("charge_payment").attempt == 2
+    [entry] = charges_for(stack, handle)
+    assert entry["fencing_token"] == 2
+    assert stack.refused()[key] == 1
+    after = handle.status()
+    assert after.steps == view.steps
+    shop.store.dispose()

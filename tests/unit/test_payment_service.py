@@ -43,6 +43,7 @@ def test_an_older_fencing_token_is_refused(service):
     zombie = charge(service, "k2", 2)
     assert zombie.status_code == 409
     assert len(service.get("/ledger").json()) == 1
+    assert service.get("/refused").json() == {"k2": 1}
 
 
 def test_transient_faults_fail_the_first_requests_then_charge(service):
