@@ -6,6 +6,7 @@ from .app import SasApp
 from .client import RunHandle, RunView
 from .errors import (
     DuplicateBusinessKey,
+    InvalidOperation,
     InvalidSubmission,
     PermanentError,
     SasError,
@@ -25,6 +26,7 @@ __all__ = [
     "AgentCall",
     "Alert",
     "DuplicateBusinessKey",
+    "InvalidOperation",
     "InvalidSubmission",
     "PermanentError",
     "RunHandle",

@@ -10,7 +10,7 @@ from celery import Celery
 from celery.signals import worker_process_init
 from sqlalchemy import MetaData
 
-from . import faults
+from . import faults, operator
 from .agent import Agent
 from .alerts import Alerts, load_hook
 from .client import RunHandle, RunView, get_run, submit
@@ -50,7 +50,7 @@ class SasApp:
         self.agents: dict[str, Agent] = {}
         self.workflows: dict[str, Workflow] = {}
         self.tables: list[MetaData] = []
-        self.scheduler = Scheduler(self.store, self.celery, self.alerts)
+        self.scheduler = Scheduler(self.store, self.celery, self.settings, self.alerts)
         self.supervisor = Supervisor(self.store, self.celery, self.settings, self.alerts)
         worker_process_init.connect(self._after_fork, weak=True)
 
@@ -106,6 +106,29 @@ class SasApp:
 
     def get_run(self, run_id: str) -> RunView:
         return get_run(self, run_id)
+
+    # -- operating ----------------------------------------------------------------------------
+    # Each is refused with InvalidOperation when the run's state does not allow it, and recorded
+    # in the run's events with ``by`` and ``reason``.
+
+    def resubmit(self, run_id: str, *, by: str, reason: str = "", step: str | None = None,
+                 step_input: Any = None) -> None:
+        operator.resubmit(self, run_id, by=by, reason=reason, step=step, step_input=step_input)
+
+    def mark_done(self, run_id: str, step: str, *, by: str, reason: str = "", result: Any = None) -> None:
+        operator.mark_done(self, run_id, step, by=by, reason=reason, result=result)
+
+    def pause(self, run_id: str, *, by: str, reason: str = "") -> None:
+        operator.pause(self, run_id, by=by, reason=reason)
+
+    def resume(self, run_id: str, *, by: str, reason: str = "") -> None:
+        operator.resume(self, run_id, by=by, reason=reason)
+
+    def cancel(self, run_id: str, *, by: str, reason: str = "") -> str:
+        return operator.cancel(self, run_id, by=by, reason=reason)
+
+    def compensate(self, run_id: str, *, by: str, reason: str = "") -> None:
+        operator.compensate(self, run_id, by=by, reason=reason)
 
     def handle(self, run_id: str) -> RunHandle:
         return RunHandle(self, run_id, created=False)

@@ -13,6 +13,7 @@ from . import faults
 from .agent import SCHEDULER_QUEUE
 from .errors import DuplicateBusinessKey, InvalidSubmission, UnknownRun, UnknownWorkflow
 from .store import EventRow, NewStep, RunRow, StepRow, dumps_payload
+from .workflow import action_name
 
 if TYPE_CHECKING:
     from .app import SasApp
@@ -129,7 +130,8 @@ def submit(
 
     run_id = uuid.uuid4().hex
     new_steps = [
-        NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, f"{run_id}:{s.name}")
+        NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, f"{run_id}:{s.name}",
+                undo=None if s.compensate is None else action_name(s.compensate))
         for s in wf.steps
     ]
     run, created = app.store.create_run(

@@ -44,5 +44,9 @@ class InvalidSubmission(SasError, ValueError):
     """``submit`` was called with input the store must not accept; nothing was written."""
 
 
+class InvalidOperation(SasError, ValueError):
+    """An operator action the run's current state does not allow; nothing was changed."""
+
+
 class DuplicateBusinessKey(InvalidSubmission):
     """The business key already names a run of this workflow with a different payload."""

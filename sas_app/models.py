@@ -70,6 +70,9 @@ runs = Table(
     Column("failure_count", Integer, nullable=False, server_default="0"),
     Column("reply_to", String(200)),
     Column("error", Text),
+    # Who cancelled the run (it ends ``cancelled`` once undone) and who paused it, if anyone.
+    Column("cancelled_by", String(200)),
+    Column("paused_by", String(200)),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     UniqueConstraint("workflow", "business_key", name="uq_runs_workflow_business_key"),
@@ -104,6 +107,12 @@ steps = Table(
     Column("failure_count", Integer, nullable=False, server_default="0"),
     # Stable across every attempt; the remote service deduplicates on it.
     Column("idempotency_key", String(300), nullable=False),
+    # The agent action (``agent.action``) that undoes this step, if it has one.
+    Column("undo", String(401)),
+    # On a compensation row: the position of the step it undoes (NULL on the workflow's own steps).
+    Column("compensates", Integer),
+    # An operator's edited input for this step, sent instead of the run's payload.
+    Column("input", _json),
     Column("result", _json),
     Column("error", Text),
     Column("created_at", Double, nullable=False),

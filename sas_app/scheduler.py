@@ -3,19 +3,25 @@
 Celery tasks on the ``sas.scheduler`` queue. Every handler is one transaction that locks the run,
 makes fenced transitions and commits; only then does it send the next message. A message lost
 after the commit is recovered by the Supervisor; a duplicate or late one is refused by the fence.
+
+When a run fails for good (a non-transient fault, a step past its failure threshold, a cancel),
+the steps whose effects may have happened are undone, last first: each undo is a compensation row
+of its own, dispatched and supervised exactly like a step (complete-by, attempts, fencing, its
+own idempotency key). The run ends ``compensated`` (``cancelled`` after a cancel), or ``error``
+with an alert if an undo fails too.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from . import faults
 from .agent import SCHEDULER_QUEUE, agent_queue, agent_task_name
 from .alerts import Alert, Alerts
-from .settings import instance_id
-from .store import RunRow, StepRow, Store, Tx
+from .settings import Settings, instance_id
+from .store import LIVE_RUN_STATES, RunRow, StepRow, Store, Tx
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -40,7 +46,7 @@ class Dispatch:
             "position": self.step.position,
             "attempt": self.step.attempt,
             "idempotency_key": self.step.idempotency_key,
-            "payload": self.run.payload,
+            "payload": self.run.payload if self.step.input is None else self.step.input,
             "results": self.results,
             "complete_by": self.step.complete_by,
             "budget": self.step.timeout,
@@ -60,9 +66,10 @@ class Scheduler:
     def instance_id(self) -> str:
         return instance_id()
 
-    def __init__(self, store: Store, celery: Celery, alerts: Alerts) -> None:
+    def __init__(self, store: Store, celery: Celery, settings: Settings, alerts: Alerts) -> None:
         self.store = store
         self.celery = celery
+        self.settings = settings
         self.alerts = alerts
         self._register_tasks()
 
@@ -96,7 +103,8 @@ class Scheduler:
                 return
             if run.process_state == "pending":
                 tx.claim_run(run_id, self.instance_id)
-            elif run.process_state != "processing":
+                run = replace(run, process_state="processing", locked_by=self.instance_id)
+            elif run.process_state not in LIVE_RUN_STATES:
                 log.info("advance: run %s is %s; nothing to do", run_id, run.process_state)
                 return
             next_message = self._next(tx, run)
@@ -106,49 +114,63 @@ class Scheduler:
         """An agent's success reply: record it if that attempt still runs, then go on."""
         with self.store.begin() as tx:
             run = tx.lock_run(run_id)
-            if run is None or run.process_state != "processing" or not tx.complete_step(
-                run_id, position, attempt, result, actor=self.instance_id
-            ):
+            done = None
+            if run is not None and run.process_state in LIVE_RUN_STATES:
+                done = tx.complete_step(run_id, position, attempt, result, actor=self.instance_id)
+            if run is None or done is None:
                 self._stale(tx, run, position, attempt, "step_done")
                 return
+            if done.compensates is not None:
+                tx.mark_compensated(run_id, done.compensates, self.instance_id)
             next_message = self._next(tx, run)
         self._send(next_message)
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None:
-        """An agent's non-transient fault: the step fails, the run goes to ``error``, one alert."""
+        """An agent's non-transient fault: the step fails with one alert, and the run is undone
+        (or goes to ``error`` when there is nothing to undo, or when an undo itself failed)."""
         with self.store.begin() as tx:
             run = tx.lock_run(run_id)
-            if run is None or run.process_state != "processing" or not tx.fail_step(
-                run_id, position, attempt, error, actor=self.instance_id, count_failure=True
-            ):
+            failed = None
+            if run is not None and run.process_state in LIVE_RUN_STATES:
+                failed = tx.fail_step(run_id, position, attempt, error, actor=self.instance_id, count_failure=True)
+            if run is None or failed is None:
                 self._stale(tx, run, position, attempt, "step_failed")
                 return
-            step = tx.steps_of(run_id)[position]
-            alert = fail_run(tx, self.alerts, run, step, attempt, f"step {step.name!r} failed: {error}",
+            alert = fail_run(tx, self.alerts, self.settings, run, failed, f"step {failed.name!r} failed: {error}",
                              actor=self.instance_id)
+            after = tx.lock_run(run_id)
+            next_message = self._next(tx, after) if after is not None else None
         self.alerts.emit(alert)
+        self._send(next_message)
 
     # -- internals --------------------------------------------------------------------------
 
     def _next(self, tx: Tx, run: RunRow) -> Dispatch | Later | None:
-        """Within the run's transaction: dispatch the first unfinished step, or finish the run."""
+        """Within the run's transaction: dispatch the first unfinished step (or undo, while
+        compensating), or finish the run when there is none."""
         steps = tx.steps_of(run.id)
-        for step in steps:
+        if run.process_state == "processing" and run.paused_by is None:
+            chain, final = [s for s in steps if not s.is_undo], "processed"
+        elif run.process_state == "compensating":
+            chain, final = [s for s in steps if s.is_undo], "cancelled" if run.cancelled_by else "compensated"
+        else:
+            return None
+        for step in chain:
             if step.state == "completed":
                 continue
             if step.state not in ("not_started", "pending"):
                 return None  # running or failed: an agent or the Supervisor owns it
             running = tx.mark_step_running(step, self.instance_id)
             if running is not None:
-                results = {s.name: s.result for s in steps if s.state == "completed"}
+                results = {s.name: s.result for s in steps if not s.is_undo and s.result is not None}
                 return Dispatch(run, running, results)
             if step.not_before is not None:
                 delay = step.not_before - tx.now()
                 if delay > 0:
                     return Later(run.id, delay)
             return None
-        tx.finish_run(run.id, "processed", actor=self.instance_id)
-        log.info("run %s (%s %s) processed", run.id, run.workflow, run.business_key)
+        tx.finish_run(run.id, final, from_state=run.process_state, actor=self.instance_id)
+        log.info("run %s (%s %s) %s", run.id, run.workflow, run.business_key, final)
         return None
 
     def _stale(self, tx: Tx, run: RunRow | None, position: int, attempt: int, kind: str) -> None:
@@ -185,10 +207,17 @@ class Scheduler:
 
 
 def fail_run(
-    tx: Tx, alerts: Alerts, run: RunRow, step: StepRow, attempt: int, reason: str, *, actor: str
+    tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, step: StepRow, reason: str, *, actor: str
 ) -> Alert:
-    """processing → error with its alert, in the caller's transaction (the step already failed)."""
-    tx.finish_run(run.id, "error", actor=actor, error=reason)
+    """In the caller's transaction, once ``step`` has failed for good: raise its alert, then
+    start undoing the run, or put it in ``error`` if there is nothing to undo or an undo failed."""
+    alert = alerts.record(
+        tx, Alert(run.id, run.workflow, run.business_key, step.name, step.position, step.attempt, reason), actor
+    )
     tx.count_run_failure(run.id)
-    alert = Alert(run.id, run.workflow, run.business_key, step.name, step.position, attempt, reason)
-    return alerts.record(tx, alert, actor)
+    if step.is_undo:
+        tx.finish_run(run.id, "error", from_state=run.process_state, actor=actor,
+                      error=f"compensation failed: {reason}")
+    elif not tx.start_compensation(run, reason, settings.pickup_timeout, actor=actor):
+        tx.finish_run(run.id, "error", from_state=run.process_state, actor=actor, error=reason)
+    return alert

@@ -35,6 +35,8 @@ class RunRow:
     failure_count: int
     reply_to: str | None
     error: str | None
+    cancelled_by: str | None
+    paused_by: str | None
     created_at: float
     updated_at: float
 
@@ -56,11 +58,18 @@ class StepRow:
     max_failures: int
     failure_count: int
     idempotency_key: str
+    undo: str | None
+    compensates: int | None
+    input: Any
     result: Any
     error: str | None
     created_at: float
     updated_at: float
     completed_at: float | None
+
+    @property
+    def is_undo(self) -> bool:
+        return self.compensates is not None
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,13 @@ class NewStep:
     timeout: float
     max_failures: int
     idempotency_key: str
+    undo: str | None = None
+
+
+#: ``steps.error`` of a step failed by the Supervisor: whether its effect was applied is unknown.
+EXPIRED = "complete-by passed"
+#: Run states in which the Scheduler still has work: its steps, or their undoing.
+LIVE_RUN_STATES = ("processing", "compensating")
 
 
 def _as(kind: type[T], row: Row[Any]) -> T:
@@ -202,6 +218,7 @@ class Store:
                         "timeout": s.timeout,
                         "max_failures": s.max_failures,
                         "idempotency_key": s.idempotency_key,
+                        "undo": s.undo,
                         "attempt": 0,
                         "failure_count": 0,
                     }
@@ -327,9 +344,10 @@ class Tx:
         actor: str | None = None,
         error: str | None = None,
         failure_count: int | None = None,
+        **extra: Any,
     ) -> bool:
         """processing → processed | error (or any ``from_state`` → ``to_state``)."""
-        values: dict[str, Any] = {"locked_by": None, "complete_by": None}
+        values: dict[str, Any] = {"locked_by": None, "complete_by": None, **extra}
         if error is not None:
             values["error"] = error
         if failure_count is not None:
@@ -403,7 +421,7 @@ class Tx:
 
     def complete_step(
         self, run_id: str, position: int, attempt: int, result: Any, actor: str | None = None
-    ) -> bool:
+    ) -> StepRow | None:
         """running → completed, only at the attempt that is still running (fenced)."""
         now = db_now()
         won = self._update_step(
@@ -423,7 +441,7 @@ class Tx:
         *,
         actor: str | None = None,
         count_failure: bool = False,
-    ) -> bool:
+    ) -> StepRow | None:
         """running → failed (fenced), optionally counting one more failure."""
         values: dict[str, Any] = {"error": error, "locked_by": None}
         if count_failure:
@@ -436,7 +454,7 @@ class Tx:
             )
         return won
 
-    def retry_step(self, step: StepRow, backoff: float, pickup_timeout: float, actor: str) -> bool:
+    def retry_step(self, step: StepRow, backoff: float, pickup_timeout: float, actor: str) -> StepRow | None:
         """running (expired) → pending: one more failure, LockedBy cleared, a back-off before the
         Scheduler may dispatch it again and a new complete-by for that pick-up."""
         now = db_now()
@@ -456,10 +474,128 @@ class Tx:
             )
         return won
 
+    # -- compensation -------------------------------------------------------------------------
+
+    def start_compensation(
+        self,
+        run: RunRow,
+        reason: str,
+        pickup_timeout: float,
+        *,
+        actor: str,
+        cancelled_by: str | None = None,
+    ) -> list[StepRow]:
+        """``run.process_state`` → compensating, with one pending compensation row per step to
+        undo, last step first. Returns the steps being undone (none: nothing changed).
+
+        A step is undone if it has an undo action and its effect may have happened: it completed,
+        it is still running or waiting for a retry (a late reply is fenced out), or the Supervisor
+        failed it on expiry.
+        A step the agent reported as a permanent failure did nothing, so it is not undone."""
+        steps_now = self.steps_of(run.id)
+        undoable = [
+            s for s in reversed(steps_now)
+            if not s.is_undo and s.undo is not None
+            and (s.state in ("completed", "running") or (s.state == "pending" and s.attempt > 0)
+                 or (s.state == "failed" and s.error == EXPIRED))
+        ]
+        if not undoable:
+            return []
+        values: dict[str, Any] = {"error": reason, "complete_by": None}
+        if cancelled_by is not None:
+            values["cancelled_by"] = cancelled_by
+        if not self._update_run(run.id, run.process_state, "compensating", **values):
+            return []
+        self.event(run.id, None, "transition", run.process_state, "compensating", actor=actor,
+                   detail={"reason": reason, "undo": [s.name for s in undoable]})
+        now = db_now()
+        first_free = len(steps_now)
+        for offset, step in enumerate(undoable):
+            self._update_step(run.id, step.position, step.attempt, step.state, "compensating")
+            self.event(run.id, step.position, "transition", step.state, "compensating",
+                       attempt=step.attempt, actor=actor)
+            agent, _, action = (step.undo or "").partition(".")
+            self.conn.execute(
+                insert(steps).values(
+                    run_id=run.id,
+                    position=first_free + offset,
+                    name=f"undo:{step.name}",
+                    agent=agent,
+                    action=action,
+                    state="pending",
+                    attempt=0,
+                    complete_by=now + pickup_timeout,
+                    timeout=step.timeout,
+                    max_failures=step.max_failures,
+                    failure_count=0,
+                    idempotency_key=f"{step.idempotency_key}:undo",
+                    compensates=step.position,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        return undoable
+
+    # -- operators ------------------------------------------------------------------------------
+
+    def operator_event(self, run_id: str, position: int | None, action: str, by: str, reason: str) -> None:
+        self.event(run_id, position, "operator", None, None, actor=by,
+                   detail={"action": action, "by": by, "reason": reason})
+
+    def reopen_run(self, run: RunRow, to_state: str, actor: str) -> bool:
+        """error → processing | compensating, for an operator who fixed the cause."""
+        won = self._update_run(run.id, run.process_state, to_state, error=None)
+        if won:
+            self.event(run.id, None, "transition", run.process_state, to_state, actor=actor)
+        return won
+
+    def resubmit_step(self, step: StepRow, pickup_timeout: float, actor: str, step_input: Any = None) -> bool:
+        """failed → pending with its failure count reset (and an edited input, if given)."""
+        now = db_now()
+        values: dict[str, Any] = {
+            "failure_count": 0, "not_before": None, "error": None, "locked_by": None,
+            "complete_by": now + pickup_timeout,
+        }
+        if step_input is not None:
+            values["input"] = step_input
+        won = self._update_step(step.run_id, step.position, step.attempt, "failed", "pending", **values)
+        if won:
+            self.event(step.run_id, step.position, "transition", "failed", "pending", attempt=step.attempt, actor=actor)
+        return won is not None
+
+    def complete_by_hand(self, step: StepRow, result: Any, actor: str) -> bool:
+        """not_started | pending | failed → completed, for a step an operator did by hand."""
+        won = self._update_step(step.run_id, step.position, step.attempt, step.state, "completed",
+                                result=result, locked_by=None, completed_at=db_now())
+        if won:
+            self.event(step.run_id, step.position, "transition", step.state, "completed", attempt=step.attempt,
+                       actor=actor, detail={"by_hand": True})
+        return won is not None
+
+    def set_paused(self, run: RunRow, paused_by: str | None) -> bool:
+        """Pause (``paused_by`` set) or resume (None) a pending or processing run."""
+        condition = runs.c.paused_by.is_(None) if paused_by is not None else runs.c.paused_by.is_not(None)
+        result = self.conn.execute(
+            update(runs)
+            .where(runs.c.id == run.id, runs.c.process_state.in_(("pending", "processing")), condition)
+            .values(paused_by=paused_by, updated_at=db_now())
+        )
+        return result.rowcount == 1
+
+    def mark_compensated(self, run_id: str, position: int, actor: str) -> None:
+        """The step at ``position`` has been undone: compensating → compensated."""
+        result = self.conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.position == position, steps.c.state == "compensating")
+            .values(state="compensated", updated_at=db_now())
+        )
+        if result.rowcount == 1:
+            self.event(run_id, position, "transition", "compensating", "compensated", actor=actor)
+
     def _update_step(
         self, run_id: str, position: int, attempt: int, expected: str, new: str, **values: Any
-    ) -> bool:
-        result = self.conn.execute(
+    ) -> StepRow | None:
+        row = self.conn.execute(
             update(steps)
             .where(
                 steps.c.run_id == run_id,
@@ -468,8 +604,9 @@ class Tx:
                 steps.c.attempt == attempt,
             )
             .values(state=new, updated_at=db_now(), **values)
-        )
-        return result.rowcount == 1
+            .returning(*steps.c)
+        ).first()
+        return None if row is None else _as(StepRow, row)
 
     # -- the Supervisor's reads ---------------------------------------------------------------
 
@@ -482,7 +619,7 @@ class Tx:
             .where(
                 steps.c.state == "running",
                 steps.c.complete_by < db_now(),
-                runs.c.process_state == "processing",
+                runs.c.process_state.in_(LIVE_RUN_STATES),
             )
             .order_by(steps.c.complete_by)
             .limit(limit)
@@ -507,7 +644,7 @@ class Tx:
             .where(
                 steps.c.state == "pending",
                 steps.c.complete_by < now,
-                runs.c.process_state == "processing",
+                runs.c.process_state.in_(LIVE_RUN_STATES),
             )
             .order_by(steps.c.complete_by)
             .limit(limit)

@@ -23,7 +23,7 @@ from .agent import SCHEDULER_QUEUE
 from .alerts import Alert, Alerts
 from .scheduler import fail_run
 from .settings import Settings, instance_id
-from .store import Store
+from .store import EXPIRED, Store
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -90,11 +90,11 @@ class Supervisor:
                     f"step {step.name!r} passed its complete-by {failures} times "
                     f"(threshold {step.max_failures})"
                 )
-                if tx.fail_step(step.run_id, step.position, step.attempt, "complete-by passed",
-                                actor=self.instance_id, count_failure=True):
-                    run = tx.lock_run(step.run_id)
-                    assert run is not None
-                    failed.append(fail_run(tx, self.alerts, run, step, step.attempt, reason,
+                failed_step = tx.fail_step(step.run_id, step.position, step.attempt, EXPIRED,
+                                           actor=self.instance_id, count_failure=True)
+                run = tx.lock_run(step.run_id)
+                if failed_step is not None and run is not None:
+                    failed.append(fail_run(tx, self.alerts, self.settings, run, failed_step, reason,
                                            actor=self.instance_id))
             requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
         faults.hit("supervisor.after_commit")
@@ -106,6 +106,7 @@ class Supervisor:
             self._ask_scheduler(run_id, 0.0)
         for alert in failed:
             self.alerts.emit(alert)
+            self._ask_scheduler(alert.run_id, 0.0)  # to undo it, if it is being compensated
         report.retried += retried
         report.failed += failed
         report.requeued += requeued

@@ -3,7 +3,8 @@
 ``payload["script"][step]`` is a list of outcomes, one per delivery of that step to the agent:
 ``"ok"`` (reply with a result), ``"permanent"`` (non-transient fault), ``"transient"`` (raise a
 transient fault; the agent retries it), ``"hang"`` (stop silently, as past complete-by). Once the
-list is used up the last outcome repeats; with no script a step just succeeds.
+list is used up the last outcome repeats; with no script a step just succeeds. An undo is scripted
+under its own name, ``"undo:<step>"``.
 """
 
 from __future__ import annotations
@@ -32,8 +33,17 @@ def scripted(call: AgentCall) -> dict[str, Any]:
 
 
 def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int = 3) -> None:
+    """``three``: three steps, nothing to undo. ``saga``: the same, each step with an undo."""
     svc = sas.agent("svc", retry_initial=0.01, retry_max=0.02)
     svc.action(scripted, name="work")
+    svc.action(scripted, name="undo")
+    sas.workflow(
+        "saga",
+        [
+            Step(name, "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo")
+            for name in ("first", "second", "third")
+        ],
+    )
     sas.workflow(
         "three",
         [

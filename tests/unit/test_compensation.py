@@ -1,0 +1,112 @@
+"""Compensation: when a run fails for good, what may have been done is undone, last step first,
+each undo supervised like a step. Runs on SQLite here and on PostgreSQL in tests/integration."""
+
+from __future__ import annotations
+
+from tests.testapp import CALLS
+from tests.unit.test_engine import backoff_over, expire
+
+
+def undo_calls(handle) -> list[str]:
+    """The undos the agent received for this run, in the order it received them."""
+    view = handle.status()
+    undo_rows = [s for s in view.steps if s.compensates is not None]
+    return [s.name for s in sorted(undo_rows, key=lambda s: s.completed_at or 0) if CALLS.get(s.idempotency_key)]
+
+
+def test_a_permanent_failure_after_two_steps_undoes_both_in_reverse_once(sas, pump):
+    handle = sas.submit("saga", {"script": {"third": ["permanent"]}}, business_key="s1")
+
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "compensated"
+    assert [s.state for s in view.steps[:3]] == ["compensated", "compensated", "failed"]
+    assert [s.name for s in view.steps[3:]] == ["undo:second", "undo:first"]
+    assert [(s.state, s.attempt) for s in view.steps[3:]] == [("completed", 1), ("completed", 1)]
+    assert undo_calls(handle) == ["undo:second", "undo:first"]
+    for undo in view.steps[3:]:
+        assert len(CALLS[undo.idempotency_key]) == 1
+        assert undo.idempotency_key == view.step(undo.name.removeprefix("undo:")).idempotency_key + ":undo"
+    assert sas.store.count_events("alert", handle.id) == 1
+    assert "third" in view.run.error
+
+
+def test_an_undo_sees_the_result_of_the_step_it_undoes(sas, pump):
+    sas.submit("saga", {"script": {"second": ["permanent"]}}, business_key="s-results")
+    pump.run(["sas.scheduler"])
+    pump.run(["sas.agent.svc"])
+    pump.run(["sas.scheduler"])
+    pump.run(["sas.agent.svc"])
+    pump.run(["sas.scheduler"])
+
+    [undo] = pump.take("sas.agent.svc")
+    assert undo.kwargs["step"] == "undo:first"
+    assert undo.kwargs["results"]["first"]["step"] == "first"
+
+
+def test_a_step_past_its_threshold_is_undone_too_as_its_effect_is_unknown(sas, pump):
+    handle = sas.submit("saga", {"script": {"second": ["hang"]}}, business_key="s2")
+    for _ in range(3):
+        pump.run()
+        expire(sas, handle.id)
+        sas.supervisor.sweep()
+        backoff_over(sas, handle.id)
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "compensated"
+    assert [s.name for s in view.steps[3:]] == ["undo:second", "undo:first"]
+    assert [s.state for s in view.steps[:3]] == ["compensated", "compensated", "not_started"]
+    assert view.step("second").failure_count == 3
+
+
+def test_an_undo_whose_agent_dies_is_recovered_by_the_supervisor(sas, pump):
+    handle = sas.submit("saga", {"script": {"second": ["permanent"], "undo:first": ["hang", "ok"]}},
+                        business_key="s3")
+    pump.run()
+    assert handle.status().process_state == "compensating"
+    expire(sas, handle.id)
+
+    sas.supervisor.sweep()
+    backoff_over(sas, handle.id)
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "compensated"
+    undo = view.step("undo:first")
+    assert (undo.attempt, undo.failure_count) == (2, 1)
+
+
+def test_an_undo_that_fails_for_good_ends_the_run_in_error_with_an_alert(sas, pump):
+    handle = sas.submit("saga", {"script": {"second": ["permanent"], "undo:first": ["permanent"]}},
+                        business_key="s4")
+
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "error"
+    assert view.run.error.startswith("compensation failed")
+    assert view.step("first").state == "compensating"
+    assert sas.store.count_events("alert", handle.id) == 2
+
+
+def test_a_late_forward_reply_during_compensation_changes_nothing(sas, pump):
+    handle = sas.submit("saga", {"script": {"second": ["permanent"]}}, business_key="s5")
+    pump.run()
+    before = handle.status()
+
+    sas.scheduler.step_done(handle.id, 0, 1, {"late": True})
+    sas.scheduler.step_done(handle.id, 1, 1, {"late": True})
+
+    after = handle.status()
+    assert after.steps == before.steps and after.run == before.run
+    assert pump.run() == 0
+
+
+def test_nothing_to_undo_leaves_the_run_in_error(sas, pump):
+    handle = sas.submit("saga", {"script": {"first": ["permanent"]}}, business_key="s6")
+    pump.run()
+    view = handle.status()
+    assert view.process_state == "error"
+    assert len(view.steps) == 3

@@ -1,0 +1,146 @@
+"""Operator actions: resubmit, mark done, pause/resume, cancel, compensate — each allowed only in
+the states that make sense, and each recorded with who and why."""
+
+from __future__ import annotations
+
+import pytest
+
+from sas_app import InvalidOperation, UnknownRun
+from tests.testapp import CALLS
+
+
+def operator_events(sas, run_id):
+    return [(e.detail["action"], e.detail["by"], e.detail["reason"]) for e in sas.store.get_events(run_id)
+            if e.kind == "operator"]
+
+
+def test_resubmit_resumes_at_the_failed_step_not_from_the_start(sas, pump):
+    handle = sas.submit("three", {"script": {"second": ["permanent", "ok"]}}, business_key="r1")
+    pump.run()
+    assert handle.status().process_state == "error"
+
+    sas.resubmit(handle.id, by="alice", reason="card re-enabled")
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert [(s.attempt, s.failure_count) for s in view.steps] == [(1, 0), (2, 0), (1, 0)]
+    assert len(CALLS[view.step("first").idempotency_key]) == 1
+    assert operator_events(sas, handle.id) == [("resubmit", "alice", "card re-enabled")]
+
+
+def test_resubmit_with_an_edited_input(sas, pump):
+    handle = sas.submit("three", {"script": {"second": ["permanent"]}}, business_key="r2")
+    pump.run()
+
+    sas.resubmit(handle.id, by="bob", reason="fixed the address", step="second", step_input={"fixed": True})
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert view.step("second").input == {"fixed": True}
+
+
+def test_mark_done_completes_a_failed_step_by_hand(sas, pump):
+    handle = sas.submit("three", {"script": {"second": ["permanent"]}}, business_key="r3")
+    pump.run()
+
+    sas.mark_done(handle.id, "second", by="carol", reason="charged by phone", result={"manual": True})
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert view.step("second").result == {"manual": True}
+
+
+def test_pause_stops_further_steps_until_resume(sas, pump):
+    handle = sas.submit("three", {}, business_key="r4")
+    pump.run(["sas.scheduler"])
+    sas.pause(handle.id, by="dan", reason="investigating")
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "processing" and view.run.paused_by == "dan"
+    assert [s.state for s in view.steps] == ["completed", "not_started", "not_started"]
+
+    sas.resume(handle.id, by="dan", reason="all clear")
+    pump.run()
+    assert handle.status().process_state == "processed"
+
+
+def test_cancel_mid_run_undoes_what_was_done_and_ends_cancelled(sas, pump):
+    handle = sas.submit("saga", {}, business_key="r5")
+    pump.run(["sas.scheduler"])
+    pump.run(["sas.agent.svc"])
+    pump.run(["sas.scheduler"])  # first completed, second running
+
+    assert sas.cancel(handle.id, by="erin", reason="customer asked") == "compensating"
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "cancelled"
+    assert view.run.cancelled_by == "erin"
+    # the running second step is undone too: its late reply would be fenced out
+    assert [s.name for s in view.steps[3:]] == ["undo:second", "undo:first"]
+    assert [s.state for s in view.steps[:3]] == ["compensated", "compensated", "not_started"]
+
+
+def test_cancel_a_pending_run_with_nothing_done(sas, pump):
+    handle = sas.submit("saga", {}, business_key="r6")
+    assert sas.cancel(handle.id, by="fay", reason="") == "cancelled"
+    pump.run()
+    assert handle.status().process_state == "cancelled"
+    assert all(s.attempt == 0 for s in handle.status().steps)
+
+
+def test_compensate_now_undoes_a_processing_run(sas, pump):
+    handle = sas.submit("saga", {}, business_key="r8")
+    pump.run(["sas.scheduler"])
+    sas.pause(handle.id, by="hal", reason="hold")
+    pump.run()
+
+    sas.compensate(handle.id, by="hal", reason="order void")
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "compensated"
+    assert [s.name for s in view.steps[3:]] == ["undo:first"]
+
+
+def test_resubmit_a_failed_undo_finishes_the_compensation(sas, pump):
+    handle = sas.submit("saga", {"script": {"second": ["permanent"], "undo:first": ["permanent", "ok"]}},
+                        business_key="r7")
+    pump.run()
+    assert handle.status().process_state == "error"
+
+    sas.resubmit(handle.id, by="gus", reason="refund service back")  # the failed undo, resubmitted
+    pump.run()
+    assert handle.status().process_state == "compensated"
+
+
+@pytest.mark.parametrize(
+    ("action", "problem"),
+    [
+        (lambda sas, rid: sas.resubmit(rid, by="x"), "it is processed, not error"),
+        (lambda sas, rid: sas.cancel(rid, by="x"), "cannot cancel run .*: it is processed"),
+        (lambda sas, rid: sas.pause(rid, by="x"), "cannot pause run"),
+        (lambda sas, rid: sas.resume(rid, by="x"), "cannot resume run"),
+        (lambda sas, rid: sas.compensate(rid, by="x"), "cannot compensate run .*: it is processed"),
+        (lambda sas, rid: sas.mark_done(rid, "nope", by="x"), "cannot mark a step of run .* done: it is processed"),
+        (lambda sas, rid: sas.cancel(rid, by=""), "say who is acting"),
+    ],
+)
+def test_actions_the_state_does_not_allow_are_refused_and_change_nothing(sas, pump, action, problem):
+    handle = sas.submit("three", {}, business_key="done")
+    pump.run()
+    before = handle.status()
+
+    with pytest.raises(InvalidOperation, match=problem):
+        action(sas, handle.id)
+
+    assert handle.status() == before
+
+
+def test_an_unknown_run_is_a_clear_error(sas):
+    with pytest.raises(UnknownRun, match="no run with id 'nope'"):
+        sas.cancel("nope", by="x")
