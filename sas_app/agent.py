@@ -68,6 +68,8 @@ class AgentCall:
     payload: Any
     results: dict[str, Any]
     budget: float
+    #: On an undo: the step it undoes, as ``{"step": name, "idempotency_key": key}``.
+    undoes: dict[str, Any] | None = None
     started: float = field(default_factory=time.monotonic)
 
     @classmethod
@@ -83,6 +85,7 @@ class AgentCall:
             payload=message["payload"],
             results=dict(message.get("results") or {}),
             budget=float(message["budget"]),
+            undoes=message.get("undoes"),
         )
         if call.attempt < 1 or call.budget <= 0:
             raise ValueError(f"attempt {call.attempt} and budget {call.budget} must be positive")

@@ -199,6 +199,95 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     console.print(history)
 
 
+def _json_option(value: str | None, option: str) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        fail(f"{option} is not valid JSON: {exc}")
+
+
+def _operator_options(fn: Any) -> Any:
+    fn = click.option("--by", default=lambda: os.environ.get("USER") or "operator", show_default="$USER",
+                      help="Who is acting (recorded in the run's history).")(fn)
+    return click.option("--reason", default="", help="Why (recorded in the run's history).")(fn)
+
+
+def _operate(action: Any) -> None:
+    try:
+        action()
+    except SasError as exc:
+        fail(str(exc))
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--step", default=None, help="The failed step to resubmit (default: the failed one).")
+@click.option("--input", "step_input", default=None, help="An edited input for that step, as JSON.")
+@_operator_options
+@pass_ctx
+def resubmit(ctx: Context, run_id: str, step: str | None, step_input: str | None, by: str, reason: str) -> None:
+    """Resubmit a failed step of a run in error, once its cause is fixed; the run resumes there."""
+    edited = _json_option(step_input, "--input")
+    _operate(lambda: ctx.app.resubmit(run_id, by=by, reason=reason, step=step, step_input=edited))
+    click.echo(f"run {run_id} resubmitted")
+
+
+@main.command("mark-done")
+@click.argument("run_id")
+@click.argument("step")
+@click.option("--result", default=None, help="The step's result, as JSON.")
+@_operator_options
+@pass_ctx
+def mark_done(ctx: Context, run_id: str, step: str, result: str | None, by: str, reason: str) -> None:
+    """Record a step as done by hand (or skipped); the run goes on with the next one."""
+    value = _json_option(result, "--result")
+    _operate(lambda: ctx.app.mark_done(run_id, step, by=by, reason=reason, result=value))
+    click.echo(f"step {step} of run {run_id} marked done")
+
+
+@main.command()
+@click.argument("run_id")
+@_operator_options
+@pass_ctx
+def pause(ctx: Context, run_id: str, by: str, reason: str) -> None:
+    """Dispatch no further step of a run until it is resumed."""
+    _operate(lambda: ctx.app.pause(run_id, by=by, reason=reason))
+    click.echo(f"run {run_id} paused")
+
+
+@main.command()
+@click.argument("run_id")
+@_operator_options
+@pass_ctx
+def resume(ctx: Context, run_id: str, by: str, reason: str) -> None:
+    """Resume a paused run."""
+    _operate(lambda: ctx.app.resume(run_id, by=by, reason=reason))
+    click.echo(f"run {run_id} resumed")
+
+
+@main.command()
+@click.argument("run_id")
+@_operator_options
+@pass_ctx
+def cancel(ctx: Context, run_id: str, by: str, reason: str) -> None:
+    """Cancel a run: no further step starts and whatever may have been done is undone."""
+    states: list[str] = []
+    _operate(lambda: states.append(ctx.app.cancel(run_id, by=by, reason=reason)))
+    click.echo(f"run {run_id} {states[0]}")
+
+
+@main.command()
+@click.argument("run_id")
+@_operator_options
+@pass_ctx
+def compensate(ctx: Context, run_id: str, by: str, reason: str) -> None:
+    """Undo a processing run, or a run in error, now."""
+    _operate(lambda: ctx.app.compensate(run_id, by=by, reason=reason))
+    click.echo(f"run {run_id} compensating")
+
+
 @main.command()
 @click.option("--orders", type=click.IntRange(1, 100_000), default=50, show_default=True,
               help="How many orders to submit.")
@@ -220,28 +309,36 @@ def demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: boo
         click.echo(json.dumps(summary))
     else:
         print_summary(summary)
-    if summary["lost"] or summary["duplicate_charges"]:
+    if summary["lost"] or summary["duplicate_charges"] or summary["charges_not_undone"]:
         sys.exit(1)
 
 
-@main.command("payment-service")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=8765, show_default=True)
-@click.option("--ledger", default=None, help="The service's ledger file (default under SAS_HOME).")
-@click.option("--transient-rate", type=float, default=0.0)
-@click.option("--hang-rate", type=float, default=0.0)
-@click.option("--permanent-rate", type=float, default=0.0)
-@click.option("--crash-rate", type=float, default=0.0)
-def payment_service(host: str, port: int, ledger: str | None, transient_rate: float, hang_rate: float,
-                    permanent_rate: float, crash_rate: float) -> None:
-    """Start the simulated remote payment service of the order example."""
-    from workers import payment_service as service
+def _service_command(name: str, port: int, what: str) -> None:
+    @main.command(f"{name}-service", help=f"Start the simulated remote {what} of the order example.")
+    @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+    @click.option("--port", type=int, default=port, show_default=True)
+    @click.option("--ledger", default=None, help="The service's ledger file (default under SAS_HOME).")
+    @click.option("--seed", type=int, default=None, help="Seed for the fault rates below.")
+    @click.option("--transient-rate", type=float, default=0.0, help="Share of requests answered 503 once.")
+    @click.option("--hang-rate", type=float, default=0.0, help="Share of first attempts that hang 30 s.")
+    @click.option("--permanent-rate", type=float, default=0.0, help="Share of requests refused for good.")
+    @click.option("--latency-rate", type=float, default=0.0, help="Share of requests delayed 0.2 s.")
+    @click.option("--crash-rate", type=float, default=0.0, help="Share of requests that crash the service.")
+    def command(host: str, port: int, ledger: str | None, seed: int | None, **rates: float) -> None:
+        from workers import remote_service
 
-    argv = ["--host", host, "--port", str(port), "--transient-rate", str(transient_rate),
-            "--hang-rate", str(hang_rate), "--permanent-rate", str(permanent_rate), "--crash-rate", str(crash_rate)]
-    if ledger:
-        argv += ["--ledger", ledger]
-    service.main(argv)
+        argv = ["--name", name, "--host", host, "--port", str(port)]
+        if ledger:
+            argv += ["--ledger", ledger]
+        if seed is not None:
+            argv += ["--seed", str(seed)]
+        for option, rate in rates.items():
+            argv += ["--" + option.replace("_", "-"), str(rate)]
+        remote_service.main(argv)
+
+
+_service_command("payment", 8765, "payment service (charge, refund)")
+_service_command("warehouse", 8766, "warehouse (reserve and release stock, ship and cancel shipments)")
 
 
 if __name__ == "__main__":  # pragma: no cover

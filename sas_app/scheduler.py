@@ -36,6 +36,7 @@ class Dispatch:
     run: RunRow
     step: StepRow
     results: dict[str, Any]
+    undoes: StepRow | None = None
 
     def message(self) -> dict[str, Any]:
         return {
@@ -50,6 +51,9 @@ class Dispatch:
             "results": self.results,
             "complete_by": self.step.complete_by,
             "budget": self.step.timeout,
+            "undoes": None if self.undoes is None else {
+                "step": self.undoes.name, "idempotency_key": self.undoes.idempotency_key,
+            },
         }
 
 
@@ -163,7 +167,8 @@ class Scheduler:
             running = tx.mark_step_running(step, self.instance_id)
             if running is not None:
                 results = {s.name: s.result for s in steps if not s.is_undo and s.result is not None}
-                return Dispatch(run, running, results)
+                undoes = None if running.compensates is None else steps[running.compensates]
+                return Dispatch(run, running, results, undoes)
             if step.not_before is not None:
                 delay = step.not_before - tx.now()
                 if delay > 0:

@@ -28,6 +28,7 @@ from sas_app.client import TERMINAL_STATES
 
 from .orders import ORDER_WORKFLOW, install
 
+AGENT_QUEUES = "sas.agent.payment,sas.agent.warehouse,sas.agent.orders"
 STATES = ("pending", "processing", "processed", "error", "compensating", "compensated", "cancelled")
 
 
@@ -98,7 +99,7 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
     base = Path(os.environ.get("SAS_HOME", ".sas")).resolve()
     home = base / f"demo-{stamp}" if embedded else base
     home.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    ports = {"payment": free_port(), "warehouse": free_port()}
     env = {
         **os.environ,
         "SAS_HOME": str(home),
@@ -107,7 +108,8 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         "SAS_RETRY_BACKOFF": os.environ.get("SAS_RETRY_BACKOFF", "0.5"),
         "SAS_PICKUP_TIMEOUT": os.environ.get("SAS_PICKUP_TIMEOUT", "5"),
         "SAS_TASK_EVENTS": os.environ.get("SAS_TASK_EVENTS", "false"),
-        "PAYMENT_SERVICE_URL": f"http://127.0.0.1:{port}",
+        "PAYMENT_SERVICE_URL": f"http://127.0.0.1:{ports['payment']}",
+        "WAREHOUSE_SERVICE_URL": f"http://127.0.0.1:{ports['warehouse']}",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                     os.environ.get("PYTHONPATH")])),
     }
@@ -124,11 +126,13 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
 
     previous = signal.signal(signal.SIGTERM, interrupted)
     try:
-        procs.start("payment", "payment-service", "--port", str(port), "--ledger", str(home / "ledger.db"))
+        for name, port in ports.items():
+            procs.start(name, f"{name}-service", "--port", str(port), "--ledger", str(home / f"{name}-ledger.db"))
         procs.start("scheduler", "worker", "-Q", "sas.scheduler,sas.supervisor", "-c", "2", "-n", "scheduler@%h")
-        procs.start("agents", "worker", "-Q", "sas.agent.payment,sas.agent.orders", "-c", "4", "-n", "agents@%h")
+        procs.start("agents", "worker", "-Q", AGENT_QUEUES, "-c", "4", "-n", "agents@%h")
         procs.start("beat", "beat", "--schedule", str(home / "celerybeat-schedule"))
-        _wait_for_service(port)
+        for port in ports.values():
+            _wait_for_service(port)
 
         prefix = f"demo-{stamp}-{seed}"
         handles = []
@@ -148,13 +152,12 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
                 live.update(_progress_table(counts, done, orders, time.monotonic() - started))
                 if not crashed and done >= orders // 3:
                     procs.kill("agents")  # one worker crash, mid-run
-                    procs.start("agents", "worker", "-Q", "sas.agent.payment,sas.agent.orders", "-c", "4",
-                                "-n", "agents@%h")
+                    procs.start("agents", "worker", "-Q", AGENT_QUEUES, "-c", "4", "-n", "agents@%h")
                     crashed = True
                 if done >= orders or time.monotonic() > deadline:
                     break
                 time.sleep(0.2)
-        summary = _summary(sas, ids, port, time.monotonic() - started)
+        summary = _summary(sas, ids, ports, time.monotonic() - started)
         summary["home"] = str(home)
     finally:
         procs.stop_all()
@@ -182,21 +185,18 @@ def _progress_table(counts: dict[str, int], done: int, total: int, elapsed: floa
     return table
 
 
-def _summary(sas: SasApp, ids: list[str], port: int, elapsed: float) -> dict[str, Any]:
-    states: Counter[str] = Counter()
-    retried = 0
-    alerts = 0
-    errors: list[str] = []
+def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float) -> dict[str, Any]:
+    runs = [sas.store.get_run(run_id) for run_id in ids]
+    states = Counter(run.process_state if run else "missing" for run in runs)
+    retried = alerts = 0
     for run_id in ids:
-        run = sas.store.get_run(run_id)
-        states[run.process_state if run else "missing"] += 1
-        events = sas.store.get_events(run_id)
-        retried += sum(1 for e in events if (e.kind, e.from_state, e.to_state) == ("transition", "running", "pending"))
-        alerts += sum(1 for e in events if e.kind == "alert")
-        if run and run.process_state == "error":
-            errors.append(f"{run.business_key}: {run.error}")
-    ledger = httpx.get(f"http://127.0.0.1:{port}/ledger", timeout=5).json()
-    per_order = Counter(entry["order_id"] for entry in ledger)
+        for e in sas.store.get_events(run_id):
+            retried += (e.kind, e.from_state, e.to_state) == ("transition", "running", "pending")
+            alerts += e.kind == "alert"
+    ledger = httpx.get(f"http://127.0.0.1:{ports['payment']}/ledger", timeout=5).json()
+    charges = [e for e in ledger if e["action"] == "charge"]
+    per_order = Counter(e["order_id"] for e in charges)
+    processed = {run.business_key for run in runs if run and run.process_state == "processed"}
     return {
         "submitted": len(ids),
         "processed": states["processed"],
@@ -204,10 +204,12 @@ def _summary(sas: SasApp, ids: list[str], port: int, elapsed: float) -> dict[str
         "compensated": states["compensated"],
         "error": states["error"],
         "alerts": alerts,
-        "lost": sum(n for s, n in states.items() if s not in TERMINAL_STATES),
+        "lost": sum(n for state, n in states.items() if state not in TERMINAL_STATES),
         "duplicate_charges": sum(n - 1 for n in per_order.values() if n > 1),
-        "charges": len(ledger),
-        "errors": errors,
+        # a charge still standing on an order that did not complete: compensation missed it
+        "charges_not_undone": len({e["order_id"] for e in charges if not e["undone_by"]} - processed),
+        "charges": len(charges),
+        "errors": [f"{run.business_key}: {run.error}" for run in runs if run and run.error],
         "elapsed_s": round(elapsed, 2),
     }
 
@@ -218,9 +220,9 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_column("what")
     table.add_column("count", justify="right")
     for key in ("submitted", "processed", "retried_by_supervisor", "compensated", "error", "alerts",
-                "lost", "duplicate_charges", "elapsed_s"):
+                "lost", "duplicate_charges", "charges_not_undone", "elapsed_s"):
         table.add_row(key.replace("_", " "), str(summary[key]))
     console.print(table)
     for line in summary["errors"]:
-        console.print(f"error: {line}")
+        console.print(f"failed: {line}")
     console.print(f"state and logs: {summary['home']}  (SAS_HOME={summary['home']} sas runs)")

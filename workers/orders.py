@@ -1,8 +1,13 @@
 """The pattern's example: e-commerce order processing.
 
 ``submit`` writes the order row and the run in one transaction (the pattern's submission
-process). The workflow then charges the customer through the remote payment service (agent
-``payment``) and confirms the order in the orders database (agent ``orders``).
+process). The workflow then reserves stock and schedules shipping at the warehouse (agent
+``warehouse``), charges the customer at the payment service (agent ``payment``), and confirms the
+order in the orders database (agent ``orders``). Each remote step has an undo — release the stock,
+refund the charge, cancel the shipment — run last-first if the order cannot complete.
+
+Faults for a demo or a test ride in the payload: ``{"faults": {"charge": "transient:2"}}`` sends
+that fault spec (see workers.remote_service) with every request of that action.
 """
 
 from __future__ import annotations
@@ -38,13 +43,17 @@ orders = Table(
 )
 
 ORDER_WORKFLOW = "order"
+SERVICES = {"payment": ("PAYMENT_SERVICE_URL", 8765), "warehouse": ("WAREHOUSE_SERVICE_URL", 8766)}
 
-
-def payment_url() -> str:
-    return os.environ.get("PAYMENT_SERVICE_URL", "http://127.0.0.1:8765")
-
+#: the agent action that undoes each remote action, as a payload's "faults" names it
+UNDO_NAMES = {"charge": "refund", "reserve": "release", "ship": "cancel_shipment"}
 
 _local = threading.local()
+
+
+def service_url(service: str) -> str:
+    variable, port = SERVICES[service]
+    return os.environ.get(variable, f"http://127.0.0.1:{port}")
 
 
 def _http() -> httpx.Client:
@@ -53,6 +62,33 @@ def _http() -> httpx.Client:
     if client is None:
         client = _local.client = httpx.Client()
     return client
+
+
+def call_service(service: str, verb: str, action: str, call: AgentCall) -> dict[str, Any]:
+    """One request to a remote service, its outcome mapped onto the agent's retry policy."""
+    fault_name = action if verb == "do" else UNDO_NAMES[action]
+    body: dict[str, Any] = {
+        "order_id": call.business_key,
+        "amount": call.payload.get("amount"),
+        "fault": (call.payload.get("faults") or {}).get(fault_name),
+    }
+    if verb == "undo":
+        assert call.undoes is not None, "an undo is dispatched with the step it undoes"
+        body["do_key"] = call.undoes["idempotency_key"]
+    response = _http().post(
+        f"{service_url(service)}/{verb}/{action}",
+        json=body,
+        headers=call.headers(),
+        timeout=max(0.05, min(call.remaining(), 10.0)),
+    )
+    if response.status_code == 409:
+        raise StaleAttempt(f"{service} refused {verb} {action}: {response.json().get('error')}")
+    if response.status_code >= 500 or response.status_code == 429:
+        raise TransientError(f"{service} answered {response.status_code}")
+    if response.status_code >= 400:
+        raise PermanentError(f"{service} refused {action}: {response.json().get('error', response.status_code)}")
+    data: dict[str, Any] = response.json()
+    return {"effect_id": data["effect_id"]}
 
 
 def record_order(conn: Connection, run: RunRow) -> None:
@@ -69,33 +105,36 @@ def install(sas: SasApp, *, charge_timeout: float = 10.0, max_failures: int = 3)
     """Register the order example's agents and workflow on ``sas``."""
     sas.register_tables(metadata)
     payment = sas.agent("payment")
+    warehouse = sas.agent("warehouse")
     order_db = sas.agent("orders")
+
+    @warehouse.action
+    def reserve(call: AgentCall) -> dict[str, Any]:
+        return call_service("warehouse", "do", "reserve", call)
+
+    @warehouse.action
+    def release(call: AgentCall) -> dict[str, Any]:
+        return call_service("warehouse", "undo", "reserve", call)
 
     @payment.action
     def charge(call: AgentCall) -> dict[str, Any]:
-        body = {
-            "order_id": call.business_key,
-            "amount": call.payload["amount"],
-            "fault": (call.payload.get("faults") or {}).get("charge"),
-        }
-        response = _http().post(
-            f"{payment_url()}/charges",
-            json=body,
-            headers=call.headers(),
-            timeout=max(0.05, min(call.remaining(), 10.0)),
-        )
-        if response.status_code == 409:
-            raise StaleAttempt(f"payment service saw a newer attempt than {call.attempt}")
-        if response.status_code >= 500 or response.status_code == 429:
-            raise TransientError(f"payment service answered {response.status_code}")
-        if response.status_code >= 400:
-            raise PermanentError(f"payment refused: {response.json().get('error', response.status_code)}")
-        data = response.json()
-        return {"charge_id": data["charge_id"]}
+        return call_service("payment", "do", "charge", call)
+
+    @payment.action
+    def refund(call: AgentCall) -> dict[str, Any]:
+        return call_service("payment", "undo", "charge", call)
+
+    @warehouse.action
+    def ship(call: AgentCall) -> dict[str, Any]:
+        return call_service("warehouse", "do", "ship", call)
+
+    @warehouse.action
+    def cancel_shipment(call: AgentCall) -> dict[str, Any]:
+        return call_service("warehouse", "undo", "ship", call)
 
     @order_db.action
     def confirm(call: AgentCall) -> dict[str, Any]:
-        charge_id = call.results["charge_payment"]["charge_id"]
+        charge_id = call.results["charge_payment"]["effect_id"]
         with sas.store.engine.begin() as conn:
             conn.execute(
                 update(orders)
@@ -108,10 +147,12 @@ def install(sas: SasApp, *, charge_timeout: float = 10.0, max_failures: int = 3)
         Workflow(
             ORDER_WORKFLOW,
             [
-                Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures),
+                Step("reserve_stock", reserve, timeout=10.0, max_failures=max_failures, compensate=release),
+                Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures, compensate=refund),
+                Step("schedule_shipping", ship, timeout=10.0, max_failures=max_failures, compensate=cancel_shipment),
                 Step("confirm_order", confirm, timeout=10.0, max_failures=max_failures),
             ],
             on_submit=record_order,
-            description="charge the customer, then confirm the order",
+            description="reserve stock, charge the customer, schedule shipping, confirm the order",
         )
     )

@@ -70,6 +70,7 @@ def stack_env(db_url, redis_url, tmp_path):
         "SAS_VISIBILITY_TIMEOUT": "120",
         "SAS_TASK_EVENTS": "false",
         "PAYMENT_SERVICE_URL": f"http://127.0.0.1:{free_port()}",
+        "WAREHOUSE_SERVICE_URL": f"http://127.0.0.1:{free_port()}",
         "ALERT_FILE": str(tmp_path / "alerts.jsonl"),
         "SAS_ALERT_HOOK": "tests.integration.alert_sink:record",
     }

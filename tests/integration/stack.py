@@ -1,5 +1,6 @@
-"""Real processes for integration tests: the payment service, Celery workers and beat, each in its
-own process group so a test can SIGKILL one (and its pool children) and start it again."""
+"""Real processes for integration tests: the payment and warehouse services, Celery workers and
+beat, each in its own process group so a test can SIGKILL one (and its pool children) and start
+it again."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -31,7 +33,8 @@ class Stack:
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **env}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
-        self.payment_port = int(self.env["PAYMENT_SERVICE_URL"].rsplit(":", 1)[1])
+        self.ports = {name: int(self.env[f"{name.upper()}_SERVICE_URL"].rsplit(":", 1)[1])
+                      for name in ("payment", "warehouse")}
 
     def start(self, name: str, argv: list[str], ready: str, env: dict[str, str] | None = None) -> None:
         log = self.home / f"{name}.log"
@@ -51,9 +54,11 @@ class Stack:
 
         wait_for(is_ready, 60, f"{name} to be ready", interval=0.1)
 
-    def payment_service(self) -> None:
-        self.start("payment", [SAS, "payment-service", "--port", str(self.payment_port),
-                               "--ledger", str(self.home / "ledger.db")], "payment service listening")
+    def services(self) -> None:
+        """The example's remote services: payment and warehouse."""
+        for name, port in self.ports.items():
+            self.start(name, [SAS, f"{name}-service", "--port", str(port),
+                              "--ledger", str(self.home / f"{name}-ledger.db")], f"{name} service listening")
 
     def worker(self, name: str, queues: str, concurrency: int = 2, env: dict[str, str] | None = None,
                pool: str = "prefork") -> None:
@@ -65,13 +70,13 @@ class Stack:
 
     def agents(self, name: str = "agents", concurrency: int = 2, env: dict[str, str] | None = None,
                pool: str = "prefork") -> None:
-        self.worker(name, "sas.agent.payment,sas.agent.orders", concurrency, env, pool)
+        self.worker(name, "sas.agent.payment,sas.agent.warehouse,sas.agent.orders", concurrency, env, pool)
 
     def beat(self, name: str = "beat") -> None:
         self.start(name, [SAS, "beat", "--schedule", str(self.home / f"{name}-schedule")], "beat: Starting")
 
     def up(self) -> None:
-        self.payment_service()
+        self.services()
         self.scheduler()
         self.agents()
         self.beat()
@@ -101,13 +106,16 @@ class Stack:
     def tail(self, name: str, lines: int = 40) -> str:
         return "\n".join(self.logs[name].read_text(errors="replace").splitlines()[-lines:])
 
-    # -- the payment service's view ---------------------------------------------------------
+    # -- the remote services' view -------------------------------------------------------------
 
-    def ledger(self) -> list[dict[str, object]]:
-        return httpx.get(f"http://127.0.0.1:{self.payment_port}/ledger", timeout=5).json()  # type: ignore[no-any-return]
+    def _get(self, service: str, path: str) -> Any:
+        return httpx.get(f"http://127.0.0.1:{self.ports[service]}{path}", timeout=5).json()
 
-    def refused(self) -> dict[str, int]:
-        return httpx.get(f"http://127.0.0.1:{self.payment_port}/refused", timeout=5).json()  # type: ignore[no-any-return]
+    def ledger(self, service: str = "payment") -> list[dict[str, Any]]:
+        return self._get(service, "/ledger")  # type: ignore[no-any-return]
 
-    def requests_seen(self) -> dict[str, int]:
-        return httpx.get(f"http://127.0.0.1:{self.payment_port}/requests", timeout=5).json()  # type: ignore[no-any-return]
+    def refused(self, service: str = "payment") -> dict[str, int]:
+        return self._get(service, "/refused")  # type: ignore[no-any-return]
+
+    def requests_seen(self, service: str = "payment") -> dict[str, int]:
+        return self._get(service, "/requests")  # type: ignore[no-any-return]

@@ -1,5 +1,6 @@
-"""The order example on the real stack: Redis, PostgreSQL, the payment service, Celery worker and
-beat processes. Each test states the fault, the action, and what the store and the ledger hold."""
+"""The order example on the real stack: Redis, PostgreSQL, the payment and warehouse services,
+Celery worker and beat processes. Each test states the fault, the action, and what the store and
+the services' ledgers hold."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from workers.orders import orders
 pytestmark = pytest.mark.integration
 
 
-def charges_for(stack, handle) -> list[dict]:
-    return [e for e in stack.ledger() if e["idempotency_key"] == f"{handle.id}:charge_payment"]
+def applied(stack, service, handle, step, undo=False) -> list[dict]:
+    """Entries of a service's ledger for one step of this run (or for its undo)."""
+    key = f"{handle.id}:{step}" + (":undo" if undo else "")
+    return [e for e in stack.ledger(service) if e["idempotency_key"] == key]
 
 
 def alerts_written(stack_env) -> list[dict]:
@@ -27,19 +30,20 @@ def alerts_written(stack_env) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_happy_path_every_order_processed_and_charged_once(stack, shop):
+def test_happy_path_every_order_processed_and_each_effect_applied_once(stack, shop):
     stack.up()
     handles = [shop.submit("order", {"amount": 10 + i}, business_key=f"ord-{i}") for i in range(10)]
 
     views = [h.wait(30) for h in handles]
 
     assert [v.process_state for v in views] == ["processed"] * 10
-    ledger = stack.ledger()
-    assert sorted(e["order_id"] for e in ledger) == sorted(f"ord-{i}" for i in range(10))
-    assert len({e["idempotency_key"] for e in ledger}) == 10
+    charges = [e for e in stack.ledger("payment") if e["action"] == "charge"]
+    assert sorted(e["order_id"] for e in charges) == sorted(f"ord-{i}" for i in range(10))
+    warehouse = [e["action"] for e in stack.ledger("warehouse")]
+    assert (warehouse.count("reserve"), warehouse.count("ship"), len(warehouse)) == (10, 10, 20)
     with shop.store.engine.connect() as conn:
         statuses = conn.execute(select(orders.c.status, orders.c.charge_id)).all()
-    assert {s for s, _ in statuses} == {"paid"} and all(c.startswith("ch_") for _, c in statuses)
+    assert {s for s, _ in statuses} == {"paid"} and all(c.startswith("cha_") for _, c in statuses)
 
 
 def test_a_transient_fault_is_retried_inside_the_agent(stack, shop):
@@ -52,7 +56,7 @@ def test_a_transient_fault_is_retried_inside_the_agent(stack, shop):
     charge = view.step("charge_payment")
     assert (charge.attempt, charge.failure_count) == (1, 0)
     assert stack.requests_seen()[f"{handle.id}:charge_payment"] == 3
-    assert len(charges_for(stack, handle)) == 1
+    assert len(applied(stack, "payment", handle, "charge_payment")) == 1
 
 
 def test_an_agent_that_hangs_past_complete_by_is_recovered_by_the_supervisor(stack, shop):
@@ -64,7 +68,7 @@ def test_an_agent_that_hangs_past_complete_by_is_recovered_by_the_supervisor(sta
     assert view.process_state == "processed"
     charge = view.step("charge_payment")
     assert (charge.attempt, charge.failure_count, view.run.failure_count) == (2, 1, 1)
-    assert len(charges_for(stack, handle)) == 1
+    assert len(applied(stack, "payment", handle, "charge_payment")) == 1
 
 
 def test_an_agent_worker_killed_mid_step_is_recovered_and_charges_once(stack, stack_env):
@@ -82,12 +86,12 @@ def test_an_agent_worker_killed_mid_step_is_recovered_and_charges_once(stack, st
     assert view.process_state == "processed"
     charge = view.step("charge_payment")
     assert (charge.attempt, charge.failure_count) == (2, 1)
-    assert len(charges_for(stack, handle)) == 1
+    assert len(applied(stack, "payment", handle, "charge_payment")) == 1
     assert view.step("confirm_order").result == {"status": "paid"}
     shop.store.dispose()
 
 
-def test_a_step_that_always_fails_ends_in_error_at_the_threshold_with_one_alert(stack, stack_env):
+def test_a_step_that_always_fails_stops_at_the_threshold_with_one_alert_and_is_undone(stack, stack_env):
     shop = shop_app(stack_env, charge_timeout=1.0, max_failures=3)
     shop.migrate()
     stack.up()
@@ -95,28 +99,93 @@ def test_a_step_that_always_fails_ends_in_error_at_the_threshold_with_one_alert(
 
     view = handle.wait(40)
 
-    assert view.process_state == "error"
     charge = view.step("charge_payment")
-    assert (charge.state, charge.failure_count, charge.attempt) == ("failed", 3, 3)
+    assert (charge.state, charge.failure_count, charge.attempt) == ("compensated", 3, 3)
     assert view.run.failure_count == 3
+    assert view.process_state == "compensated"
     assert shop.store.count_events("alert", handle.id) == 1
     assert [(a["run_id"], a["step"]) for a in alerts_written(stack_env)] == [(handle.id, "charge_payment")]
-    assert charges_for(stack, handle) == []
+    # no charge was ever applied, and the refund left a tombstone so a late one never will be
+    assert applied(stack, "payment", handle, "charge_payment") == []
+    [refund] = applied(stack, "payment", handle, "charge_payment", undo=True)
+    assert refund["undoes"] is None
+    [release] = applied(stack, "warehouse", handle, "reserve_stock", undo=True)
+    assert release["undoes"] == f"{handle.id}:reserve_stock"
     shop.store.dispose()
 
 
-def test_a_permanent_fault_puts_the_run_in_error_with_one_alert(stack, shop, stack_env):
+def test_a_permanent_fault_after_two_steps_undoes_both_in_reverse_once(stack, shop, stack_env):
     stack.up()
-    handle = shop.submit("order", {"amount": 5, "faults": {"charge": "permanent"}}, business_key="p-1")
+    handle = shop.submit("order", {"amount": 5, "faults": {"ship": "permanent"}}, business_key="p-1")
 
     view = handle.wait(30)
 
-    assert view.process_state == "error"
-    assert "card declined" in view.run.error
-    assert view.step("confirm_order").state == "not_started"
+    assert view.process_state == "compensated"
+    assert "refused" in view.run.error
+    assert [s.name for s in view.steps[4:]] == ["undo:charge_payment", "undo:reserve_stock"]
+    refund, release = view.step("undo:charge_payment"), view.step("undo:reserve_stock")
+    assert refund.completed_at < release.completed_at
+    assert len(applied(stack, "payment", handle, "charge_payment")) == 1
+    assert [e["undoes"] for e in applied(stack, "payment", handle, "charge_payment", undo=True)] == \
+        [f"{handle.id}:charge_payment"]
+    assert len(applied(stack, "warehouse", handle, "reserve_stock", undo=True)) == 1
+    assert applied(stack, "warehouse", handle, "schedule_shipping", undo=True) == []  # it did nothing
     wait_for(lambda: alerts_written(stack_env), 10, "the alert hook to run")
     assert len(alerts_written(stack_env)) == 1
-    assert stack.requests_seen()[f"{handle.id}:charge_payment"] == 1
+
+
+def test_an_undo_whose_agent_is_killed_is_recovered(stack, stack_env):
+    shop = shop_app(stack_env, charge_timeout=3.0)
+    shop.migrate()
+    stack.up()
+    handle = shop.submit("order", {"amount": 5, "faults": {"charge": "permanent", "release": "latency:2"}},
+                         business_key="u-1")
+    key = f"{handle.id}:reserve_stock:undo"
+    wait_for(lambda: stack.requests_seen("warehouse").get(key), 20, "the release to reach the warehouse")
+
+    stack.kill("agents", signal.SIGKILL)
+    stack.agents("agents")
+    view = handle.wait(40)
+
+    assert view.process_state == "compensated"
+    undo = view.step("undo:reserve_stock")
+    assert (undo.attempt, undo.failure_count) == (2, 1)
+    assert len(applied(stack, "warehouse", handle, "reserve_stock", undo=True)) == 1
+    shop.store.dispose()
+
+
+def test_an_undo_that_fails_for_good_leaves_the_run_in_error_and_resubmit_finishes_it(stack, shop, stack_env):
+    stack.up()
+    handle = shop.submit("order", {"amount": 5, "faults": {"charge": "permanent", "release": "permanent@1"}},
+                         business_key="e-1")
+    view = handle.wait(30)
+    assert view.process_state == "error"
+    assert view.run.error.startswith("compensation failed")
+    wait_for(lambda: len(alerts_written(stack_env)) == 2, 10, "both alerts")
+
+    shop.resubmit(handle.id, by="ops", reason="warehouse fixed")
+    view = handle.wait(30)
+
+    assert view.process_state == "compensated"
+    assert view.step("undo:reserve_stock").attempt == 2
+    assert len(applied(stack, "warehouse", handle, "reserve_stock", undo=True)) == 1
+
+
+def test_cancel_mid_run_compensates_and_no_charge_survives(stack, shop):
+    stack.up()
+    handle = shop.submit("order", {"amount": 5, "faults": {"charge": "latency:1.5"}}, business_key="c-1")
+    wait_for(lambda: stack.requests_seen().get(f"{handle.id}:charge_payment"), 20, "the charge to be in flight")
+
+    assert shop.cancel(handle.id, by="ops", reason="customer called") == "compensating"
+    view = handle.wait(30)
+
+    assert view.process_state == "cancelled"
+    assert view.step("confirm_order").state == "not_started"
+    charges = applied(stack, "payment", handle, "charge_payment")
+    refunds = applied(stack, "payment", handle, "charge_payment", undo=True)
+    assert len(refunds) == 1
+    assert all(c["undone_by"] == refunds[0]["idempotency_key"] for c in charges)
+    assert len(applied(stack, "warehouse", handle, "reserve_stock", undo=True)) == 1
 
 
 def test_a_late_reply_from_an_old_attempt_changes_nothing(stack, shop):
@@ -126,7 +195,7 @@ def test_a_late_reply_from_an_old_attempt_changes_nothing(stack, shop):
     assert before.step("charge_payment").attempt == 2
 
     shop.celery.send_task("sas.scheduler.step_done", kwargs={
-        "run_id": handle.id, "position": 0, "attempt": 1, "result": {"charge_id": "zombie"}},
+        "run_id": handle.id, "position": 1, "attempt": 1, "result": {"effect_id": "zombie"}},
         queue="sas.scheduler")
     wait_for(lambda: shop.store.count_events("stale_reply", handle.id), 20, "the late reply to be handled")
 
@@ -146,12 +215,12 @@ def test_a_scheduler_killed_and_restarted_resumes_in_flight_runs(stack, shop):
 
     views = [h.wait(60) for h in handles]
     assert [v.process_state for v in views] == ["processed"] * 20
-    ledger = stack.ledger()
-    assert len(ledger) == 20 and len({e["order_id"] for e in ledger}) == 20
+    charges = [e for e in stack.ledger("payment") if e["action"] == "charge"]
+    assert len(charges) == 20 and len({e["order_id"] for e in charges}) == 20
 
 
 def test_a_scheduler_that_dies_between_commit_and_publish_is_recovered(stack, shop):
-    stack.payment_service()
+    stack.services()
     stack.scheduler(env={"SAS_FAULTS": "scheduler.after_commit=kill@once"})
     stack.agents()
     stack.beat()
@@ -160,8 +229,9 @@ def test_a_scheduler_that_dies_between_commit_and_publish_is_recovered(stack, sh
     view = handle.wait(40)
 
     assert view.process_state == "processed"
-    assert (view.step("charge_payment").attempt, view.step("charge_payment").failure_count) == (2, 1)
-    assert len(charges_for(stack, handle)) == 1
+    first = view.step("reserve_stock")
+    assert (first.attempt, first.failure_count) == (2, 1)
+    assert len(applied(stack, "warehouse", handle, "reserve_stock")) == 1
 
 
 def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(stack, shop):
@@ -181,29 +251,29 @@ def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(stack, shop):
     assert shop.store.count_events("requeue", run.id) >= 1
 
 
-def test_a_zombie_agent_that_wakes_up_late_is_refused_by_the_remote_service(stack, stack_env, tmp_path):
+def test_a_zombie_agent_that_wakes_up_late_is_refused_by_the_remote_service(stack, stack_env):
     shop = shop_app(stack_env, charge_timeout=1.0)
     shop.migrate()
-    stack.payment_service()
+    stack.services()
     stack.scheduler()
     stack.beat()
-    # This agent passes its complete-by check, then stalls 4 s before calling the service. In the
-    # threads pool no time limit interrupts it (prefork's soft limit would), so it wakes a zombie.
-    stack.agents("zombie", concurrency=1, env={"SAS_FAULTS": "agent.before_call=sleep:4@once"}, pool="threads")
+    stack.worker("others", "sas.agent.warehouse,sas.agent.orders")
+    # This payment agent passes its complete-by check, then stalls 4 s before calling the service.
+    # In the threads pool no time limit interrupts it (prefork's soft limit would): a zombie.
+    stack.worker("zombie", "sas.agent.payment", 1, {"SAS_FAULTS": "agent.before_call=sleep:4@once"}, "threads")
     handle = shop.submit("order", {"amount": 9}, business_key="z-1")
     marker = Path(stack_env["SAS_HOME"]) / "fault-agent.before_call"
     wait_for(marker.exists, 20, "the zombie to stall")
 
-    stack.agents("healthy")
+    stack.worker("healthy", "sas.agent.payment")
     view = handle.wait(30)
     key = f"{handle.id}:charge_payment"
     wait_for(lambda: stack.refused().get(key), 20, "the zombie's late request")
 
     assert view.process_state == "processed"
     assert view.step("charge_payment").attempt == 2
-    [entry] = charges_for(stack, handle)
+    [entry] = applied(stack, "payment", handle, "charge_payment")
     assert entry["fencing_token"] == 2
     assert stack.refused()[key] == 1
-    after = handle.status()
-    assert after.steps == view.steps
+    assert handle.status().steps == view.steps
     shop.store.dispose()

@@ -37,7 +37,8 @@ def test_migrate_submit_list_and_show(sas_cli):
     [listed] = json.loads(sas_cli("runs", "--json").stdout)
     assert (listed["id"], listed["business_key"], listed["process_state"]) == (run_id, "cli-1", "pending")
     shown = json.loads(sas_cli("show", run_id, "--json").stdout)
-    assert [s["name"] for s in shown["steps"]] == ["charge_payment", "confirm_order"]
+    assert [s["name"] for s in shown["steps"]] == ["reserve_stock", "charge_payment", "schedule_shipping",
+                                                   "confirm_order"]
     assert shown["events"][0]["to_state"] == "pending"
     assert "charge_payment" in sas_cli("show", run_id).stdout
 
@@ -60,3 +61,27 @@ def test_errors_exit_non_zero_with_one_line_and_no_traceback(sas_cli, args, mess
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_operator_commands_act_and_record_who_and_why(sas_cli):
+    sas_cli("migrate")
+    run_id = sas_cli("submit", "order", "--key", "op-1", "--payload", '{"amount": 2}').stdout.strip()
+
+    assert "paused" in sas_cli("pause", run_id, "--by", "ann", "--reason", "checking").stdout
+    assert "resumed" in sas_cli("resume", run_id, "--by", "ann").stdout
+    assert f"run {run_id} cancelled" in sas_cli("cancel", run_id, "--by", "ann", "--reason", "duplicate order").stdout
+
+    shown = json.loads(sas_cli("show", run_id, "--json").stdout)
+    assert shown["process_state"] == "cancelled" and shown["cancelled_by"] == "ann"
+    actions = [(e["detail"]["action"], e["detail"]["by"]) for e in shown["events"] if e["kind"] == "operator"]
+    assert actions == [("pause", "ann"), ("resume", "ann"), ("cancel", "ann")]
+
+    for args, message in [
+        (["resubmit", run_id], "it is cancelled, not error"),
+        (["compensate", run_id], "it is cancelled"),
+        (["cancel", run_id], "it is cancelled"),
+        (["mark-done", run_id, "charge_payment", "--result", "{bad"], "--result is not valid JSON"),
+        (["resubmit", "nope"], "no run with id 'nope'"),
+    ]:
+        result = sas_cli(*args, ok=False)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -31,12 +31,12 @@ NOTHING = {"runs": 0, "steps": 0, "events": 0, "orders": 0}
 def test_submit_writes_the_run_its_steps_and_the_order_row_together(shop):
     handle = shop.submit("order", {"amount": 12.5}, business_key="A-1")
 
-    assert counts(shop) == {"runs": 1, "steps": 2, "events": 1, "orders": 1}
+    assert counts(shop) == {"runs": 1, "steps": 4, "events": 1, "orders": 1}
     view = handle.status()
     assert (view.process_state, view.run.business_key, view.run.failure_count) == ("pending", "A-1", 0)
     assert view.run.locked_by is None and view.run.complete_by is not None
-    assert [s.state for s in view.steps] == ["not_started", "not_started"]
-    assert len({s.idempotency_key for s in view.steps}) == 2
+    assert [s.state for s in view.steps] == ["not_started"] * 4
+    assert len({s.idempotency_key for s in view.steps}) == 4
 
 
 @pytest.mark.parametrize(

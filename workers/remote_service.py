@@ -1,21 +1,25 @@
-"""A simulated remote payment service: a real HTTP server process with fault injection.
+"""A simulated remote service (the payment service, the warehouse): a real HTTP server process
+with fault injection, behaving as a well-made API does.
 
-It behaves as a well-made payment API does: it deduplicates charges by ``Idempotency-Key``,
-refuses a request whose ``X-Fencing-Token`` is older than one it already saw for that key (a
-zombie attempt waking up late), and keeps its ledger in its own SQLite file, so the ledger
-survives a crash of the service. ``GET /ledger`` lists the charges it actually applied;
-``GET /requests`` and ``GET /refused`` count, per key, the requests it admitted and those it
-refused for a stale fencing token.
+``POST /do/<action>`` applies an effect (a charge, a stock reservation, a shipment) once per
+``Idempotency-Key``; ``POST /undo/<action>`` undoes the effect named by ``do_key`` in the body, once
+per its own key. A request whose ``X-Fencing-Token`` is older than one already seen for its key is
+refused with 409 (a zombie attempt waking up late). An undo that arrives before its effect leaves a
+tombstone, so the late effect is refused too (409) instead of applied after its undo. The ledger
+lives in the service's own SQLite file and survives a crash of the service.
+
+``GET /ledger`` lists every effect and undo actually applied; ``GET /requests`` and
+``GET /refused`` count, per key, the requests admitted and those refused as stale.
 
 Faults, per request (``"fault"`` in the JSON body) or per process (``POST /faults`` or flags):
 
 ``transient:N``   the first N requests for this key get 503
-``latency:S``     wait S seconds, then charge
-``hang:S@A``      on attempt A (default 1) wait S seconds (default 30) and drop the request
-``permanent``     402 card declined, every time
-``crash[@A]``     (on attempt A) the process exits at once, before charging
+``latency:S``     wait S seconds, then apply
+``hang:S@A``      on attempt A (default: every attempt) wait S seconds (default 30) and drop the request
+``permanent``     422 refused (a declined card, no stock), every time
+``crash[@A]``     (on attempt A) the process exits at once, before applying anything
 
-Run it with ``python -m workers.payment_service --port 8765`` (or ``sas payment-service``).
+Run it with ``sas payment-service --port 8765`` or ``sas warehouse-service --port 8766``.
 """
 
 from __future__ import annotations
@@ -32,15 +36,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("payment_service")
+log = logging.getLogger("remote_service")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger (
     idempotency_key TEXT PRIMARY KEY,
+    action TEXT NOT NULL,
     order_id TEXT NOT NULL,
-    amount REAL NOT NULL,
+    amount REAL,
     fencing_token INTEGER NOT NULL,
-    charge_id TEXT NOT NULL,
+    effect_id TEXT NOT NULL,
+    undoes TEXT,
+    undone_by TEXT,
     at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS keys (
@@ -49,7 +56,24 @@ CREATE TABLE IF NOT EXISTS keys (
     requests INTEGER NOT NULL,
     refused INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS tombstones (idempotency_key TEXT PRIMARY KEY, undo_key TEXT NOT NULL);
 """
+
+COLUMNS = ("idempotency_key", "action", "order_id", "amount", "fencing_token", "effect_id", "undoes",
+           "undone_by", "at")
+
+#: process-wide fault kinds (POST /faults, --*-rate flags) and the per-request fault each draws
+FAULT_KINDS = {
+    "transient": "transient:1",
+    "hang": "hang:30@1",
+    "permanent": "permanent",
+    "latency": "latency:0.2",
+    "crash": "crash",
+}
+
+
+class Refused(Exception):
+    """The request is refused with 409: a stale token, or an effect already undone."""
 
 
 class Ledger:
@@ -80,27 +104,57 @@ class Ledger:
             self.db.execute("COMMIT")
             return True, requests + 1
 
-    def charge(self, key: str, order_id: str, amount: float, token: int) -> tuple[dict[str, Any], bool]:
-        """Apply the charge once per key; return it and whether it was already applied."""
+    def do(self, key: str, action: str, order_id: str, amount: float | None, token: int) -> tuple[dict[str, Any], bool]:
+        """Apply the effect once per key; return it and whether it had been applied already."""
         with self.lock:
             self.db.execute("BEGIN IMMEDIATE")
-            row = self.db.execute(
-                "SELECT charge_id, fencing_token FROM ledger WHERE idempotency_key = ?", (key,)
-            ).fetchone()
-            if row is None:
-                charge_id = f"ch_{os.urandom(6).hex()}"
-                self.db.execute(
-                    "INSERT INTO ledger VALUES (?, ?, ?, ?, ?, ?)",
-                    (key, order_id, amount, token, charge_id, time.time()),
-                )
-                duplicate = False
-            else:
-                charge_id, _ = row
-                duplicate = True
-            self.db.execute("COMMIT")
-        return {"charge_id": charge_id, "idempotency_key": key, "order_id": order_id, "amount": amount}, duplicate
+            try:
+                if self.db.execute("SELECT 1 FROM tombstones WHERE idempotency_key = ?", (key,)).fetchone():
+                    raise Refused(f"{action} {key} was undone before it was done")
+                row = self._entry(key)
+                duplicate = row is not None
+                if row is None:
+                    self.db.execute(
+                        "INSERT INTO ledger (idempotency_key, action, order_id, amount, fencing_token, effect_id, at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (key, action, order_id, amount, token, f"{action[:3]}_{os.urandom(6).hex()}", time.time()),
+                    )
+                    row = self._entry(key)
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+        assert row is not None
+        return row, duplicate
 
-    def requests(self, column: str = "requests") -> dict[str, int]:
+    def undo(self, key: str, action: str, do_key: str, order_id: str, token: int) -> tuple[dict[str, Any], bool]:
+        """Undo the effect ``do_key`` once per undo key; if it never happened, leave a tombstone."""
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            row = self._entry(key)
+            duplicate = row is not None
+            if row is None:
+                done = self._entry(do_key)
+                if done is None:
+                    self.db.execute("INSERT OR IGNORE INTO tombstones VALUES (?, ?)", (do_key, key))
+                self.db.execute(
+                    "INSERT INTO ledger (idempotency_key, action, order_id, amount, fencing_token, effect_id, "
+                    "undoes, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (key, f"undo:{action}", order_id, None if done is None else done["amount"], token,
+                     f"und_{os.urandom(6).hex()}", do_key if done else None, time.time()),
+                )
+                if done is not None:
+                    self.db.execute("UPDATE ledger SET undone_by = ? WHERE idempotency_key = ?", (key, do_key))
+                row = self._entry(key)
+            self.db.execute("COMMIT")
+        assert row is not None
+        return row, duplicate
+
+    def _entry(self, key: str) -> dict[str, Any] | None:
+        row = self.db.execute(f"SELECT {', '.join(COLUMNS)} FROM ledger WHERE idempotency_key = ?", (key,)).fetchone()
+        return None if row is None else dict(zip(COLUMNS, row, strict=True))
+
+    def counts(self, column: str = "requests") -> dict[str, int]:
         """Per key: requests admitted (``requests``) or refused as stale (``refused``)."""
         assert column in ("requests", "refused")
         with self.lock:
@@ -108,21 +162,8 @@ class Ledger:
 
     def entries(self) -> list[dict[str, Any]]:
         with self.lock:
-            rows = self.db.execute(
-                "SELECT idempotency_key, order_id, amount, fencing_token, charge_id, at FROM ledger ORDER BY at"
-            ).fetchall()
-        names = ("idempotency_key", "order_id", "amount", "fencing_token", "charge_id", "at")
-        return [dict(zip(names, r, strict=True)) for r in rows]
-
-
-#: process-wide fault kinds (POST /faults, --*-rate flags) and the per-request fault each draws
-FAULT_KINDS = {
-    "transient": "transient:1",
-    "hang": "hang:30@1",
-    "permanent": "permanent",
-    "latency": "latency:0.2",
-    "crash": "crash",
-}
+            rows = self.db.execute(f"SELECT {', '.join(COLUMNS)} FROM ledger ORDER BY at").fetchall()
+        return [dict(zip(COLUMNS, r, strict=True)) for r in rows]
 
 
 class Faults:
@@ -174,34 +215,37 @@ def make_handler(ledger: Ledger, faults: Faults) -> type[BaseHTTPRequestHandler]
                 self._reply(200, {"ok": True})
             elif self.path == "/ledger":
                 self._reply(200, ledger.entries())
-            elif self.path == "/requests":
-                self._reply(200, ledger.requests())
-            elif self.path == "/refused":
-                self._reply(200, ledger.requests("refused"))
+            elif self.path in ("/requests", "/refused"):
+                self._reply(200, ledger.counts(self.path.strip("/")))
             else:
                 self._reply(404, {"error": f"no route {self.path}"})
 
         def do_POST(self) -> None:
             try:
                 body = self._body()
+                if not isinstance(body, dict):
+                    raise ValueError("not an object")
             except (ValueError, UnicodeDecodeError):
-                self._reply(400, {"error": "body is not JSON"})
+                self._reply(400, {"error": "body is not a JSON object"})
                 return
+            verb, _, action = self.path.strip("/").partition("/")
             if self.path == "/faults":
                 faults.set(body)
                 self._reply(200, {"rates": faults.rates})
-            elif self.path == "/charges":
-                self._charge(body)
+            elif verb in ("do", "undo") and action:
+                self._effect(verb, action, body)
             else:
                 self._reply(404, {"error": f"no route {self.path}"})
 
-        def _charge(self, body: Any) -> None:
+        def _effect(self, verb: str, action: str, body: dict[str, Any]) -> None:
             key = self.headers.get("Idempotency-Key")
             try:
                 token = int(self.headers.get("X-Fencing-Token", ""))
-                order_id, amount = str(body["order_id"]), float(body["amount"])
+                order_id = str(body["order_id"])
+                amount = None if body.get("amount") is None else float(body["amount"])
+                do_key = str(body["do_key"]) if verb == "undo" else ""
             except (KeyError, TypeError, ValueError):
-                self._reply(400, {"error": "need Idempotency-Key, X-Fencing-Token, order_id and amount"})
+                self._reply(400, {"error": "need Idempotency-Key, X-Fencing-Token, order_id (and do_key to undo)"})
                 return
             if not key:
                 self._reply(400, {"error": "need Idempotency-Key"})
@@ -213,8 +257,15 @@ def make_handler(ledger: Ledger, faults: Faults) -> type[BaseHTTPRequestHandler]
             fault = body.get("fault") or faults.draw(token)
             if fault and self._fault(str(fault), token, requests):
                 return
-            charge, duplicate = ledger.charge(key, order_id, amount, token)
-            self._reply(200, {**charge, "duplicate": duplicate})
+            try:
+                if verb == "do":
+                    entry, duplicate = ledger.do(key, action, order_id, amount, token)
+                else:
+                    entry, duplicate = ledger.undo(key, action, do_key, order_id, token)
+            except Refused as exc:
+                self._reply(409, {"error": str(exc)})
+                return
+            self._reply(200, {**entry, "duplicate": duplicate})
 
         def _fault(self, spec: str, token: int, requests: int) -> bool:
             """Apply ``spec``; True when the request has been answered (or dropped)."""
@@ -233,7 +284,7 @@ def make_handler(ledger: Ledger, faults: Faults) -> type[BaseHTTPRequestHandler]
                 self.close_connection = True
                 return True
             if kind == "permanent":
-                self._reply(402, {"error": "card declined (injected)"})
+                self._reply(422, {"error": "refused (injected)"})
                 return True
             if kind == "crash":
                 log.error("crashing on request (injected)")
@@ -243,14 +294,14 @@ def make_handler(ledger: Ledger, faults: Faults) -> type[BaseHTTPRequestHandler]
     return Handler
 
 
-def serve(port: int, ledger_path: Path, host: str = "127.0.0.1", rates: dict[str, float] | None = None,
+def serve(name: str, port: int, ledger_path: Path, host: str = "127.0.0.1", rates: dict[str, float] | None = None,
           seed: int | None = None) -> None:
     faults = Faults(seed)
     faults.set(rates or {})
     server = ThreadingHTTPServer((host, port), make_handler(Ledger(ledger_path), faults))
     server.daemon_threads = True
-    log.info("payment service on http://%s:%s, ledger %s", host, port, ledger_path)
-    print(f"payment service listening on http://{host}:{server.server_port}", flush=True)
+    log.info("%s service on http://%s:%s, ledger %s", name, host, port, ledger_path)
+    print(f"{name} service listening on http://{host}:{server.server_port}", flush=True)
     try:
         server.serve_forever()
     finally:
@@ -258,20 +309,19 @@ def serve(port: int, ledger_path: Path, host: str = "127.0.0.1", rates: dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="simulated remote payment service")
+    parser = argparse.ArgumentParser(description="a simulated remote service with fault injection")
+    parser.add_argument("--name", default="payment", help="the service's name, in logs and the default ledger file")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--ledger", type=Path, default=Path(os.environ.get("SAS_HOME", ".sas")) / "payment-ledger.db")
-    parser.add_argument("--transient-rate", type=float, default=0.0)
-    parser.add_argument("--hang-rate", type=float, default=0.0)
-    parser.add_argument("--permanent-rate", type=float, default=0.0)
-    parser.add_argument("--crash-rate", type=float, default=0.0)
+    parser.add_argument("--ledger", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=None)
+    for kind in FAULT_KINDS:
+        parser.add_argument(f"--{kind}-rate", type=float, default=0.0, help=f"share of requests given a {kind} fault")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s payment %(levelname)s %(message)s")
-    rates = {"transient": args.transient_rate, "hang": args.hang_rate, "permanent": args.permanent_rate,
-             "crash": args.crash_rate}
-    serve(args.port, args.ledger, args.host, rates, args.seed)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
+    ledger = args.ledger or Path(os.environ.get("SAS_HOME", ".sas")) / f"{args.name}-ledger.db"
+    rates = {kind: getattr(args, f"{kind}_rate") for kind in FAULT_KINDS}
+    serve(args.name, args.port, ledger, args.host, rates, args.seed)
 
 
 if __name__ == "__main__":
