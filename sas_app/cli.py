@@ -29,6 +29,8 @@ console = Console(width=None if sys.stdout.isatty() else 200)
 
 def load_app(spec: str) -> SasApp:
     module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `celery -A` does: your own module in the current folder
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -1,0 +1,71 @@
+"""Write your own workflow and agent: a sign-up that creates an account, then sends a welcome mail.
+
+Run it (with SAS_* set as for any sas_app process):
+    SAS_APP=examples.signup:sas sas worker &
+    SAS_APP=examples.signup:sas sas beat &
+    python -m examples.signup alice@example.com
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from sas_app import AgentCall, PermanentError, SasApp, Step, TransientError, Workflow
+
+sas = SasApp()  # settings from SAS_* variables: broker, state store, Supervisor interval...
+celery = sas.celery  # so `celery -A examples.signup worker` finds the app too
+
+# One agent per remote service. Here the "services" are files, so the example runs anywhere.
+accounts = sas.agent("accounts")
+mailer = sas.agent("mailer")
+HOME = Path(os.environ.get("SAS_HOME", ".sas"))
+
+
+@accounts.action
+def create(call: AgentCall) -> dict[str, str]:
+    email = call.payload["email"]
+    if "@" not in email:
+        raise PermanentError(f"not an email address: {email}")  # no retry; the run goes to error
+    # The idempotency key is the same on every attempt: creating twice leaves one account.
+    (HOME / "accounts").mkdir(parents=True, exist_ok=True)
+    (HOME / "accounts" / call.idempotency_key).write_text(email)
+    return {"account": call.idempotency_key}
+
+
+@accounts.action
+def delete(call: AgentCall) -> dict[str, str]:
+    assert call.undoes is not None
+    (HOME / "accounts" / call.undoes["idempotency_key"]).unlink(missing_ok=True)
+    return {"deleted": call.undoes["idempotency_key"]}
+
+
+@mailer.action
+def welcome(call: AgentCall) -> dict[str, str]:
+    if call.attempt == 1 and call.payload.get("flaky_mailer"):
+        raise TransientError("mail server busy")  # retried with back-off while complete-by allows
+    sent = HOME / "sent.jsonl"
+    line = json.dumps({"key": call.idempotency_key, "to": call.payload["email"]})
+    if line not in (sent.read_text().splitlines() if sent.exists() else []):
+        with sent.open("a") as out:
+            out.write(line + "\n")
+    return {"mailed": call.payload["email"], "account": call.results["create_account"]["account"]}
+
+
+sas.register(
+    Workflow(
+        "signup",
+        [
+            Step("create_account", create, timeout=5, max_failures=3, compensate=delete),
+            Step("send_welcome", welcome, timeout=5, max_failures=3),
+        ],
+    )
+)
+
+if __name__ == "__main__":
+    email = sys.argv[1] if len(sys.argv) > 1 else "alice@example.com"
+    handle = sas.submit("signup", {"email": email}, business_key=email)
+    view = handle.wait(timeout=60)
+    print(view.process_state, view.step("send_welcome").result)

@@ -1,0 +1,115 @@
+"""What a newcomer runs: the README's guide example, Flower showing the pattern's tasks, and
+``sas demo`` on Redis and PostgreSQL, cleaning up after itself even when interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.stack import REPO, SAS, free_port
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_readme_guide_example_runs_as_written(stack, stack_env):
+    example = (REPO / "examples" / "signup.py").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert example.strip() in readme, "the README's guide must show examples/signup.py as it is"
+    env = {"SAS_APP": "examples.signup:sas"}
+    stack.worker("signup", "sas.scheduler,sas.supervisor,sas.agent.accounts,sas.agent.mailer", env=env)
+    stack.start("beat", [SAS, "beat", "--schedule", str(stack.home / "beat")], "beat: Starting", env)
+    subprocess.run([SAS, "migrate"], env={**stack.env, **env}, check=True, timeout=60, capture_output=True)
+
+    done = subprocess.run([sys.executable, "-m", "examples.signup", "bob@example.com"], env=stack.env,
+                          cwd=REPO, capture_output=True, text=True, timeout=90)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("processed {'mailed': 'bob@example.com'")
+    sent = (Path(stack_env["SAS_HOME"]) / "sent.jsonl").read_text().splitlines()
+    assert [json.loads(line)["to"] for line in sent] == ["bob@example.com"]
+
+
+def test_flower_shows_each_kind_of_task_and_asks_for_credentials(stack, stack_env, shop):
+    events = {"SAS_TASK_EVENTS": "true"}
+    stack.services()
+    stack.worker("scheduler", "sas.scheduler,sas.supervisor", env=events)
+    stack.worker("agents", "sas.agent.payment,sas.agent.warehouse,sas.agent.orders", env=events)
+    stack.beat()
+    port = free_port()
+    stack.start("flower", [str(Path(SAS).parent / "celery"), "-A", "workers.app", "flower", f"--port={port}",
+                           "--address=127.0.0.1", "--basic-auth=ops:s3cret"], "Registered tasks", events)
+    api = f"http://127.0.0.1:{port}/api/tasks"
+    wait_for(lambda: _answers(api), 30, "Flower's API")
+
+    shop.submit("order", {"amount": 5}, business_key="fl-1").wait(30)
+
+    def names() -> set[str]:
+        return {t["name"] for t in httpx.get(api, auth=("ops", "s3cret"), timeout=5).json().values()}
+
+    expected = {"sas.scheduler.advance", "sas.scheduler.step_done", "sas.agent.payment.charge",
+                "sas.agent.warehouse.reserve", "sas.supervisor.sweep"}
+    wait_for(lambda: expected <= names(), 30, f"Flower to show {expected}")
+    assert httpx.get(api, timeout=5).status_code == 401
+    assert httpx.get(api, auth=("ops", "wrong"), timeout=5).status_code == 401
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code in (200, 401)
+    except httpx.TransportError:
+        return False
+
+
+def test_demo_on_redis_and_postgresql_loses_nothing_and_charges_once(stack_env, tmp_path):
+    env = {**os.environ, **{k: stack_env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL")},
+           "SAS_HOME": str(tmp_path / "demo")}
+    done = subprocess.run([SAS, "demo", "--orders", "20", "--json"], env=env, capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert (summary["submitted"], summary["lost"], summary["duplicate_charges"]) == (20, 0, 0)
+    assert summary["charges_not_undone"] == 0
+    assert summary["processed"] + summary["compensated"] + summary["error"] == 20
+    assert summary["alerts"] >= 1 and summary["compensated"] >= 1  # the declined card, undone
+
+
+def test_demo_stops_every_process_it_started_when_interrupted(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
+    env["SAS_HOME"] = str(tmp_path / "home")
+    demo = subprocess.Popen([SAS, "demo", "--orders", "2000"], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    home = Path(env["SAS_HOME"])
+    wait_for(lambda: any("ready." in log.read_text() for log in home.glob("demo-*/agents.log")), 60,
+             "the demo's agent worker to be ready")
+    wait_for(lambda: len(_children_of(env["SAS_HOME"])) >= 9, 30, "the demo's processes and pool children")
+
+    demo.send_signal(signal.SIGINT)
+    _, err = demo.communicate(timeout=60)
+    assert demo.returncode != 0
+    wait_for(lambda: not _children_of(env["SAS_HOME"]), 30, "every demo process to be gone")
+    assert "interrupted" in err.decode()
+
+
+def _children_of(home: str) -> list[int]:
+    """Live processes whose environment says they belong to this demo."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+            state = (proc / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if f"SAS_HOME={home}/demo-".encode() in environ and state != "Z":
+            pids.append(int(proc.name))
+    return pids

@@ -1,0 +1,58 @@
+"""docker-compose.yml: every command names a real entry point, secrets come from the environment.
+
+Docker does not run on the CI machine, so the file is checked against the code it names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+
+from sas_app.cli import main as sas_cli
+from workers.app import sas
+
+COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+
+
+@pytest.fixture(scope="module")
+def services() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+def test_every_command_resolves_to_a_real_entry_point(services):
+    commands = {name: svc["command"] for name, svc in services.items() if "command" in svc and name not in
+                ("redis", "postgres")}
+    assert set(commands) >= {"migrate", "scheduler", "agent-payment", "agent-warehouse", "agent-orders", "beat",
+                             "payment-service", "warehouse-service", "flower"}
+    consumed: set[str] = set()
+    for name, argv in commands.items():
+        if argv[0] == "sas":
+            sub = sas_cli.commands.get(argv[1])
+            assert isinstance(sub, click.Command), f"{name}: no `sas {argv[1]}`"
+            ctx = sub.make_context(f"sas {argv[1]}", list(argv[2:]), resilient_parsing=False)
+            if argv[1] == "worker":
+                queues = ctx.params["queues"].split(",")
+                assert set(queues) <= set(sas.queues()), f"{name}: unknown queue in {queues}"
+                consumed |= set(queues)
+        else:
+            assert argv[:4] == ["celery", "-A", "workers.app", "flower"], f"{name}: {argv}"
+            from flower.command import flower  # noqa: F401 - the entry point exists
+    assert consumed == set(sas.queues()), "every queue has a worker"
+
+
+def test_no_credentials_are_committed_and_flower_asks_for_them(services):
+    text = COMPOSE.read_text()
+    for secret in ("REDIS_PASSWORD", "POSTGRES_PASSWORD", "FLOWER_USER", "FLOWER_PASSWORD"):
+        assert f"${{{secret}:?" in text, f"{secret} must come from the environment"
+    compose = yaml.safe_load(text)
+    for svc in compose["services"].values():
+        for key, value in (svc.get("environment") or {}).items():
+            if "PASSWORD" in key:
+                assert str(value).startswith("${"), f"{key} is a literal"
+            for secret in re.findall(r"://[^:/@]*:([^@]+)@", str(value)):
+                assert secret.startswith("${"), f"{key} carries a literal password"
+    assert any("--basic-auth=" in part for part in services["flower"]["command"])
+    assert services["migrate"]["restart"] == "no"
