@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sas_app import SasApp, Settings
@@ -145,11 +145,15 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
 
         crashed = False
         deadline = time.monotonic() + timeout
-        with Live(console=console, refresh_per_second=8, transient=as_json) as live:
+        progress = Progress(TextColumn("orders"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("{task.description}"), console=console, transient=as_json)
+        bar = progress.add_task("", total=orders)
+        with progress:
             while True:
                 counts = sas.store.count_runs_by_state()
                 done = sum(counts.get(s, 0) for s in TERMINAL_STATES)
-                live.update(_progress_table(counts, done, orders, time.monotonic() - started))
+                progress.update(bar, completed=done, description="  ".join(
+                    f"{state} {counts[state]}" for state in STATES if counts.get(state)))
                 if not crashed and done >= orders // 3:
                     procs.kill("agents")  # one worker crash, mid-run
                     procs.start("agents", "worker", "-Q", AGENT_QUEUES, "-c", "4", "-n", "agents@%h")
@@ -175,14 +179,6 @@ def _wait_for_service(port: int) -> None:
         except httpx.TransportError:
             time.sleep(0.1)
     raise RuntimeError("the payment service did not start within 30s")
-
-
-def _progress_table(counts: dict[str, int], done: int, total: int, elapsed: float) -> Table:
-    table = Table(title=f"orders: {done}/{total} finished, {elapsed:.1f}s")
-    for state in STATES:
-        table.add_column(state, justify="right")
-    table.add_row(*(str(counts.get(s, 0)) for s in STATES))
-    return table
 
 
 def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float) -> dict[str, Any]:
