@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from . import faults
 from .agent import SCHEDULER_QUEUE
 from .errors import DuplicateBusinessKey, InvalidSubmission, UnknownRun, UnknownWorkflow
+from .notify import relay
 from .store import EventRow, NewStep, RunRow, StepRow, dumps_payload
 from .workflow import action_name
 
@@ -68,18 +69,27 @@ class RunHandle:
     def wait(self, timeout: float = 60.0) -> RunView:
         """Block until the run is terminal (processed, error, compensated, cancelled) and return it.
 
-        Raises ``TimeoutError`` naming the state it was left in."""
+        On PostgreSQL this sleeps until the database announces that the run finished (LISTEN /
+        NOTIFY, sent when the final transition commits), reading the run only then; on the
+        embedded SQLite store it polls with a growing interval. Raises ``TimeoutError`` naming
+        the state the run was left in."""
         deadline = time.monotonic() + timeout
         delay = 0.02
-        while True:
-            run = self.app.store.get_run(self.id)
-            if run is not None and run.process_state in TERMINAL_STATES:
-                return self.status()
-            if time.monotonic() >= deadline:
-                state = run.process_state if run else "missing"
-                raise TimeoutError(f"run {self.id} is still {state} after {timeout}s")
-            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
-            delay = min(delay * 1.5, 0.5)
+        with self.app.store.listen_for_finished_runs() as listen:
+            while True:
+                run = self.app.store.get_run(self.id)
+                if run is not None and run.process_state in TERMINAL_STATES:
+                    return self.status()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    state = run.process_state if run else "missing"
+                    raise TimeoutError(f"run {self.id} is still {state} after {timeout}s")
+                if listen is None:
+                    time.sleep(min(delay, remaining))
+                    delay = min(delay * 1.5, 0.5)
+                    continue
+                while self.id not in listen(deadline - time.monotonic()) and time.monotonic() < deadline:
+                    pass
 
 
 def get_run(app: SasApp, run_id: str) -> RunView:
@@ -134,7 +144,7 @@ def submit(
                 undo=None if s.compensate is None else action_name(s.compensate))
         for s in wf.steps
     ]
-    run, created = app.store.create_run(
+    run, created, notes = app.store.create_run(
         run_id=run_id,
         workflow=wf.name,
         business_key=business_key,
@@ -152,6 +162,7 @@ def submit(
             )
         return RunHandle(app, run.id, created=False)
     faults.hit("submit.after_commit")
+    relay(app.celery, app.store, notes)
     try:
         app.celery.send_task("sas.scheduler.advance", args=[run.id], queue=SCHEDULER_QUEUE)
     except Exception:

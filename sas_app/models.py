@@ -147,6 +147,27 @@ events = Table(
 Index("ix_events_run", events.c.run_id, events.c.id)
 
 
+# Progress notifications for submitters that gave a ``reply_to`` queue: written in the same
+# transaction as the state change they report, relayed to the broker after the commit. A row not
+# yet relayed (its relayer died) is relayed by the Supervisor's sweep, under the same id.
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", _event_id, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), nullable=False),
+    Column("reply_to", String(200), nullable=False),
+    Column("body", _json, nullable=False),
+    Column("created_at", Double, nullable=False),
+    Column("sent_at", Double),
+)
+Index(
+    "ix_outbox_unsent",
+    outbox.c.created_at,
+    postgresql_where=text("sent_at IS NULL"),
+    sqlite_where=text("sent_at IS NULL"),
+)
+
+
 class db_now(FunctionElement[float]):
     """The database's clock, in epoch seconds: every deadline is compared against this."""
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .agent import SCHEDULER_QUEUE
 from .errors import InvalidOperation, UnknownRun
+from .notify import relay
 from .store import RunRow, StepRow, Tx, dumps_payload
 
 if TYPE_CHECKING:
@@ -42,6 +43,10 @@ def _advance(app: SasApp, run_id: str) -> None:
     app.celery.send_task("sas.scheduler.advance", args=[run_id], queue=SCHEDULER_QUEUE)
 
 
+def _relay(app: SasApp, tx: Tx) -> None:
+    relay(app.celery, app.store, tx.outbox)
+
+
 def _check_reason(by: str, reason: str) -> None:
     if not by or not by.strip():
         raise InvalidOperation("say who is acting (by=...)")
@@ -68,6 +73,7 @@ def resubmit(
         tx.operator_event(run_id, failed.position, "resubmit", by, reason)
         tx.resubmit_step(failed, app.settings.pickup_timeout, by, step_input)
         tx.reopen_run(run, "compensating" if failed.is_undo else "processing", by)
+    _relay(app, tx)
     _advance(app, run_id)
 
 
@@ -86,6 +92,7 @@ def mark_done(app: SasApp, run_id: str, step: str, *, by: str, reason: str = "",
             tx.mark_compensated(run_id, target.compensates, by)
         if run.process_state == "error":
             tx.reopen_run(run, "compensating" if target.is_undo else "processing", by)
+    _relay(app, tx)
     _advance(app, run_id)
 
 
@@ -125,6 +132,7 @@ def cancel(app: SasApp, run_id: str, *, by: str, reason: str = "") -> str:
         else:
             tx.finish_run(run_id, "cancelled", from_state=run.process_state, actor=by, error=why, cancelled_by=by)
             state = "cancelled"
+    _relay(app, tx)
     if state == "compensating":
         _advance(app, run_id)
     return state
@@ -141,4 +149,5 @@ def compensate(app: SasApp, run_id: str, *, by: str, reason: str = "") -> None:
         why = f"compensated by {by}" + (f": {reason}" if reason else "")
         if not tx.start_compensation(run, why, app.settings.pickup_timeout, actor=by):
             raise InvalidOperation(f"cannot compensate run {run_id}: none of its steps has anything to undo")
+    _relay(app, tx)
     _advance(app, run_id)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import faults
 from .agent import SCHEDULER_QUEUE, agent_queue, agent_task_name
 from .alerts import Alert, Alerts
+from .notify import relay
 from .settings import Settings, instance_id
 from .store import LIVE_RUN_STATES, RunRow, StepRow, Store, Tx
 
@@ -112,7 +113,7 @@ class Scheduler:
                 log.info("advance: run %s is %s; nothing to do", run_id, run.process_state)
                 return
             next_message = self._next(tx, run)
-        self._send(next_message)
+        self._after_commit(tx, next_message)
 
     def step_done(self, run_id: str, position: int, attempt: int, result: Any) -> None:
         """An agent's success reply: record it if that attempt still runs, then go on."""
@@ -126,8 +127,12 @@ class Scheduler:
                 return
             if done.compensates is not None:
                 tx.mark_compensated(run_id, done.compensates, self.instance_id)
+            if run.reply_to is not None:
+                kind = "step_undone" if done.is_undo else "step_completed"
+                tx.notify(run_id, run.reply_to, run.business_key, run.workflow, kind,
+                          step=done.name, position=done.position, attempt=done.attempt)
             next_message = self._next(tx, run)
-        self._send(next_message)
+        self._after_commit(tx, next_message)
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None:
         """An agent's non-transient fault: the step fails with one alert, and the run is undone
@@ -145,7 +150,7 @@ class Scheduler:
             after = tx.lock_run(run_id)
             next_message = self._next(tx, after) if after is not None else None
         self.alerts.emit(alert)
-        self._send(next_message)
+        self._after_commit(tx, next_message)
 
     # -- internals --------------------------------------------------------------------------
 
@@ -186,10 +191,18 @@ class Scheduler:
         tx.event(run.id, position, "stale_reply", None, None, attempt=attempt, actor=self.instance_id,
                  detail={"message": kind})
 
+    def _after_commit(self, tx: Tx, next_message: Dispatch | Later | None) -> None:
+        """Once the transaction has committed: its notifications, then the next message. In that
+        order, so a submitter hears of a step before anything that follows it."""
+        if next_message is None and not tx.outbox:
+            return
+        faults.hit("scheduler.after_commit")
+        relay(self.celery, self.store, tx.outbox)
+        self._send(next_message)
+
     def _send(self, next_message: Dispatch | Later | None) -> None:
         if next_message is None:
             return
-        faults.hit("scheduler.after_commit")
         try:
             if isinstance(next_message, Later):
                 self.celery.send_task(

@@ -8,6 +8,7 @@ transaction. Callers compose transitions inside :meth:`Store.begin`; nothing her
 from __future__ import annotations
 
 import json
+import select as select_module
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -18,7 +19,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, func, insert, s
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row, make_url
 
-from .models import db_now, events, metadata, runs, steps
+from .models import db_now, events, metadata, outbox, runs, steps
 
 T = TypeVar("T")
 
@@ -87,6 +88,15 @@ class EventRow:
 
 
 @dataclass(frozen=True)
+class Notification:
+    """A progress message for a submitter's ``reply_to`` queue; ``body["id"]`` never changes."""
+
+    id: int
+    reply_to: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class NewStep:
     """A step as written at submit time, copied from its workflow definition."""
 
@@ -103,6 +113,10 @@ class NewStep:
 EXPIRED = "complete-by passed"
 #: Run states in which the Scheduler still has work: its steps, or their undoing.
 LIVE_RUN_STATES = ("processing", "compensating")
+#: Run states a run never leaves.
+TERMINAL_RUN_STATES = ("processed", "error", "compensated", "cancelled")
+#: The PostgreSQL channel on which a run's id is announced when it reaches a terminal state.
+RUN_DONE_CHANNEL = "sas_run_done"
 
 
 def _as(kind: type[T], row: Row[Any]) -> T:
@@ -175,10 +189,11 @@ class Store:
         new_steps: Sequence[NewStep],
         pickup_timeout: float,
         on_insert: Callable[[Connection, RunRow], None] | None = None,
-    ) -> tuple[RunRow, bool]:
-        """Insert a run, its steps, its first event and whatever ``on_insert`` writes, in one
-        transaction. Returns ``(run, created)``; when the workflow already has a run for this
-        business key nothing is written and the existing run is returned."""
+    ) -> tuple[RunRow, bool, list[Notification]]:
+        """Insert a run, its steps, its first event, its "received" notification and whatever
+        ``on_insert`` writes, in one transaction. Returns ``(run, created, notifications)``; when the
+        workflow already has a run for this business key nothing is written and the existing run is
+        returned."""
         insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
         with self.engine.begin() as conn:
             now = db_now()
@@ -204,7 +219,7 @@ class Store:
                 existing = conn.execute(
                     select(runs).where(runs.c.workflow == workflow, runs.c.business_key == business_key)
                 ).one()
-                return _as(RunRow, existing), False
+                return _as(RunRow, existing), False, []
             run = _as(RunRow, row)
             conn.execute(
                 insert(steps).values(created_at=now, updated_at=now, state="not_started"),
@@ -225,10 +240,13 @@ class Store:
                     for position, s in enumerate(new_steps)
                 ],
             )
-            Tx(conn).event(run_id, None, "transition", None, "pending", detail={"business_key": business_key})
+            tx = Tx(conn)
+            tx.event(run_id, None, "transition", None, "pending", detail={"business_key": business_key})
+            if reply_to is not None:
+                tx.notify(run_id, reply_to, business_key, workflow, "received", state="pending")
             if on_insert is not None:
                 on_insert(conn, run)
-            return run, True
+            return run, True, tx.outbox
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -281,12 +299,60 @@ class Store:
         with self.engine.connect() as conn:
             return float(conn.execute(select(db_now())).scalar_one())
 
+    @contextmanager
+    def listen_for_finished_runs(self) -> Iterator[Callable[[float], set[str]] | None]:
+        """On PostgreSQL, yield ``wait(seconds) -> run ids`` that blocks until runs reach a terminal
+        state (LISTEN/NOTIFY, on a connection of its own); elsewhere yield None."""
+        if not self.is_postgresql:
+            yield None
+            return
+        raw = self.engine.raw_connection()
+        conn: Any = raw.driver_connection
+        raw.detach()  # LISTEN and autocommit stay on this connection, never on a pooled one
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cursor:
+                cursor.execute(f"LISTEN {RUN_DONE_CHANNEL}")
+
+            def wait(seconds: float) -> set[str]:
+                if select_module.select([conn], [], [], max(seconds, 0.0)) == ([], [], []):
+                    return set()
+                conn.poll()
+                done = {note.payload for note in conn.notifies}
+                conn.notifies.clear()
+                return done
+
+            yield wait
+        finally:
+            conn.close()
+
+    # -- outbox -----------------------------------------------------------------------------
+
+    def mark_sent(self, ids: Sequence[int]) -> None:
+        if not ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(update(outbox).where(outbox.c.id.in_(list(ids))).values(sent_at=db_now()))
+
+    def unsent(self, older_than: float, limit: int) -> list[Notification]:
+        """Notifications written more than ``older_than`` seconds ago and still not relayed."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(outbox.c.id, outbox.c.reply_to, outbox.c.body)
+                .where(outbox.c.sent_at.is_(None), outbox.c.created_at < db_now() - older_than)
+                .order_by(outbox.c.id)
+                .limit(limit)
+            ).all()
+        return [Notification(int(i), reply_to, {"id": int(i), **body}) for i, reply_to, body in rows]
+
 
 class Tx:
     """Transitions inside one transaction. Each returns whether this caller won the row."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        #: notifications written in this transaction, to relay once it commits
+        self.outbox: list[Notification] = []
 
     # -- history ----------------------------------------------------------------------------
 
@@ -365,12 +431,35 @@ class Tx:
         )
 
     def _update_run(self, run_id: str, expected: str, new: str, **values: Any) -> bool:
-        result = self.conn.execute(
+        row = self.conn.execute(
             update(runs)
             .where(runs.c.id == run_id, runs.c.process_state == expected)
             .values(process_state=new, updated_at=db_now(), **values)
-        )
-        return result.rowcount == 1
+            .returning(runs.c.reply_to, runs.c.business_key, runs.c.workflow)
+        ).first()
+        if row is None:
+            return False
+        if row.reply_to is not None:
+            self.notify(run_id, row.reply_to, row.business_key, row.workflow, new, state=new)
+        if new in TERMINAL_RUN_STATES and self.conn.dialect.name == "postgresql":
+            # Wakes every RunHandle.wait() LISTENing, when (and only if) this transaction commits.
+            self.conn.execute(select(func.pg_notify(RUN_DONE_CHANNEL, run_id)))
+        return True
+
+    # -- notifications --------------------------------------------------------------------------
+
+    def notify(self, run_id: str, reply_to: str, business_key: str, workflow: str, kind: str,
+               **detail: Any) -> Notification:
+        """Write a progress notification in this transaction (relayed after the commit)."""
+        body = {"run_id": run_id, "business_key": business_key, "workflow": workflow, "kind": kind, **detail}
+        notification_id = self.conn.execute(
+            insert(outbox)
+            .values(run_id=run_id, reply_to=reply_to, body=body, created_at=db_now())
+            .returning(outbox.c.id)
+        ).scalar_one()
+        note = Notification(int(notification_id), reply_to, {"id": int(notification_id), **body})
+        self.outbox.append(note)
+        return note
 
     # -- steps ------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from . import faults
 from .agent import SCHEDULER_QUEUE
 from .alerts import Alert, Alerts
+from .notify import relay
 from .scheduler import fail_run
 from .settings import Settings, instance_id
 from .store import EXPIRED, Store
@@ -40,6 +41,7 @@ class SweepReport:
     retried: list[tuple[str, int, float]] = field(default_factory=list)  # (run, position, backoff)
     failed: list[Alert] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
+    relayed: int = 0
 
 
 class Supervisor:
@@ -71,6 +73,10 @@ class Supervisor:
         for _ in range(MAX_BATCHES):
             if self._sweep_batch(report) < self.settings.sweep_batch:
                 break
+        # Notifications whose relayer died after its commit: sent now, under their own ids.
+        stranded = self.store.unsent(older_than=self.settings.pickup_timeout, limit=self.settings.sweep_batch)
+        relay(self.celery, self.store, stranded)
+        report.relayed = len(stranded)
         return report
 
     def _sweep_batch(self, report: SweepReport) -> int:
@@ -98,6 +104,7 @@ class Supervisor:
                                            actor=self.instance_id))
             requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
         faults.hit("supervisor.after_commit")
+        relay(self.celery, self.store, tx.outbox)
         for run_id, position, backoff in retried:
             log.warning("run %s step %s passed complete-by; retry in %.1fs", run_id, position, backoff)
             self._ask_scheduler(run_id, backoff)

@@ -101,8 +101,11 @@ def record_order(conn: Connection, run: RunRow) -> None:
     )
 
 
-def install(sas: SasApp, *, charge_timeout: float = 10.0, max_failures: int = 3) -> Workflow:
-    """Register the order example's agents and workflow on ``sas``."""
+def install(
+    sas: SasApp, *, charge_timeout: float = 10.0, max_failures: int = 3, step_timeout: float = 10.0
+) -> Workflow:
+    """Register the order example's agents and workflow on ``sas`` (``charge_timeout`` for the
+    payment step, ``step_timeout`` for the others)."""
     sas.register_tables(metadata)
     payment = sas.agent("payment")
     warehouse = sas.agent("warehouse")
@@ -147,10 +150,11 @@ def install(sas: SasApp, *, charge_timeout: float = 10.0, max_failures: int = 3)
         Workflow(
             ORDER_WORKFLOW,
             [
-                Step("reserve_stock", reserve, timeout=10.0, max_failures=max_failures, compensate=release),
+                Step("reserve_stock", reserve, timeout=step_timeout, max_failures=max_failures, compensate=release),
                 Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures, compensate=refund),
-                Step("schedule_shipping", ship, timeout=10.0, max_failures=max_failures, compensate=cancel_shipment),
-                Step("confirm_order", confirm, timeout=10.0, max_failures=max_failures),
+                Step("schedule_shipping", ship, timeout=step_timeout, max_failures=max_failures,
+                     compensate=cancel_shipment),
+                Step("confirm_order", confirm, timeout=step_timeout, max_failures=max_failures),
             ],
             on_submit=record_order,
             description="reserve stock, charge the customer, schedule shipping, confirm the order",

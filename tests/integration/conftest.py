@@ -95,11 +95,12 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-def shop_app(stack_env, charge_timeout: float = 2.0, max_failures: int = 3) -> SasApp:
-    """The submitting side, in the test process: same settings as the workers."""
+def shop_app(stack_env, charge_timeout: float = 2.0, max_failures: int = 3, step_timeout: float = 10.0) -> SasApp:
+    """The submitting side, in the test process: same settings as the workers. (Timeouts are
+    written into each run's steps at submit, so the workers follow the submitter's.)"""
     env = {k: v for k, v in stack_env.items() if k != "SAS_ALERT_HOOK"}
     app = SasApp(Settings.from_env(env))
-    install(app, charge_timeout=charge_timeout, max_failures=max_failures)
+    install(app, charge_timeout=charge_timeout, max_failures=max_failures, step_timeout=step_timeout)
     return app
 
 

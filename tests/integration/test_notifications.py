@@ -1,0 +1,84 @@
+"""Progress notifications to a submitter's reply_to queue, and wait() that sleeps until the
+database says the run finished."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import event
+
+from sas_app.notify import Notifications
+from tests.integration.conftest import shop_app
+
+pytestmark = pytest.mark.integration
+
+HAPPY = ["received", "processing", "step_completed", "step_completed", "step_completed", "step_completed",
+         "processed"]
+
+
+def collect(shop, queue, until: str, timeout: float = 30) -> list[dict]:
+    notes = []
+    with Notifications(shop.celery, queue) as inbox:
+        for note in inbox.iter(timeout=timeout):
+            notes.append(note)
+            if note["kind"] == until:
+                break
+    return notes
+
+
+def test_a_reply_to_consumer_receives_every_transition_in_order(stack, shop):
+    stack.up()
+    queue = f"replies-{uuid.uuid4().hex[:8]}"
+    handle = shop.submit("order", {"amount": 5}, business_key="n-1", reply_to=queue)
+
+    notes = collect(shop, queue, until="processed")
+
+    assert [n["kind"] for n in notes] == HAPPY
+    assert {(n["run_id"], n["business_key"]) for n in notes} == {(handle.id, "n-1")}
+    assert [n["step"] for n in notes if n["kind"] == "step_completed"] == [
+        "reserve_stock", "charge_payment", "schedule_shipping", "confirm_order"]
+    ids = [n["id"] for n in notes]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+def test_compensation_is_reported_too(stack, shop):
+    stack.up()
+    queue = f"replies-{uuid.uuid4().hex[:8]}"
+    shop.submit("order", {"amount": 5, "faults": {"charge": "permanent"}}, business_key="n-2", reply_to=queue)
+
+    notes = collect(shop, queue, until="compensated")
+
+    assert [n["kind"] for n in notes] == ["received", "processing", "step_completed", "compensating",
+                                          "step_undone", "compensated"]
+
+
+def test_a_scheduler_killed_between_commit_and_relay_neither_loses_nor_invents_a_notification(stack, stack_env):
+    shop = shop_app(stack_env, step_timeout=2.0)
+    shop.migrate()
+    stack.services()
+    stack.scheduler(env={"SAS_FAULTS": "scheduler.after_commit=kill@once"})
+    stack.agents()
+    stack.beat()
+    queue = f"replies-{uuid.uuid4().hex[:8]}"
+    handle = shop.submit("order", {"amount": 5}, business_key="n-3", reply_to=queue)
+
+    notes = collect(shop, queue, until="processed", timeout=40)
+
+    assert [n["kind"] for n in notes] == HAPPY  # "processing" was relayed by the Supervisor
+    assert handle.status().step("reserve_stock").attempt == 2
+    shop.store.dispose()
+
+
+def test_wait_sleeps_until_the_database_says_the_run_finished(stack, shop):
+    stack.up()
+    handle = shop.submit("order", {"amount": 5, "faults": {"charge": "latency:1"}}, business_key="n-4")
+    statements = []
+    event.listen(shop.store.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+
+    view = handle.wait(30)
+
+    assert view.process_state == "processed"
+    # the run is read when wait starts and again when PostgreSQL announces it finished; then the
+    # view (run, steps, events): no polling while the 1-second charge is under way
+    assert len(statements) <= 6, statements
