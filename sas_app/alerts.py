@@ -1,19 +1,37 @@
-"""Alerts: raised when a run goes to ``error``; stored as an event in the same transaction as the
-transition (so exactly one per failure), then logged and handed to the configured hook."""
+"""Alerts: one path, several sinks.
+
+An alert is stored in the ``alerts`` table and as an event in the same transaction as the
+transition that raised it, once per deduplication key (a failure once per step attempt, an
+at-risk warning once per step), so retries, duplicate messages and concurrent Supervisors never
+raise it twice. After the commit it goes to the log, to the callable named by SAS_ALERT_HOOK, and
+to the webhook at SAS_ALERT_WEBHOOK. The webhook is posted from a background thread of the
+raising process, with a timeout and retries with back-off, so a slow or dead webhook never delays
+a sweep or a Scheduler; the ``alerts`` table stays the durable record if the process dies first.
+A hook that raises is logged and ignored.
+"""
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
+import queue
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import httpx
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from .store import Tx
 
 log = logging.getLogger("sas.alerts")
 
 AlertHook = Callable[["Alert"], Any]
+
+#: what an alert reports
+FAILED, COMPENSATION_FAILED, AT_RISK = "failed", "compensation_failed", "at_risk"
 
 
 @dataclass(frozen=True)
@@ -25,9 +43,17 @@ class Alert:
     position: int | None
     attempt: int | None
     reason: str
+    kind: str = FAILED
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def dedup_key(self) -> str:
+        """Failures: one alert per step attempt. At risk: one per step of a run."""
+        if self.kind == AT_RISK:
+            return f"{self.kind}:{self.run_id}:{self.position}"
+        return f"{self.kind}:{self.run_id}:{self.position}:{self.attempt}"
 
 
 def load_hook(spec: str) -> AlertHook | None:
@@ -43,27 +69,68 @@ def load_hook(spec: str) -> AlertHook | None:
     return hook  # type: ignore[no-any-return]
 
 
-class Alerts:
-    """The one alert path: :meth:`record` inside the failing transition, :meth:`emit` after commit."""
+class WebhookSender:
+    """Posts alerts to a URL from one daemon thread per process, each with a timeout and up to
+    ``tries`` tries with exponential back-off. A full backlog drops the newest, with a log line."""
 
-    def __init__(self, hook: AlertHook | None = None) -> None:
-        self.hook = hook
+    def __init__(self, url: str, timeout: float, tries: int = 4, backlog: int = 1000) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.tries = tries
+        self.backlog = backlog
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(backlog)
+        self._pid = 0
+        self._lock = threading.Lock()
 
-    def record(self, tx: Tx, alert: Alert, actor: str) -> Alert:
-        tx.event(
-            alert.run_id, alert.position, "alert", None, None,
-            attempt=alert.attempt, actor=actor, detail=alert.as_dict(),
-        )
-        return alert
-
-    def emit(self, alert: Alert) -> None:
-        log.error(
-            "ALERT run %s (%s %s) step %s attempt %s: %s",
-            alert.run_id, alert.workflow, alert.business_key, alert.step, alert.attempt, alert.reason,
-        )
-        if self.hook is None:
-            return
+    def send(self, alert: dict[str, Any]) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this (possibly forked) process
+                self._queue = queue.Queue(self.backlog)
+                threading.Thread(target=self._run, name="sas-alert-webhook", daemon=True).start()
+                self._pid = os.getpid()
         try:
-            self.hook(alert)
-        except Exception:  # a broken hook must never stop the Scheduler or the Supervisor
-            log.exception("alert hook failed for run %s", alert.run_id)
+            self._queue.put_nowait(alert)
+        except queue.Full:
+            log.error("alert webhook backlog full; dropped the alert for run %s", alert.get("run_id"))
+
+    def _run(self) -> None:
+        backlog = self._queue
+        while True:
+            alert = backlog.get()
+            try:
+                for attempt in Retrying(retry=retry_if_exception_type(httpx.HTTPError),
+                                        wait=wait_exponential(multiplier=0.5, max=8),
+                                        stop=stop_after_attempt(self.tries), reraise=True):
+                    with attempt:
+                        httpx.post(self.url, json=alert, timeout=self.timeout).raise_for_status()
+            except Exception:
+                log.exception("alert webhook %s failed %d times for run %s", self.url, self.tries,
+                              alert.get("run_id"))
+
+
+class Alerts:
+    """Record alerts inside the raising transaction; emit them to the sinks after the commit."""
+
+    def __init__(self, hook: AlertHook | None = None, webhook: str = "", webhook_timeout: float = 2.0) -> None:
+        self.hook = hook
+        self.webhook = WebhookSender(webhook, webhook_timeout) if webhook else None
+
+    def record(self, tx: Tx, alert: Alert, actor: str) -> Alert | None:
+        """Store ``alert`` in the caller's transaction; None if this alert was raised before."""
+        stored = tx.record_alert(alert.dedup_key, alert.run_id, alert.position, alert.kind, alert.attempt,
+                                 alert.reason, actor, alert.as_dict())
+        return alert if stored else None
+
+    def emit(self, alert: Alert | None) -> None:
+        if alert is None:
+            return
+        level = logging.WARNING if alert.kind == AT_RISK else logging.ERROR
+        log.log(level, "ALERT %s run %s (%s %s) step %s attempt %s: %s", alert.kind, alert.run_id,
+                alert.workflow, alert.business_key, alert.step, alert.attempt, alert.reason)
+        if self.hook is not None:
+            try:
+                self.hook(alert)
+            except Exception:  # a broken hook must never stop the Scheduler or the Supervisor
+                log.exception("alert hook failed for run %s", alert.run_id)
+        if self.webhook is not None:
+            self.webhook.send(alert.as_dict())

@@ -46,7 +46,8 @@ class SasApp:
         self.celery = Celery(main, set_as_current=False)
         self.celery.conf.update(celery_settings(self.settings))
         self.celery.sas = self
-        self.alerts = Alerts(load_hook(self.settings.alert_hook))
+        self.alerts = Alerts(load_hook(self.settings.alert_hook), self.settings.alert_webhook,
+                             self.settings.alert_webhook_timeout)
         self.agents: dict[str, Agent] = {}
         self.workflows: dict[str, Workflow] = {}
         self.tables: list[MetaData] = []

@@ -168,6 +168,23 @@ Index(
 )
 
 
+# One row per alert raised; ``dedup_key`` makes raising the same alert twice a no-op (a failure
+# per step attempt, an at-risk warning per step).
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", _event_id, primary_key=True, autoincrement=True),
+    Column("dedup_key", String(300), nullable=False, unique=True),
+    Column("run_id", String(32), nullable=False),
+    Column("position", Integer),
+    Column("kind", String(30), nullable=False),
+    Column("attempt", Integer),
+    Column("reason", Text, nullable=False),
+    Column("at", Double, nullable=False),
+)
+Index("ix_alerts_at", alerts.c.at)
+
+
 class db_now(FunctionElement[float]):
     """The database's clock, in epoch seconds: every deadline is compared against this."""
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import faults
 from .agent import SCHEDULER_QUEUE, agent_queue, agent_task_name
-from .alerts import Alert, Alerts
+from .alerts import COMPENSATION_FAILED, FAILED, Alert, Alerts
 from .notify import relay
 from .settings import Settings, instance_id
 from .store import LIVE_RUN_STATES, RunRow, StepRow, Store, Tx
@@ -226,11 +226,13 @@ class Scheduler:
 
 def fail_run(
     tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, step: StepRow, reason: str, *, actor: str
-) -> Alert:
+) -> Alert | None:
     """In the caller's transaction, once ``step`` has failed for good: raise its alert, then
     start undoing the run, or put it in ``error`` if there is nothing to undo or an undo failed."""
+    kind = COMPENSATION_FAILED if step.is_undo else FAILED
     alert = alerts.record(
-        tx, Alert(run.id, run.workflow, run.business_key, step.name, step.position, step.attempt, reason), actor
+        tx, Alert(run.id, run.workflow, run.business_key, step.name, step.position, step.attempt, reason, kind),
+        actor,
     )
     tx.count_run_failure(run.id)
     if step.is_undo:

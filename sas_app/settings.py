@@ -49,6 +49,13 @@ class Settings:
     max_payload_bytes: int = 256 * 1024
     #: SAS_ALERT_HOOK — ``module:function`` called with each alert, after it is stored. Default none.
     alert_hook: str = ""
+    #: SAS_ALERT_WEBHOOK — URL that receives each alert as a JSON POST (retried). Default none.
+    alert_webhook: str = ""
+    #: SAS_ALERT_WEBHOOK_TIMEOUT — seconds to wait for the webhook on each try. Default 2.
+    alert_webhook_timeout: float = 2.0
+    #: SAS_AT_RISK_WINDOW — seconds of recent completions used to judge whether an agent's queue
+    #: will drain before a step's complete-by (the at-risk alert). Default 60.
+    at_risk_window: float = 60.0
     #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.faults). Default none.
     faults: str = ""
     #: SAS_TASK_EVENTS — workers send Celery task events, so Flower can show every task. Default on.

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, func, insert, s
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row, make_url
 
-from .models import db_now, events, metadata, outbox, runs, steps
+from .models import alerts, db_now, events, metadata, outbox, runs, steps
 
 T = TypeVar("T")
 
@@ -445,6 +445,44 @@ class Tx:
             # Wakes every RunHandle.wait() LISTENing, when (and only if) this transaction commits.
             self.conn.execute(select(func.pg_notify(RUN_DONE_CHANNEL, run_id)))
         return True
+
+    # -- alerts -------------------------------------------------------------------------------
+
+    def record_alert(self, dedup_key: str, run_id: str, position: int | None, kind: str, attempt: int | None,
+                     reason: str, actor: str, detail: dict[str, Any]) -> bool:
+        """Store an alert once per ``dedup_key`` (and its event); False if it was raised before."""
+        dialect_insert = postgresql.insert if self.conn.dialect.name == "postgresql" else sqlite.insert
+        inserted = self.conn.execute(
+            dialect_insert(alerts)
+            .values(dedup_key=dedup_key, run_id=run_id, position=position, kind=kind, attempt=attempt,
+                    reason=reason, at=db_now())
+            .on_conflict_do_nothing(index_elements=["dedup_key"])
+            .returning(alerts.c.id)
+        ).first()
+        if inserted is None:
+            return False
+        self.event(run_id, position, "alert", None, None, attempt=attempt, actor=actor, detail=detail)
+        return True
+
+    def at_risk_candidates(self, limit: int) -> list[StepRow]:
+        """Running steps of live runs not yet past complete-by, most urgent first."""
+        rows = self.conn.execute(
+            select(steps)
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(steps.c.state == "running", steps.c.complete_by >= db_now(),
+                   runs.c.process_state.in_(LIVE_RUN_STATES))
+            .order_by(steps.c.complete_by)
+            .limit(limit)
+        )
+        return [_as(StepRow, r) for r in rows]
+
+    def completions_per_second(self, agent: str, window: float) -> float:
+        """How many steps of ``agent`` completed per second over the last ``window`` seconds."""
+        count = self.conn.execute(
+            select(func.count()).select_from(steps)
+            .where(steps.c.agent == agent, steps.c.completed_at >= db_now() - window)
+        ).scalar_one()
+        return float(count) / window
 
     # -- notifications --------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from . import faults
 from .agent import SCHEDULER_QUEUE
-from .alerts import Alert, Alerts
+from .alerts import AT_RISK, Alert, Alerts
 from .notify import relay
 from .scheduler import fail_run
 from .settings import Settings, instance_id
@@ -39,7 +39,8 @@ MAX_BATCHES = 20
 @dataclass
 class SweepReport:
     retried: list[tuple[str, int, float]] = field(default_factory=list)  # (run, position, backoff)
-    failed: list[Alert] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # runs whose step failed for good
+    at_risk: list[Alert] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     relayed: int = 0
 
@@ -61,7 +62,7 @@ class Supervisor:
         def sweep() -> dict[str, int]:
             report = self.sweep()
             return {"retried": len(report.retried), "failed": len(report.failed),
-                    "requeued": len(report.requeued)}
+                    "requeued": len(report.requeued), "at_risk": len(report.at_risk)}
 
     def backoff(self, failure_count: int) -> float:
         """Seconds to wait before retry number ``failure_count``: doubling, capped."""
@@ -73,6 +74,7 @@ class Supervisor:
         for _ in range(MAX_BATCHES):
             if self._sweep_batch(report) < self.settings.sweep_batch:
                 break
+        report.at_risk = self._warn_at_risk()
         # Notifications whose relayer died after its commit: sent now, under their own ids.
         stranded = self.store.unsent(older_than=self.settings.pickup_timeout, limit=self.settings.sweep_batch)
         relay(self.celery, self.store, stranded)
@@ -82,7 +84,8 @@ class Supervisor:
     def _sweep_batch(self, report: SweepReport) -> int:
         s = self.settings
         retried: list[tuple[str, int, float]] = []
-        failed: list[Alert] = []
+        failed: list[str] = []
+        raised: list[Alert | None] = []
         with self.store.begin() as tx:
             expired = tx.expired_steps(s.sweep_batch)
             for step in expired:
@@ -100,8 +103,9 @@ class Supervisor:
                                            actor=self.instance_id, count_failure=True)
                 run = tx.lock_run(step.run_id)
                 if failed_step is not None and run is not None:
-                    failed.append(fail_run(tx, self.alerts, self.settings, run, failed_step, reason,
+                    raised.append(fail_run(tx, self.alerts, self.settings, run, failed_step, reason,
                                            actor=self.instance_id))
+                    failed.append(run.id)
             requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
         faults.hit("supervisor.after_commit")
         relay(self.celery, self.store, tx.outbox)
@@ -111,13 +115,58 @@ class Supervisor:
         for run_id in requeued:
             log.warning("run %s waited past complete-by for the Scheduler; asking again", run_id)
             self._ask_scheduler(run_id, 0.0)
-        for alert in failed:
+        for alert in raised:
             self.alerts.emit(alert)
-            self._ask_scheduler(alert.run_id, 0.0)  # to undo it, if it is being compensated
+        for run_id in failed:
+            self._ask_scheduler(run_id, 0.0)  # to undo it, if it is being compensated
         report.retried += retried
         report.failed += failed
         report.requeued += requeued
         return len(expired)
+
+    def _warn_at_risk(self) -> list[Alert]:
+        """Raise an at-risk alert (once per step) for each running step that will likely not be
+        picked up before its complete-by: its agent's queue holds more messages than the agent
+        has been completing in the time the step has left (or, if it completed none lately, the
+        step has used half its budget with messages still waiting)."""
+        s = self.settings
+        raised: list[Alert] = []
+        depth: dict[str, int] = {}
+        rate: dict[str, float] = {}
+        with self.store.begin() as tx:
+            now = tx.now()
+            for step in tx.at_risk_candidates(s.sweep_batch):
+                if step.agent not in depth:
+                    depth[step.agent] = self._queue_depth(f"sas.agent.{step.agent}")
+                waiting = depth[step.agent]
+                remaining = (step.complete_by or now) - now
+                if waiting == 0:
+                    continue
+                if step.agent not in rate:
+                    rate[step.agent] = tx.completions_per_second(step.agent, s.at_risk_window)
+                per_second = rate[step.agent]
+                at_risk = waiting / per_second > remaining if per_second > 0 else remaining < step.timeout / 2
+                if not at_risk:
+                    continue
+                run = tx.lock_run(step.run_id)
+                if run is None:
+                    continue
+                reason = (f"step {step.name!r} is likely to miss its complete-by in {remaining:.1f}s: "
+                          f"{waiting} message(s) wait on sas.agent.{step.agent}")
+                alert = self.alerts.record(tx, Alert(run.id, run.workflow, run.business_key, step.name,
+                                                     step.position, step.attempt, reason, AT_RISK), self.instance_id)
+                if alert is not None:
+                    raised.append(alert)
+        for alert in raised:
+            self.alerts.emit(alert)
+        return raised
+
+    def _queue_depth(self, queue: str) -> int:
+        try:
+            with self.celery.connection_for_read() as conn:
+                return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+        except Exception:  # a queue nobody declared yet, or a broker hiccup: nothing to judge by
+            return 0
 
     def _ask_scheduler(self, run_id: str, delay: float) -> None:
         try:

@@ -277,3 +277,16 @@ def test_two_supervisors_sweeping_at_once_recover_each_step_once(sas, pump, sett
         step = sas.store.get_steps(h.id)[0]
         assert (step.state, step.failure_count) == ("pending", 1)
         assert transitions(sas, h.id, 0).count(("running", "pending", 1)) == 1
+
+
+def test_a_failing_alert_hook_changes_nothing_for_the_run(sas, pump):
+    def broken(alert):
+        raise RuntimeError("pager down")
+
+    sas.alerts.hook = broken
+    handle = sas.submit("three", {"script": {"first": ["permanent"]}}, business_key="broken-hook")
+
+    pump.run()
+
+    assert handle.status().process_state == "error"
+    assert sas.store.count_events("alert", handle.id) == 1

@@ -1,4 +1,4 @@
-"""outbox of progress notifications
+"""outbox of progress notifications, and alerts
 
 Revision ID: 0003
 Revises: 0002
@@ -37,5 +37,20 @@ def upgrade() -> None:
     )
 
 
+    op.create_table(
+        "alerts",
+        sa.Column("id", _id, primary_key=True, autoincrement=True),
+        sa.Column("dedup_key", sa.String(300), nullable=False, unique=True),
+        sa.Column("run_id", sa.String(32), nullable=False),
+        sa.Column("position", sa.Integer),
+        sa.Column("kind", sa.String(30), nullable=False),
+        sa.Column("attempt", sa.Integer),
+        sa.Column("reason", sa.Text, nullable=False),
+        sa.Column("at", sa.Double, nullable=False),
+    )
+    op.create_index("ix_alerts_at", "alerts", ["at"])
+
+
 def downgrade() -> None:
+    op.drop_table("alerts")
     op.drop_table("outbox")

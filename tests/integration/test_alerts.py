@@ -1,0 +1,105 @@
+"""Alerts reach every sink once: the events table, the hook, a webhook; a dead webhook does not
+slow the Supervisor; a step whose agent queue is too deep is flagged at risk before it expires."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from sqlalchemy import func, select
+
+from sas_app.models import alerts
+from tests.integration.conftest import shop_app
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def webhook():
+    received: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/alerts", received
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def dead_webhook():
+    """Accepts connections and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(50)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/alerts"
+    sock.close()
+
+
+def test_the_webhook_sink_receives_an_alert_once(stack, shop, webhook):
+    url, received = webhook
+    stack.env["SAS_ALERT_WEBHOOK"] = url
+    stack.up()
+    handle = shop.submit("order", {"amount": 5, "faults": {"charge": "permanent"}}, business_key="w-1")
+    handle.wait(30)
+
+    wait_for(lambda: received, 20, "the webhook to be called")
+    assert [(a["run_id"], a["kind"], a["step"]) for a in received] == [(handle.id, "failed", "charge_payment")]
+    assert shop.store.count_events("alert", handle.id) == 1
+
+
+def test_a_dead_webhook_does_not_delay_the_supervisor(stack, stack_env, dead_webhook):
+    shop = shop_app(stack_env, charge_timeout=1.0)
+    shop.migrate()
+    stack.env["SAS_ALERT_WEBHOOK"] = dead_webhook
+    stack.up()
+    # Alerts whose webhook hangs 2 s per try, retried...
+    for i in range(3):
+        shop.submit("order", {"amount": 5, "faults": {"charge": "permanent"}}, business_key=f"d-{i}").wait(30)
+    # ...while a step that needs the Supervisor is recovered on time.
+    started = time.monotonic()
+    handle = shop.submit("order", {"amount": 5, "faults": {"charge": "hang:30@1"}}, business_key="d-hang")
+    view = handle.wait(30)
+
+    assert view.process_state == "processed"
+    assert view.step("charge_payment").failure_count == 1
+    # complete-by 1 s + sweep every 0.5 s + back-off 0.2 s + the other steps: well under 5 s
+    assert time.monotonic() - started < 5
+    shop.store.dispose()
+
+
+def test_a_step_whose_agent_queue_is_too_deep_is_flagged_at_risk_once(stack, stack_env):
+    shop = shop_app(stack_env, step_timeout=4.0)
+    shop.migrate()
+    stack.services()
+    stack.scheduler()
+    stack.beat()
+    handles = [shop.submit("order", {"amount": 5}, business_key=f"r-{i}") for i in range(3)]
+
+    def at_risk() -> int:
+        with shop.store.engine.connect() as conn:
+            return conn.execute(select(func.count()).select_from(alerts).where(alerts.c.kind == "at_risk")).scalar()
+
+    wait_for(lambda: at_risk() == 3, 10, "an at-risk alert for each waiting step")
+    for _ in range(3):  # more sweeps see the same steps at risk: nothing new is raised
+        assert shop.supervisor.sweep().at_risk == []
+    assert at_risk() == 3
+    stack.agents()
+    assert [h.wait(30).process_state for h in handles] == ["processed"] * 3
+    for h in handles:
+        [event] = [e for e in shop.store.get_events(h.id) if e.kind == "alert"]
+        assert event.detail["kind"] == "at_risk" and event.detail["step"] == "reserve_stock"
+    shop.store.dispose()
