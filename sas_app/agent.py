@@ -20,6 +20,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
 from . import faults
+from .breaker import Breaker, BreakerOpen
 from .errors import (
     PermanentError,
     StaleAttempt,
@@ -127,12 +128,25 @@ class Agent:
         *,
         retry_initial: float = 0.1,
         retry_max: float = 2.0,
+        breaker_fail_max: int = 5,
+        breaker_reset: float = 10.0,
+        breaker_url: str | None = None,
+        rate_limit: str | None = None,
     ) -> None:
+        """``breaker_fail_max`` transient failures in a row open this agent's circuit breaker for
+        ``breaker_reset`` seconds (0 disables it); its state is shared through Redis at
+        ``breaker_url``. ``rate_limit`` (Celery's, e.g. ``"10/s"``) caps each worker's calls of
+        each action; concurrency is the ``-c`` of the workers consuming ``sas.agent.<name>``."""
         self.celery = celery
         self.name = name
         self.queue = agent_queue(name)
         self.retry_initial = retry_initial
         self.retry_max = retry_max
+        self.rate_limit = rate_limit
+        self.breaker = (
+            Breaker(name, breaker_fail_max, breaker_reset, breaker_url, counts=is_transient)
+            if breaker_fail_max > 0 else None
+        )
         self.actions: dict[str, AgentAction] = {}
 
     def action(self, fn: ActionFn | None = None, *, name: str | None = None) -> Any:
@@ -155,6 +169,7 @@ class Agent:
         @self.celery.task(
             name=agent_task_name(self.name, action.name),
             shared=False,
+            rate_limit=self.rate_limit,
             acks_late=True,
             reject_on_worker_lost=True,
             ignore_result=True,
@@ -177,6 +192,10 @@ class Agent:
             return
         except StaleAttempt as exc:
             log.warning("%s: superseded (%s); stopping without a reply", where, exc)
+            return
+        except BreakerOpen as exc:
+            log.warning("%s: %s; deferring the step", where, exc)
+            self._reply("sas.scheduler.step_deferred", call, delay=exc.delay, reason=str(exc))
             return
         except PermanentError as exc:
             self._reply("sas.scheduler.step_failed", call, error=str(exc) or type(exc).__name__)
@@ -208,7 +227,9 @@ class Agent:
                 if call.remaining() <= 0:
                     raise StepExpired(call.step)
                 faults.hit("agent.before_call")
-                return action(call)
+                if self.breaker is None:
+                    return action(call)
+                return self.breaker.call(action, call)
         raise StepExpired(call.step)  # pragma: no cover - Retrying either returns or raises
 
     def _reply(self, task: str, call: AgentCall, **outcome: Any) -> None:

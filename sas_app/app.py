@@ -67,7 +67,11 @@ class SasApp:
             return self.agents[name]
         if not name or not name.replace("_", "").replace("-", "").isalnum():
             raise WorkflowDefinitionError(f"agent name {name!r} must be letters, digits, '_' or '-'")
-        agent = Agent(self.celery, name, **options)
+        s = self.settings
+        redis_url = s.breaker_url or (s.broker_url if s.broker_url.startswith(("redis://", "rediss://")) else "")
+        defaults: dict[str, Any] = {"breaker_fail_max": s.breaker_fail_max, "breaker_reset": s.breaker_reset,
+                                    "breaker_url": redis_url or None}
+        agent = Agent(self.celery, name, **{**defaults, **options})
         self.agents[name] = agent
         return agent
 
@@ -101,9 +105,11 @@ class SasApp:
     # -- using --------------------------------------------------------------------------------
 
     def submit(
-        self, workflow: str, payload: Any, *, business_key: str, reply_to: str | None = None
+        self, workflow: str, payload: Any, *, business_key: str, reply_to: str | None = None, priority: int = 5
     ) -> RunHandle:
-        return submit(self, workflow, payload, business_key=business_key, reply_to=reply_to)
+        """Start a run (see :func:`sas_app.client.submit`). ``priority`` 0-9: a more urgent run's
+        steps overtake less urgent ones waiting on the same agent queue."""
+        return submit(self, workflow, payload, business_key=business_key, reply_to=reply_to, priority=priority)
 
     def get_run(self, run_id: str) -> RunView:
         return get_run(self, run_id)

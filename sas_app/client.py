@@ -106,6 +106,7 @@ def submit(
     *,
     business_key: str,
     reply_to: str | None = None,
+    priority: int = 5,
 ) -> RunHandle:
     """Write the run, its steps and whatever the workflow's ``on_submit`` writes in one
     transaction, then ask the Scheduler to start it.
@@ -127,6 +128,8 @@ def submit(
         )
     if reply_to is not None and (not isinstance(reply_to, str) or not reply_to or len(reply_to) > 200):
         raise InvalidSubmission(f"reply_to must be a queue name, got {reply_to!r}")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise InvalidSubmission(f"priority must be an integer from 0 (least urgent) to 9, got {priority!r}")
     if not isinstance(payload, dict):
         raise InvalidSubmission(f"payload must be a JSON object (a dict), got {type(payload).__name__}")
     try:
@@ -150,6 +153,7 @@ def submit(
         business_key=business_key,
         payload=payload,
         reply_to=reply_to,
+        priority=priority,
         new_steps=new_steps,
         pickup_timeout=app.settings.pickup_timeout,
         on_insert=wf.on_submit,

@@ -73,6 +73,8 @@ runs = Table(
     # Who cancelled the run (it ends ``cancelled`` once undone) and who paused it, if anyone.
     Column("cancelled_by", String(200)),
     Column("paused_by", String(200)),
+    # 0 (least urgent) to 9 (most urgent): its agent messages overtake less urgent ones.
+    Column("priority", Integer, nullable=False, server_default="5"),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     UniqueConstraint("workflow", "business_key", name="uq_runs_workflow_business_key"),

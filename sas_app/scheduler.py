@@ -97,6 +97,10 @@ class Scheduler:
         def step_failed(run_id: str, position: int, attempt: int, error: str = "") -> None:
             self.step_failed(run_id, position, attempt, error)
 
+        @self.celery.task(name="sas.scheduler.step_deferred", **options)
+        def step_deferred(run_id: str, position: int, attempt: int, delay: float = 1.0, reason: str = "") -> None:
+            self.step_deferred(run_id, position, attempt, delay, reason)
+
     # -- handlers ---------------------------------------------------------------------------
 
     def advance(self, run_id: str) -> None:
@@ -152,6 +156,20 @@ class Scheduler:
         self.alerts.emit(alert)
         self._after_commit(tx, next_message)
 
+    def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str) -> None:
+        """The agent did not call its service (its circuit breaker is open): the step waits
+        ``delay`` seconds, back in pending, without counting a failure."""
+        with self.store.begin() as tx:
+            run = tx.lock_run(run_id)
+            deferred = False
+            if run is not None and run.process_state in LIVE_RUN_STATES:
+                deferred = tx.defer_step(run_id, position, attempt, max(float(delay), 0.0),
+                                         self.settings.pickup_timeout, reason, actor=self.instance_id)
+            if run is None or not deferred:
+                self._stale(tx, run, position, attempt, "step_deferred")
+                return
+        self._after_commit(tx, Later(run_id, max(float(delay), 0.0)))
+
     # -- internals --------------------------------------------------------------------------
 
     def _next(self, tx: Tx, run: RunRow) -> Dispatch | Later | None:
@@ -191,6 +209,10 @@ class Scheduler:
         tx.event(run.id, position, "stale_reply", None, None, attempt=attempt, actor=self.instance_id,
                  detail={"message": kind})
 
+    def _broker_priority(self, urgency: int) -> int:
+        """Our 0-9 urgency as the broker counts it: Redis serves 0 first, AMQP serves 9 first."""
+        return 9 - urgency if self.settings.broker_url.startswith(("redis", "rediss")) else urgency
+
     def _after_commit(self, tx: Tx, next_message: Dispatch | Later | None) -> None:
         """Once the transaction has committed: its notifications, then the next message. In that
         order, so a submitter hears of a step before anything that follows it."""
@@ -215,6 +237,7 @@ class Scheduler:
                 agent_task_name(step.agent, step.action),
                 kwargs=next_message.message(),
                 queue=agent_queue(step.agent),
+                priority=self._broker_priority(next_message.run.priority),
                 expires=step.timeout,
                 soft_time_limit=step.timeout + 1,
                 time_limit=step.timeout + 5,

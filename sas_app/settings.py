@@ -56,6 +56,14 @@ class Settings:
     #: SAS_AT_RISK_WINDOW — seconds of recent completions used to judge whether an agent's queue
     #: will drain before a step's complete-by (the at-risk alert). Default 60.
     at_risk_window: float = 60.0
+    #: SAS_BREAKER_FAIL_MAX — transient failures in a row that open an agent's circuit breaker;
+    #: 0 disables breakers. Default 5.
+    breaker_fail_max: int = 5
+    #: SAS_BREAKER_RESET — seconds a breaker stays open before one probe call. Default 10.
+    breaker_reset: float = 10.0
+    #: SAS_BREAKER_URL — Redis holding breaker state shared by all workers. Default: the broker's
+    #: URL when it is Redis; otherwise each process keeps its own.
+    breaker_url: str = ""
     #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.faults). Default none.
     faults: str = ""
     #: SAS_TASK_EVENTS — workers send Celery task events, so Flower can show every task. Default on.

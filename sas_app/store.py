@@ -38,6 +38,7 @@ class RunRow:
     error: str | None
     cancelled_by: str | None
     paused_by: str | None
+    priority: int
     created_at: float
     updated_at: float
 
@@ -187,6 +188,7 @@ class Store:
         payload: Any,
         reply_to: str | None,
         new_steps: Sequence[NewStep],
+        priority: int = 5,
         pickup_timeout: float,
         on_insert: Callable[[Connection, RunRow], None] | None = None,
     ) -> tuple[RunRow, bool, list[Notification]]:
@@ -206,6 +208,7 @@ class Store:
                     payload=payload,
                     process_state="pending",
                     reply_to=reply_to,
+                    priority=priority,
                     complete_by=now + pickup_timeout,
                     failure_count=0,
                     created_at=now,
@@ -718,6 +721,18 @@ class Tx:
         )
         if result.rowcount == 1:
             self.event(run_id, position, "transition", "compensating", "compensated", actor=actor)
+
+    def defer_step(self, run_id: str, position: int, attempt: int, delay: float, pickup_timeout: float,
+                   reason: str, actor: str) -> bool:
+        """running → pending for ``delay`` seconds, its failure count untouched (the agent did not
+        call its service, e.g. while its circuit breaker is open)."""
+        now = db_now()
+        won = self._update_step(run_id, position, attempt, "running", "pending", locked_by=None,
+                                not_before=now + delay, complete_by=now + delay + pickup_timeout)
+        if won:
+            self.event(run_id, position, "transition", "running", "pending", attempt=attempt, actor=actor,
+                       detail={"deferred": delay, "reason": reason})
+        return won is not None
 
     def _update_step(
         self, run_id: str, position: int, attempt: int, expected: str, new: str, **values: Any

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from sas_app import AgentCall, PermanentError, StaleAttempt, TransientError
+from tests.support import wait_for
 
 
 def message(**overrides):
@@ -21,7 +22,7 @@ def message(**overrides):
 
 @pytest.fixture
 def agent(sas):
-    return sas.agent("ext", retry_initial=0.01, retry_max=0.05)
+    return sas.agent("ext", retry_initial=0.01, retry_max=0.05, breaker_fail_max=0)
 
 
 def run(sas, agent, fn, **overrides):
@@ -121,3 +122,49 @@ def test_a_malformed_message_is_dropped_with_a_logged_reason(sas, agent, pump, c
     assert pump.take("sas.scheduler") == []
     assert "rejected a malformed message" in caplog.text
     assert action.qualname == "ext.guarded"
+
+
+def test_a_breaker_opened_by_repeated_failures_defers_steps_without_calling(sas, pump):
+    guarded = sas.agent("flaky", retry_initial=0.01, retry_max=0.02, breaker_fail_max=3, breaker_reset=0.5)
+    calls = []
+
+    def down(call: AgentCall):
+        calls.append(call.run_id)
+        raise TransientError("503")
+
+    action = guarded.action(down, name="down")
+    task = sas.celery.tasks[f"sas.agent.flaky.{action.name}"]
+
+    task.run(**message(run_id="r1", budget=2.0))
+    assert len(calls) == 3  # the third failure opened the breaker
+    task.run(**message(run_id="r2", budget=2.0))
+    assert len(calls) == 3  # no call while it is open
+
+    replies = pump.take("sas.scheduler")
+    assert [(r.task, r.kwargs["run_id"]) for r in replies] == [("sas.scheduler.step_deferred", "r1"),
+                                                               ("sas.scheduler.step_deferred", "r2")]
+    assert all(0 < r.kwargs["delay"] <= 0.5 for r in replies)
+
+
+def test_after_the_reset_timeout_one_probe_closes_the_breaker(sas, pump):
+    guarded = sas.agent("wobbly", retry_initial=0.01, retry_max=0.02, breaker_fail_max=2, breaker_reset=0.3)
+    outcomes = iter([TransientError("503"), TransientError("503")])
+
+    def sometimes(call: AgentCall):
+        failure = next(outcomes, None)
+        if failure:
+            raise failure
+        return {"ok": call.run_id}
+
+    guarded.action(sometimes)
+    task = sas.celery.tasks["sas.agent.wobbly.sometimes"]
+    task.run(**message(run_id="r1", budget=2.0))
+    assert guarded.breaker.state == "open"
+    wait_for(lambda: guarded.breaker.open_for() == 0, 2, "the breaker's reset timeout")
+
+    task.run(**message(run_id="r2", budget=2.0))
+
+    assert guarded.breaker.state == "closed"
+    replies = pump.take("sas.scheduler")
+    assert [(r.task, r.kwargs["run_id"]) for r in replies] == [("sas.scheduler.step_deferred", "r1"),
+                                                               ("sas.scheduler.step_done", "r2")]

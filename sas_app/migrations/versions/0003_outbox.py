@@ -1,4 +1,4 @@
-"""outbox of progress notifications, and alerts
+"""outbox of progress notifications, alerts, run priority
 
 Revision ID: 0003
 Revises: 0002
@@ -21,6 +21,8 @@ _id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("priority", sa.Integer, nullable=False, server_default="5"))
     op.create_table(
         "outbox",
         sa.Column("id", _id, primary_key=True, autoincrement=True),
@@ -52,5 +54,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.drop_column("priority")
     op.drop_table("alerts")
     op.drop_table("outbox")
