@@ -36,8 +36,8 @@ class Settings:
     #: Supervisor re-sends the Scheduler's message (a lost message). Default 30.
     pickup_timeout: float = 30.0
     #: SAS_RETRY_BACKOFF — first back-off, in seconds, before the Supervisor retries a step that
-    #: passed its complete-by; doubled for each further failure. Default 1.
-    retry_backoff: float = 1.0
+    #: passed its complete-by; doubled for each further failure. Default 0.5.
+    retry_backoff: float = 0.5
     #: SAS_RETRY_BACKOFF_MAX — cap on that back-off. Default 60.
     retry_backoff_max: float = 60.0
     #: SAS_SWEEP_BATCH — most expired rows one sweep transaction handles. Default 500.

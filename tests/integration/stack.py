@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +32,13 @@ class Stack:
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **env}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
+        self.ready_marks: dict[str, str] = {}
         self.ports = {name: int(self.env[f"{name.upper()}_SERVICE_URL"].rsplit(":", 1)[1])
                       for name in ("payment", "warehouse")}
 
-    def start(self, name: str, argv: list[str], ready: str, env: dict[str, str] | None = None) -> None:
+    def start(self, name: str, argv: list[str], ready: str, env: dict[str, str] | None = None,
+              wait: bool = True) -> None:
+        """Start a process; unless ``wait`` is False, return once its log shows ``ready``."""
         log = self.home / f"{name}.log"
         self.logs[name] = log
         with open(log, "ab") as out:
@@ -46,40 +48,52 @@ class Stack:
                 cwd=self.home, start_new_session=True,
             )
         self.procs[name] = proc
+        self.ready_marks[name] = ready
+        if wait:
+            self.wait_ready(name)
 
-        def is_ready() -> bool:
+    def wait_ready(self, *names: str) -> None:
+        def is_ready(name: str) -> bool:
+            proc = self.procs[name]
             if proc.poll() is not None:
                 raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
-            return ready in log.read_text(errors="replace").split("--- start")[-1]
+            return self.ready_marks[name] in self.logs[name].read_text(errors="replace").split("--- start")[-1]
 
-        wait_for(is_ready, 60, f"{name} to be ready", interval=0.1)
+        for name in names:
+            wait_for(lambda name=name: is_ready(name), 60, f"{name} to be ready", interval=0.05)
 
-    def services(self) -> None:
+    def services(self, wait: bool = True) -> None:
         """The example's remote services: payment and warehouse."""
         for name, port in self.ports.items():
             self.start(name, [SAS, f"{name}-service", "--port", str(port),
-                              "--ledger", str(self.home / f"{name}-ledger.db")], f"{name} service listening")
+                              "--ledger", str(self.home / f"{name}-ledger.db")], f"{name} service listening",
+                       wait=False)
+        if wait:
+            self.wait_ready(*self.ports)
 
     def worker(self, name: str, queues: str, concurrency: int = 2, env: dict[str, str] | None = None,
-               pool: str = "prefork") -> None:
+               pool: str = "prefork", wait: bool = True) -> None:
         self.start(name, [SAS, "worker", "-Q", queues, "-c", str(concurrency), "-P", pool, "-n", f"{name}@%h"],
-                   "ready.", env)
+                   "ready.", env, wait)
 
-    def scheduler(self, env: dict[str, str] | None = None) -> None:
-        self.worker("scheduler", "sas.scheduler,sas.supervisor", env=env)
+    def scheduler(self, env: dict[str, str] | None = None, wait: bool = True) -> None:
+        self.worker("scheduler", "sas.scheduler,sas.supervisor", env=env, wait=wait)
 
     def agents(self, name: str = "agents", concurrency: int = 2, env: dict[str, str] | None = None,
-               pool: str = "prefork") -> None:
-        self.worker(name, "sas.agent.payment,sas.agent.warehouse,sas.agent.orders", concurrency, env, pool)
+               pool: str = "prefork", wait: bool = True) -> None:
+        self.worker(name, "sas.agent.payment,sas.agent.warehouse,sas.agent.orders", concurrency, env, pool, wait)
 
-    def beat(self, name: str = "beat") -> None:
-        self.start(name, [SAS, "beat", "--schedule", str(self.home / f"{name}-schedule")], "beat: Starting")
+    def beat(self, name: str = "beat", wait: bool = True) -> None:
+        self.start(name, [SAS, "beat", "--schedule", str(self.home / f"{name}-schedule")], "beat: Starting",
+                   wait=wait)
 
     def up(self) -> None:
-        self.services()
-        self.scheduler()
-        self.agents()
-        self.beat()
+        """Every process of the example, started together."""
+        self.services(wait=False)
+        self.scheduler(wait=False)
+        self.agents(wait=False)
+        self.beat(wait=False)
+        self.wait_ready(*self.procs)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name)
@@ -90,18 +104,14 @@ class Stack:
         proc.wait(30)
 
     def stop_all(self) -> None:
-        for name in list(self.procs):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        """After a test nothing of the stack is needed: kill every process group at once."""
         for name in list(self.procs):
             proc = self.procs.pop(name)
             try:
-                proc.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
 
     def tail(self, name: str, lines: int = 40) -> str:
         return "\n".join(self.logs[name].read_text(errors="replace").splitlines()[-lines:])

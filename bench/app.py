@@ -1,0 +1,56 @@
+"""The benchmark's application: a 3-step workflow whose agent does no remote work, and the same
+three no-op tasks as a plain Celery chain, on the broker and database from the environment."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from sas_app import AgentCall, SasApp, Step, StepExpired, Workflow
+
+sas = SasApp()
+celery = sas.celery
+noop = sas.agent("noop", breaker_fail_max=0)
+
+
+@noop.action
+def work(call: AgentCall) -> dict[str, Any]:
+    return {}
+
+
+@noop.action
+def silent_once(call: AgentCall) -> dict[str, Any]:
+    """Stays silent on a step's first attempt, as an agent that died would: the Supervisor recovers it."""
+    if call.attempt == 1:
+        raise StepExpired(call.step)
+    return {}
+
+
+sas.register(Workflow("noop3", [Step(name, work, timeout=30) for name in ("one", "two", "three")]))
+sas.register(Workflow("recover", [Step("once", silent_once, timeout=1)]))
+
+# The baseline a user would hand-roll: the same three no-op tasks as a Celery chain, with the same
+# settings (JSON, prefetch 1, late acks), on a Celery app of its own.
+chain_app = Celery("chain", set_as_current=False)
+chain_app.conf.update(broker_url=os.environ.get("SAS_BROKER_URL", ""), task_serializer="json",
+                      accept_content=["json"], task_ignore_result=True, worker_prefetch_multiplier=1,
+                      task_acks_late=True, task_default_queue="bench.chain", broker_connection_retry_on_startup=True)
+_redis: redis.Redis | None = None
+
+
+@chain_app.task(name="bench.noop", shared=False)
+def chain_noop(_: Any = None) -> None:
+    return None
+
+
+@chain_app.task(name="bench.done", shared=False)
+def chain_done(_: Any, run: int, key: str) -> None:
+    """The chain's last link records when run ``run`` finished."""
+    global _redis
+    if _redis is None:
+        _redis = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
+    _redis.hset(key, str(run), time.time())

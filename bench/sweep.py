@@ -1,0 +1,144 @@
+"""The Supervisor's sweep against table size, and recovery latency with the default interval.
+
+1. Sweep cost: tables of 10k, 100k and 1M step rows (1% of them running past complete-by,
+   inserted directly), and the real sweep code recovering one batch of ``--batch`` expired steps.
+   The goal: the 1M-row batch within 2x of the 10k-row batch (the cost follows the expired rows
+   it recovers, not the table).
+2. Recovery latency: real worker and beat processes with the default sweep interval; each run's
+   only step stays silent on its first attempt (as if its agent died); latency is from that
+   attempt's complete-by to the second attempt's dispatch. Goal: p99 <= interval + 1 s.
+
+Writes ``bench/results/sweep-<date>.json``. Usage: ``python -m bench.sweep [--sizes 10000,100000,1000000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import redis
+from sqlalchemy import text
+
+from bench.throughput import REPO, RESULTS, Procs, fresh_database, machine, percentile
+
+FILL = """
+INSERT INTO runs (id, workflow, business_key, payload, process_state, failure_count, priority, created_at, updated_at)
+SELECT md5(i::text), 'bench', 'k' || i, '{}'::jsonb,
+       CASE WHEN i % 100 = 0 THEN 'processing' ELSE 'processed' END, 0, 5, 0, 0
+FROM generate_series(1, :n) AS i;
+INSERT INTO steps (run_id, position, name, agent, action, state, attempt, complete_by, timeout, max_failures,
+                   failure_count, idempotency_key, created_at, updated_at)
+SELECT md5(i::text), 0, 'one', 'noop', 'work', CASE WHEN i % 100 = 0 THEN 'running' ELSE 'completed' END, 1,
+       extract(epoch from now()) - 60, 30, 3, 0, md5(i::text) || '-one', 0, 0
+FROM generate_series(1, :n) AS i;
+"""
+
+
+def sweep_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from sas_app import SasApp, Settings, migrate
+
+    out = []
+    for size in args.sizes:
+        url = fresh_database(args.postgres, "sas_bench_sweep")
+        migrate(url)
+        app = SasApp(Settings(database_url=url, broker_url="memory://localhost/", sweep_batch=args.batch,
+                              home=Path("/tmp/sas-bench/sweep"), task_events=False))
+        started = time.monotonic()
+        with app.store.engine.begin() as conn:
+            for statement in filter(str.strip, FILL.split(";")):
+                conn.execute(text(statement), {"n": size})
+        with app.store.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
+        filled = time.monotonic() - started
+        timings = []
+        for _ in range(args.samples):
+            report = app.supervisor.sweep_once()
+            timings.append(report.seconds)
+            assert len(report.retried) == args.batch, "every batch recovers a full batch of expired steps"
+        out.append({"rows": size, "expired": size // 100, "fill_s": round(filled, 1),
+                    "batch": args.batch, "batch_ms_median": round(1000 * statistics.median(timings), 2),
+                    "batch_ms_min": round(1000 * min(timings), 2), "batch_ms_max": round(1000 * max(timings), 2)})
+        print(f"  {size:>9} rows: one batch of {args.batch} in {out[-1]['batch_ms_median']} ms", flush=True)
+        app.store.dispose()
+    return out
+
+
+def recovery_latency(args: argparse.Namespace) -> dict[str, Any]:
+    from sqlalchemy import select
+
+    db_url = fresh_database(args.postgres, "sas_bench_recovery")
+    redis.Redis.from_url(args.redis).flushdb()
+    env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": args.redis,
+           "SAS_HOME": "/tmp/sas-bench/recovery", "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
+    os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME")})
+    from bench.app import sas
+    from sas_app.models import events
+
+    sas.migrate()
+    procs = Procs(Path("/tmp/sas-bench/recovery"), env)
+    cli = [sys.executable, "-m", "sas_app.cli"]
+    try:
+        procs.start("scheduler", [*cli, "worker", "-Q", "sas.scheduler,sas.supervisor", "-c", "2"], "ready.")
+        procs.start("agent", [*cli, "worker", "-Q", "sas.agent.noop", "-c", "2"], "ready.")
+        procs.start("beat", [*cli, "beat", "--schedule", "/tmp/sas-bench/recovery/beat"], "beat: Starting")
+        handles = []
+        for i in range(args.recoveries):
+            handles.append(sas.submit("recover", {}, business_key=f"rec-{i}"))
+            time.sleep(args.spread)  # spread the expiries over the sweep interval
+        for handle in handles:
+            handle.wait(120)
+        latencies = []
+        with sas.store.engine.connect() as conn:
+            for handle in handles:
+                rows = conn.execute(select(events.c.attempt, events.c.to_state, events.c.at, events.c.detail)
+                                    .where(events.c.run_id == handle.id, events.c.position == 0,
+                                           events.c.to_state == "running")).all()
+                first = next(r for r in rows if r.attempt == 1)
+                second = next(r for r in rows if r.attempt == 2)
+                latencies.append(second.at - first.detail["complete_by"])
+    finally:
+        procs.stop()
+        sas.store.dispose()
+    interval = sas.settings.supervisor_interval
+    return {"runs": len(latencies), "sweep_interval_s": interval, "retry_backoff_s": sas.settings.retry_backoff,
+            "p50_s": round(percentile(latencies, 50), 3), "p99_s": round(percentile(latencies, 99), 3),
+            "max_s": round(max(latencies), 3), "goal_p99_s": interval + 1}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--batch", type=int, default=20)
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--recoveries", type=int, default=40)
+    parser.add_argument("--spread", type=float, default=0.25, help="seconds between the recovery runs' submits")
+    parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
+                                                             "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument("--redis", default=os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + "/13")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    print("sweep cost by table size", flush=True)
+    cost = sweep_cost(args)
+    print("recovery latency with the default sweep interval", flush=True)
+    recovery = recovery_latency(args)
+    smallest, largest = cost[0]["batch_ms_median"], cost[-1]["batch_ms_median"]
+    result = {"date": date.today().isoformat(), "machine": machine(), "sweep": cost,
+              "ratio_largest_over_smallest": round(largest / smallest, 2), "recovery": recovery}
+    print(json.dumps({"ratio_largest_over_smallest": result["ratio_largest_over_smallest"], "recovery": recovery}))
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"sweep-{result['date']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""Throughput and latency of sas_app against a plain Celery chain and DBOS, side by side.
+
+On real Redis (broker) and PostgreSQL (state), each contender runs N runs of a three-step
+workflow whose steps do no remote work, on two worker processes of C slots each:
+
+* sas_app end to end (submit → processed), with the Supervisor's beat running;
+* the same three no-op tasks as a plain Celery ``chain`` on the same broker;
+* DBOS Transact, three ``@DBOS.step``s per workflow started through a DBOS queue (2·C workers).
+
+Prints a table and writes ``bench/results/throughput-<date>.json``: the median of the repetitions
+with min-max, the ratios sas/celery and sas/dbos, the machine and the versions. Usage:
+
+    python -m bench.throughput [--runs 2000] [--repeat 3] [--concurrency 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import redis
+from sqlalchemy import create_engine, func, select, text
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+
+
+class Procs:
+    """Child processes in their own process groups, stopped on exit."""
+
+    def __init__(self, logs: Path, env: dict[str, str]) -> None:
+        self.logs, self.env, self.procs = logs, env, {}  # type: ignore[var-annotated]
+        logs.mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, argv: list[str], ready: str, timeout: float = 60) -> subprocess.Popen[bytes]:
+        log = self.logs / f"{name}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
+                                    start_new_session=True)
+        self.procs[name] = proc
+        deadline = time.monotonic() + timeout
+        while ready not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start:\n{log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.1)
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.procs.clear()
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a worker: its main process and its pool children."""
+    total = 0
+    pids = [pid] + [int(p) for p in (Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
+    for p in pids:
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return round(total / 1024, 1)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def fresh_database(admin_url: str, name: str) -> str:
+    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) -> list[dict[str, Any]]:
+    env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": broker,
+           "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
+    os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS")})
+    from bench.app import sas  # after the environment names the stack
+    from sas_app.models import runs
+
+    sas.migrate()
+    procs = Procs(logs, env)
+    cli = [sys.executable, "-m", "sas_app.cli"]
+    try:
+        scheduler = procs.start("scheduler", [*cli, "worker", "-Q", "sas.scheduler,sas.supervisor",
+                                              "-c", str(args.concurrency), "-n", "scheduler@%h"], "ready.")
+        agent = procs.start("agent", [*cli, "worker", "-Q", "sas.agent.noop", "-c", str(args.concurrency),
+                                      "-n", "agent@%h"], "ready.")
+        procs.start("beat", [*cli, "beat", "--schedule", str(logs / "beat")], "beat: Starting")
+        results = []
+        for rep in range(args.repeat):
+            idle = []
+            for i in range(args.idle_runs):
+                view = sas.submit("noop3", {}, business_key=f"idle-{rep}-{i}").wait(60)
+                idle.append(view.run.updated_at - view.run.created_at)
+            keys = [f"load-{rep}-{i}" for i in range(args.runs)]
+            started = time.time()
+            for key in keys:
+                sas.submit("noop3", {}, business_key=key)
+            submitted = time.time() - started
+            with sas.store.engine.connect() as conn:
+                where = runs.c.business_key.like(f"load-{rep}-%")
+                deadline = time.monotonic() + args.timeout
+                while conn.execute(select(func.count()).where(where, runs.c.process_state == "processed")
+                                   ).scalar_one() < args.runs:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("sas_app runs did not finish in time")
+                    time.sleep(0.2)
+                    conn.commit()
+                first, last = conn.execute(select(func.min(runs.c.created_at), func.max(runs.c.updated_at))
+                                           .where(where)).one()
+                latencies = [u - c for u, c in conn.execute(select(runs.c.updated_at, runs.c.created_at)
+                                                            .where(where))]
+            elapsed = last - first
+            results.append({
+                "elapsed_s": elapsed, "steps_per_s": 3 * args.runs / elapsed, "runs_per_s": args.runs / elapsed,
+                "submit_per_s": args.runs / submitted,
+                "latency_idle_p50_ms": 1000 * percentile(idle, 50), "latency_idle_p99_ms": 1000 * percentile(idle, 99),
+                "latency_load_p50_ms": 1000 * percentile(latencies, 50),
+                "latency_load_p99_ms": 1000 * percentile(latencies, 99),
+                "rss_scheduler_mb": rss_mb(scheduler.pid), "rss_agent_mb": rss_mb(agent.pid),
+            })
+            print(f"  sas_app rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
+        return results
+    finally:
+        procs.stop()
+        sas.store.dispose()
+
+
+def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict[str, Any]]:
+    from celery import chain
+
+    from bench.app import chain_app, chain_done, chain_noop
+
+    env = {**os.environ, "SAS_BROKER_URL": broker, "BENCH_REDIS_URL": broker, "PYTHONPATH": str(REPO)}
+    os.environ["BENCH_REDIS_URL"] = broker
+    chain_app.conf.broker_url = broker
+    client = redis.Redis.from_url(broker)
+    procs = Procs(logs, env)
+    celery_cli = [sys.executable, "-m", "celery", "-A", "bench.app:chain_app", "worker", "-Q", "bench.chain",
+                  "-c", str(args.concurrency), "-l", "info", "--without-gossip", "--without-mingle"]
+    try:
+        procs.start("chain-1", [*celery_cli, "-n", "chain1@%h"], "ready.")
+        procs.start("chain-2", [*celery_cli, "-n", "chain2@%h"], "ready.")
+        results = []
+        for rep in range(args.repeat):
+            key = f"bench:chain:{rep}"
+            client.delete(key)
+            started = time.time()
+            sent = {}
+            for i in range(args.runs):
+                sent[i] = time.time()
+                chain(chain_noop.s(), chain_noop.s(), chain_done.s(i, key)).apply_async()
+            deadline = time.monotonic() + args.timeout
+            while client.hlen(key) < args.runs:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("celery chains did not finish in time")
+                time.sleep(0.2)
+            done = {int(k): float(v) for k, v in client.hgetall(key).items()}
+            elapsed = max(done.values()) - started
+            latencies = [done[i] - sent[i] for i in done]
+            results.append({"elapsed_s": elapsed, "steps_per_s": 3 * args.runs / elapsed,
+                            "runs_per_s": args.runs / elapsed,
+                            "latency_load_p50_ms": 1000 * percentile(latencies, 50),
+                            "latency_load_p99_ms": 1000 * percentile(latencies, 99)})
+            print(f"  celery chain rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
+        return results
+    finally:
+        procs.stop()
+        client.close()
+
+
+def bench_dbos(args: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
+    logs.mkdir(parents=True, exist_ok=True)
+    results = []
+    for rep in range(args.repeat):
+        db_url = fresh_database(args.postgres, "sas_bench_dbos").replace("postgresql+psycopg2://", "postgresql://")
+        done = subprocess.run([sys.executable, "-m", "bench.dbos_runner", "--database-url", db_url,
+                               "--runs", str(args.runs), "--concurrency", str(2 * args.concurrency)],
+                              capture_output=True, text=True, cwd=REPO, timeout=args.timeout + 120)
+        (logs / f"dbos-{rep}.log").write_text(done.stderr)
+        if done.returncode != 0:
+            raise RuntimeError(f"DBOS runner failed:\n{done.stderr[-2000:]}")
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        results.append({"elapsed_s": out["elapsed"], "steps_per_s": 3 * args.runs / out["elapsed"],
+                        "runs_per_s": args.runs / out["elapsed"],
+                        "latency_load_p50_ms": 1000 * percentile(out["latencies"], 50),
+                        "latency_load_p99_ms": 1000 * percentile(out["latencies"], 99)})
+        print(f"  dbos rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
+    return results
+
+
+def summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    return {key: {"median": round(statistics.median(r[key] for r in reps), 2),
+                  "min": round(min(r[key] for r in reps), 2), "max": round(max(r[key] for r in reps), 2)}
+            for key in reps[0]}
+
+
+def machine() -> dict[str, Any]:
+    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                  if line.startswith("MemTotal"))
+    versions = {}
+    for package in ("sas_app", "celery", "kombu", "SQLAlchemy", "psycopg2-binary", "redis", "dbos"):
+        try:
+            versions[package] = version(package)
+        except Exception:
+            versions[package] = None
+    return {"cores": os.cpu_count(), "memory_gb": round(mem_kb / 1024 / 1024, 1), "python": platform.python_version(),
+            "versions": versions}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=4, help="slots per worker process (two workers)")
+    parser.add_argument("--idle-runs", type=int, default=20, help="runs timed one at a time on an idle system")
+    parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
+                                                             "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument("--redis", default=os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + "/14")
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--skip-dbos", action="store_true")
+    args = parser.parse_args(argv)
+    logs = Path(os.environ.get("BENCH_LOGS", "/tmp/sas-bench"))
+    redis.Redis.from_url(args.redis).flushdb()
+
+    print(f"sas_app: {args.runs} runs x {args.repeat}", flush=True)
+    sas_reps = bench_sas(args, fresh_database(args.postgres, "sas_bench"), args.redis, logs / "sas")
+    print(f"celery chain: {args.runs} runs x {args.repeat}", flush=True)
+    celery_reps = bench_celery(args, args.redis, logs / "celery")
+    dbos_reps = [] if args.skip_dbos else bench_dbos(args, logs / "dbos")
+
+    result: dict[str, Any] = {
+        "date": date.today().isoformat(), "runs": args.runs, "repeat": args.repeat,
+        "workers": {"processes": 2, "concurrency_each": args.concurrency}, "machine": machine(),
+        "sas_app": summarise(sas_reps), "celery_chain": summarise(celery_reps),
+        "dbos": summarise(dbos_reps) if dbos_reps else None,
+        "repetitions": {"sas_app": sas_reps, "celery_chain": celery_reps, "dbos": dbos_reps},
+    }
+    sas_rate = result["sas_app"]["steps_per_s"]["median"]
+    result["ratio_sas_over_celery"] = round(sas_rate / result["celery_chain"]["steps_per_s"]["median"], 3)
+    if dbos_reps:
+        result["ratio_sas_over_dbos"] = round(sas_rate / result["dbos"]["steps_per_s"]["median"], 3)
+    print_table(result)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"throughput-{result['date']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {path}")
+    return result
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result['runs']} runs of 3 no-op steps, median of {result['repeat']} (min-max)")
+    for column in ("contender", "steps/s", "runs/s", "p50 ms (load)", "p99 ms (load)"):
+        table.add_column(column, justify="right")
+    for name in ("sas_app", "celery_chain", "dbos"):
+        r = result.get(name)
+        if not r:
+            continue
+        cells = [f"{r[k]['median']:.0f} ({r[k]['min']:.0f}-{r[k]['max']:.0f})"
+                 for k in ("steps_per_s", "runs_per_s", "latency_load_p50_ms", "latency_load_p99_ms")]
+        table.add_row(name, *cells)
+    Console().print(table)
+    s = result["sas_app"]
+    print(f"sas_app idle latency p50 {s['latency_idle_p50_ms']['median']:.0f} ms, "
+          f"p99 {s['latency_idle_p99_ms']['median']:.0f} ms; worker RSS scheduler "
+          f"{s['rss_scheduler_mb']['median']} MB, agent {s['rss_agent_mb']['median']} MB")
+    print(f"ratio sas/celery {result['ratio_sas_over_celery']}"
+          + (f", sas/dbos {result['ratio_sas_over_dbos']}" if "ratio_sas_over_dbos" in result else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""The benchmark scripts run end to end in a tiny configuration, so they cannot rot. The figures
+themselves are not asserted here: they belong to bench/results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.stack import REPO
+
+pytestmark = pytest.mark.integration
+
+
+def run_bench(module: str, *args: str, tmp_path) -> dict:
+    done = subprocess.run([sys.executable, "-m", module, *args, "--out", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "BENCH_LOGS": str(tmp_path / "logs")})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [written] = tmp_path.glob(f"{module.split('.')[-1]}-*.json")
+    return json.loads(written.read_text())
+
+
+def test_throughput_bench_runs_every_contender(tmp_path):
+    result = run_bench("bench.throughput", "--runs", "5", "--repeat", "1", "--idle-runs", "2",
+                       "--concurrency", "2", tmp_path=tmp_path)
+    assert {"sas_app", "celery_chain", "dbos", "ratio_sas_over_celery", "ratio_sas_over_dbos"} <= set(result)
+    assert result["sas_app"]["steps_per_s"]["median"] > 0
+    assert result["machine"]["cores"] >= 1
+
+
+def test_sweep_bench_measures_cost_and_recovery(tmp_path):
+    result = run_bench("bench.sweep", "--sizes", "2000,4000", "--samples", "1", "--recoveries", "2",
+                       "--spread", "0", tmp_path=tmp_path)
+    assert [row["rows"] for row in result["sweep"]] == [2000, 4000]
+    assert result["recovery"]["runs"] == 2
