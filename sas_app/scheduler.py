@@ -14,7 +14,7 @@ with an alert if an undo fails too.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import faults
@@ -90,8 +90,9 @@ class Scheduler:
             self.advance(run_id)
 
         @self.celery.task(name="sas.scheduler.step_done", **options)
-        def step_done(run_id: str, position: int, attempt: int, result: Any = None) -> None:
-            self.step_done(run_id, position, attempt, result)
+        def step_done(run_id: str, position: int, attempt: int, result: Any = None,
+                      results: dict[str, Any] | None = None) -> None:
+            self.step_done(run_id, position, attempt, result, results)
 
         @self.celery.task(name="sas.scheduler.step_failed", **options)
         def step_failed(run_id: str, position: int, attempt: int, error: str = "") -> None:
@@ -106,21 +107,30 @@ class Scheduler:
     def advance(self, run_id: str) -> None:
         """Claim the run if it is pending and dispatch its next step, if that step is due."""
         with self.store.begin() as tx:
-            run = tx.lock_run(run_id)
+            first = None
+            run = tx.claim_pending_run(run_id, self.instance_id)  # a new run: claimed and locked at once
+            if run is not None:
+                if not run.paused_by:
+                    first = tx.mark_next_running(run_id, 0, self.instance_id)
+            else:
+                run = tx.lock_run(run_id)
             if run is None:
                 log.warning("advance: no run %s; message ignored", run_id)
                 return
-            if run.process_state == "pending":
-                tx.claim_run(run_id, self.instance_id)
-                run = replace(run, process_state="processing", locked_by=self.instance_id)
-            elif run.process_state not in LIVE_RUN_STATES:
+            if run.process_state not in LIVE_RUN_STATES:
                 log.info("advance: run %s is %s; nothing to do", run_id, run.process_state)
                 return
-            next_message = self._next(tx, run)
+            next_message = Dispatch(run, first, {}) if first is not None else self._next(tx, run)
         self._after_commit(tx, next_message)
 
-    def step_done(self, run_id: str, position: int, attempt: int, result: Any) -> None:
-        """An agent's success reply: record it if that attempt still runs, then go on."""
+    def step_done(
+        self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any] | None = None
+    ) -> None:
+        """An agent's success reply: record it if that attempt still runs, then go on.
+
+        ``results`` (the earlier steps' results, as the agent received them) lets the common case
+        dispatch the next step without reading the run's steps: lock the run, complete this step,
+        mark the next one running, write their events, commit."""
         with self.store.begin() as tx:
             run = tx.lock_run(run_id)
             done = None
@@ -135,7 +145,13 @@ class Scheduler:
                 kind = "step_undone" if done.is_undo else "step_completed"
                 tx.notify(run_id, run.reply_to, run.business_key, run.workflow, kind,
                           step=done.name, position=done.position, attempt=done.attempt)
-            next_message = self._next(tx, run)
+            following = None
+            if results is not None and not done.is_undo and run.process_state == "processing" and not run.paused_by:
+                following = tx.mark_next_running(run_id, position + 1, self.instance_id)
+            if following is not None and results is not None:
+                next_message: Dispatch | Later | None = Dispatch(run, following, {**results, done.name: result})
+            else:
+                next_message = self._next(tx, run)
         self._after_commit(tx, next_message)
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None:

@@ -64,6 +64,10 @@ class Settings:
     #: SAS_BREAKER_URL — Redis holding breaker state shared by all workers. Default: the broker's
     #: URL when it is Redis; otherwise each process keeps its own.
     breaker_url: str = ""
+    #: SAS_INLINE_REPLIES — an agent worker runs the Scheduler's reply handler itself instead of
+    #: sending the reply through the Scheduler's queue: one message per step instead of two.
+    #: Agents then need the state store's URL. Default on.
+    inline_replies: bool = True
     #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.faults). Default none.
     faults: str = ""
     #: SAS_TASK_EVENTS — workers send Celery task events, so Flower can show every task. Default on.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, update
+from sqlalchemy import Connection, Double, Engine, bindparam, create_engine, event, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row, make_url
 
@@ -122,13 +122,58 @@ RUN_DONE_CHANNEL = "sas_run_done"
 
 def _as(kind: type[T], row: Row[Any]) -> T:
     mapping = row._mapping
-    return kind(**{f.name: mapping[f.name] for f in fields(kind)})  # type: ignore[arg-type]
+    return kind(**{name: mapping[name] for name in _field_names(kind)})
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(kind: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(kind))
+    return names
+
+
+# The hot path's statements, built once: a step costs a lock, two fenced updates and one insert of
+# its events, each a cached, pre-built statement executed with fresh parameters.
+_LOCK_RUN = select(runs).where(runs.c.id == bindparam("b_run_id")).with_for_update()
+_COMPLETE_STEP = (
+    update(steps)
+    .where(steps.c.run_id == bindparam("b_run_id"), steps.c.position == bindparam("b_position"),
+           steps.c.state == "running", steps.c.attempt == bindparam("b_attempt"))
+    .values(state="completed", result=bindparam("b_result", type_=steps.c.result.type), locked_by=None,
+            completed_at=db_now(), updated_at=db_now())
+    .returning(*steps.c)
+)
+_MARK_NEXT_RUNNING = (
+    update(steps)
+    .where(steps.c.run_id == bindparam("b_run_id"), steps.c.position == bindparam("b_position"),
+           steps.c.compensates.is_(None), steps.c.state.in_(("not_started", "pending")),
+           (steps.c.not_before.is_(None)) | (steps.c.not_before <= db_now()))
+    .values(state="running", attempt=steps.c.attempt + 1, locked_by=bindparam("b_locked_by"),
+            complete_by=db_now() + steps.c.timeout, not_before=None, updated_at=db_now())
+    .returning(*steps.c)
+)
+_INSERT_EVENTS = insert(events).values(at=db_now())
+_INSERT_STEPS = insert(steps).values(created_at=db_now(), updated_at=db_now(), state="not_started")
+# pending → processing, in the statement that also locks the run: a new run's claim is one round trip.
+_CLAIM_RUN = (
+    update(runs)
+    .where(runs.c.id == bindparam("b_run_id"), runs.c.process_state == "pending")
+    .values(process_state="processing", locked_by=bindparam("b_locked_by"), complete_by=None, updated_at=db_now())
+    .returning(*runs.c)
+)
 
 
 def make_engine(url: str) -> Engine:
     """An engine tuned for the state store: WAL and ``BEGIN IMMEDIATE`` on SQLite, so that
-    concurrent worker processes serialise their writes instead of failing; pre-ping on a server
-    database so a restarted PostgreSQL costs one reconnect, not an error."""
+    concurrent worker processes serialise their writes instead of failing.
+
+    On a server database connections are not pinged before use: that was one more round trip in
+    every transaction, a fifth of a step's cost. After a PostgreSQL restart the first transaction
+    on a stale connection fails, SQLAlchemy discards the pool, and what that transaction was doing
+    is recovered like any lost message (the Supervisor's sweep)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -150,7 +195,7 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    return create_engine(url, pool_size=5, max_overflow=5)
 
 
 class Store:
@@ -159,6 +204,19 @@ class Store:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
+        insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
+        self._insert_run = (
+            insert_fn(runs)
+            .values(
+                id=bindparam("b_id"), workflow=bindparam("b_workflow"), business_key=bindparam("b_business_key"),
+                payload=bindparam("b_payload", type_=runs.c.payload.type), process_state="pending",
+                reply_to=bindparam("b_reply_to"), priority=bindparam("b_priority"),
+                complete_by=db_now() + bindparam("b_pickup", type_=Double()), failure_count=0,
+                created_at=db_now(), updated_at=db_now(),
+            )
+            .on_conflict_do_nothing(index_elements=["workflow", "business_key"])
+            .returning(*runs.c)
+        )
 
     @property
     def is_postgresql(self) -> bool:
@@ -175,7 +233,9 @@ class Store:
     def begin(self) -> Iterator[Tx]:
         """One transaction: every transition made through the yielded :class:`Tx` commits together."""
         with self.engine.begin() as conn:
-            yield Tx(conn)
+            tx = Tx(conn)
+            yield tx
+            tx.flush_events()
 
     # -- submit -----------------------------------------------------------------------------
 
@@ -196,28 +256,11 @@ class Store:
         ``on_insert`` writes, in one transaction. Returns ``(run, created, notifications)``; when the
         workflow already has a run for this business key nothing is written and the existing run is
         returned."""
-        insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
         with self.engine.begin() as conn:
-            now = db_now()
-            stmt = (
-                insert_fn(runs)
-                .values(
-                    id=run_id,
-                    workflow=workflow,
-                    business_key=business_key,
-                    payload=payload,
-                    process_state="pending",
-                    reply_to=reply_to,
-                    priority=priority,
-                    complete_by=now + pickup_timeout,
-                    failure_count=0,
-                    created_at=now,
-                    updated_at=now,
-                )
-                .on_conflict_do_nothing(index_elements=["workflow", "business_key"])
-                .returning(*runs.c)
-            )
-            row = conn.execute(stmt).first()
+            row = conn.execute(self._insert_run, {
+                "b_id": run_id, "b_workflow": workflow, "b_business_key": business_key, "b_payload": payload,
+                "b_reply_to": reply_to, "b_priority": priority, "b_pickup": pickup_timeout,
+            }).first()
             if row is None:
                 existing = conn.execute(
                     select(runs).where(runs.c.workflow == workflow, runs.c.business_key == business_key)
@@ -225,7 +268,7 @@ class Store:
                 return _as(RunRow, existing), False, []
             run = _as(RunRow, row)
             conn.execute(
-                insert(steps).values(created_at=now, updated_at=now, state="not_started"),
+                _INSERT_STEPS,
                 [
                     {
                         "run_id": run_id,
@@ -249,6 +292,7 @@ class Store:
                 tx.notify(run_id, reply_to, business_key, workflow, "received", state="pending")
             if on_insert is not None:
                 on_insert(conn, run)
+            tx.flush_events()
             return run, True, tx.outbox
 
     # -- reads ------------------------------------------------------------------------------
@@ -356,6 +400,7 @@ class Tx:
         self.conn = conn
         #: notifications written in this transaction, to relay once it commits
         self.outbox: list[Notification] = []
+        self._events: list[dict[str, Any]] = []
 
     # -- history ----------------------------------------------------------------------------
 
@@ -371,19 +416,17 @@ class Tx:
         actor: str | None = None,
         detail: Any = None,
     ) -> None:
-        self.conn.execute(
-            insert(events).values(
-                run_id=run_id,
-                position=position,
-                kind=kind,
-                from_state=from_state,
-                to_state=to_state,
-                attempt=attempt,
-                actor=actor,
-                at=db_now(),
-                detail=detail,
-            )
-        )
+        """Append to the run's history; written with the transaction's other events, in one
+        statement, just before it commits."""
+        self._events.append({
+            "run_id": run_id, "position": position, "kind": kind, "from_state": from_state,
+            "to_state": to_state, "attempt": attempt, "actor": actor, "detail": detail,
+        })
+
+    def flush_events(self) -> None:
+        if self._events:
+            self.conn.execute(_INSERT_EVENTS, self._events)
+            self._events = []
 
     def now(self) -> float:
         """The database's clock, in epoch seconds."""
@@ -394,15 +437,16 @@ class Tx:
     def lock_run(self, run_id: str) -> RunRow | None:
         """Read the run and hold its row until commit (PostgreSQL), so that every transition of
         one run is serialised; on SQLite the whole write transaction already is."""
-        row = self.conn.execute(select(runs).where(runs.c.id == run_id).with_for_update()).first()
+        row = self.conn.execute(_LOCK_RUN, {"b_run_id": run_id}).first()
         return None if row is None else _as(RunRow, row)
 
-    def claim_run(self, run_id: str, locked_by: str) -> bool:
-        """pending → processing, recording which Scheduler instance holds it (LockedBy)."""
-        won = self._update_run(run_id, "pending", "processing", locked_by=locked_by, complete_by=None)
-        if won:
-            self.event(run_id, None, "transition", "pending", "processing", actor=locked_by)
-        return won
+    def claim_pending_run(self, run_id: str, locked_by: str) -> RunRow | None:
+        """pending → processing, locking the run, in one statement; None if it was not pending."""
+        row = self.conn.execute(_CLAIM_RUN, {"b_run_id": run_id, "b_locked_by": locked_by}).first()
+        if row is None:
+            return None
+        self.event(run_id, None, "transition", "pending", "processing", actor=locked_by)
+        return _as(RunRow, row)
 
     def finish_run(
         self,
@@ -515,15 +559,23 @@ class Tx:
 
         Refused while a back-off (``not_before``) has not passed. Returns the step as dispatched,
         or None if another actor moved it first."""
+        return self._mark_running(
+            (steps.c.id == step.id, steps.c.state == step.state, steps.c.attempt == step.attempt), locked_by
+        )
+
+    def mark_next_running(self, run_id: str, position: int, locked_by: str) -> StepRow | None:
+        """The hot path's shortcut: the workflow step at ``position``, not_started | pending →
+        running, without reading the run's other steps first. None if it is not due."""
+        row = self.conn.execute(
+            _MARK_NEXT_RUNNING, {"b_run_id": run_id, "b_position": position, "b_locked_by": locked_by}
+        )
+        return self._dispatched(row.first(), locked_by)
+
+    def _mark_running(self, where: tuple[Any, ...], locked_by: str) -> StepRow | None:
         now = db_now()
         row = self.conn.execute(
             update(steps)
-            .where(
-                steps.c.id == step.id,
-                steps.c.state == step.state,
-                steps.c.attempt == step.attempt,
-                (steps.c.not_before.is_(None)) | (steps.c.not_before <= now),
-            )
+            .where(*where, (steps.c.not_before.is_(None)) | (steps.c.not_before <= now))
             .values(
                 state="running",
                 attempt=steps.c.attempt + 1,
@@ -534,33 +586,29 @@ class Tx:
             )
             .returning(*steps.c)
         ).first()
+        return self._dispatched(row, locked_by)
+
+    def _dispatched(self, row: Row[Any] | None, locked_by: str) -> StepRow | None:
         if row is None:
             return None
         running = _as(StepRow, row)
-        self.event(
-            step.run_id,
-            step.position,
-            "transition",
-            step.state,
-            "running",
-            attempt=running.attempt,
-            actor=locked_by,
-            detail={"complete_by": running.complete_by},
-        )
+        # A first dispatch comes from not_started; any later one from pending (a retry, a deferral).
+        previous = "not_started" if running.attempt == 1 and not running.is_undo else "pending"
+        self.event(running.run_id, running.position, "transition", previous, "running", attempt=running.attempt,
+                   actor=locked_by, detail={"complete_by": running.complete_by})
         return running
 
     def complete_step(
         self, run_id: str, position: int, attempt: int, result: Any, actor: str | None = None
     ) -> StepRow | None:
         """running → completed, only at the attempt that is still running (fenced)."""
-        now = db_now()
-        won = self._update_step(
-            run_id, position, attempt, "running", "completed",
-            result=result, locked_by=None, completed_at=now,
-        )
-        if won:
-            self.event(run_id, position, "transition", "running", "completed", attempt=attempt, actor=actor)
-        return won
+        row = self.conn.execute(
+            _COMPLETE_STEP, {"b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result}
+        ).first()
+        if row is None:
+            return None
+        self.event(run_id, position, "transition", "running", "completed", attempt=attempt, actor=actor)
+        return _as(StepRow, row)
 
     def fail_step(
         self,

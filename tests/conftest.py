@@ -25,6 +25,9 @@ def settings(db_url, tmp_path) -> Settings:
         retry_backoff_max=0.2,
         supervisor_interval=0.2,
         task_events=False,
+        # Replies travel as messages here, so tests can hold, repeat and reorder them; the
+        # in-process path is what the integration tests' workers use.
+        inline_replies=False,
     )
 
 

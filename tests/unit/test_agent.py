@@ -44,7 +44,8 @@ def test_transient_faults_are_retried_with_the_same_key_and_token(sas, agent, pu
     assert seen == [{"Idempotency-Key": "r1:s", "X-Fencing-Token": "4"}] * 3
     [reply] = pump.take("sas.scheduler")
     assert (reply.task, reply.kwargs) == ("sas.scheduler.step_done",
-                                          {"run_id": "r1", "position": 0, "attempt": 4, "result": {"ok": 3}})
+                                          {"run_id": "r1", "position": 0, "attempt": 4, "result": {"ok": 3},
+                                           "results": {}})
 
 
 def test_past_complete_by_the_agent_stops_and_sends_nothing(sas, agent, pump):
