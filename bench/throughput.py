@@ -104,10 +104,10 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
     procs = Procs(logs, env)
     cli = [sys.executable, "-m", "sas_app.cli"]
     try:
-        scheduler = procs.start("scheduler", [*cli, "worker", "-Q", "sas.scheduler,sas.supervisor",
+        scheduler = procs.start("scheduler", [*cli, "worker", "-Q", "sas.scheduler,sas.supervisor", "-P", args.pool,
                                               "-c", str(args.concurrency), "-n", "scheduler@%h"], "ready.")
         agent = procs.start("agent", [*cli, "worker", "-Q", "sas.agent.noop", "-c", str(args.concurrency),
-                                      "-n", "agent@%h"], "ready.")
+                                      "-P", args.pool, "-n", "agent@%h"], "ready.")
         procs.start("beat", [*cli, "beat", "--schedule", str(logs / "beat")], "beat: Starting")
         results = []
         for rep in range(args.repeat):
@@ -160,7 +160,7 @@ def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict
     client = redis.Redis.from_url(broker)
     procs = Procs(logs, env)
     celery_cli = [sys.executable, "-m", "celery", "-A", "bench.app:chain_app", "worker", "-Q", "bench.chain",
-                  "-c", str(args.concurrency), "-l", "info", "--without-gossip", "--without-mingle"]
+                  "-c", str(args.concurrency), "-P", args.pool, "-l", "info", "--without-gossip", "--without-mingle"]
     try:
         procs.start("chain-1", [*celery_cli, "-n", "chain1@%h"], "ready.")
         procs.start("chain-2", [*celery_cli, "-n", "chain2@%h"], "ready.")
@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=4, help="slots per worker process (two workers)")
+    parser.add_argument("--pool", default="prefork", help="Celery pool of every worker (prefork, threads)")
     parser.add_argument("--idle-runs", type=int, default=20, help="runs timed one at a time on an idle system")
     parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
                                                              "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     result: dict[str, Any] = {
         "date": date.today().isoformat(), "runs": args.runs, "repeat": args.repeat,
-        "workers": {"processes": 2, "concurrency_each": args.concurrency}, "machine": machine(),
+        "workers": {"processes": 2, "concurrency_each": args.concurrency, "pool": args.pool}, "machine": machine(),
         "sas_app": summarise(sas_reps), "celery_chain": summarise(celery_reps),
         "dbos": summarise(dbos_reps) if dbos_reps else None,
         "repetitions": {"sas_app": sas_reps, "celery_chain": celery_reps, "dbos": dbos_reps},
