@@ -445,8 +445,11 @@ class Tx:
         row = self.conn.execute(_CLAIM_RUN, {"b_run_id": run_id, "b_locked_by": locked_by}).first()
         if row is None:
             return None
+        run = _as(RunRow, row)
         self.event(run_id, None, "transition", "pending", "processing", actor=locked_by)
-        return _as(RunRow, row)
+        if run.reply_to is not None:
+            self.notify(run_id, run.reply_to, run.business_key, run.workflow, "processing", state="processing")
+        return run
 
     def finish_run(
         self,

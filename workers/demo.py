@@ -62,17 +62,24 @@ class Processes:
         proc.wait()
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self.procs.clear()
+        """SIGTERM every child's process group, SIGKILL what is left after 5 s. A second Ctrl-C or
+        SIGTERM meanwhile is ignored: an interrupted clean-up would leave orphans behind."""
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            for proc in self.procs.values():
+                try:
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            self.procs.clear()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def plan_faults(orders: int, rate: float, rng: random.Random) -> list[str | None]:

@@ -49,13 +49,14 @@ def test_flower_shows_each_kind_of_task_and_asks_for_credentials(stack, stack_en
     api = f"http://127.0.0.1:{port}/api/tasks"
     wait_for(lambda: _answers(api), 30, "Flower's API")
 
-    shop.submit("order", {"amount": 5}, business_key="fl-1").wait(30)
+    # a hang makes the Supervisor ask the Scheduler (sas.scheduler.advance) to retry the charge
+    shop.submit("order", {"amount": 5, "faults": {"charge": "hang:30@1"}}, business_key="fl-1").wait(30)
 
     def names() -> set[str]:
         return {t["name"] for t in httpx.get(api, auth=("ops", "s3cret"), timeout=5).json().values()}
 
-    expected = {"sas.scheduler.advance", "sas.scheduler.step_done", "sas.agent.payment.charge",
-                "sas.agent.warehouse.reserve", "sas.supervisor.sweep"}
+    expected = {"sas.scheduler.advance", "sas.agent.payment.charge", "sas.agent.warehouse.reserve",
+                "sas.supervisor.sweep"}
     wait_for(lambda: expected <= names(), 30, f"Flower to show {expected}")
     assert httpx.get(api, timeout=5).status_code == 401
     assert httpx.get(api, auth=("ops", "wrong"), timeout=5).status_code == 401

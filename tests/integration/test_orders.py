@@ -220,18 +220,22 @@ def test_a_scheduler_killed_and_restarted_resumes_in_flight_runs(stack, shop):
 
 
 def test_a_scheduler_that_dies_between_commit_and_publish_is_recovered(stack, shop):
+    # The Scheduler's reply handler runs in the agent workers: the first one to complete a step
+    # commits "reserve_stock completed, charge_payment running" and dies before publishing.
     stack.services()
-    stack.scheduler(env={"SAS_FAULTS": "scheduler.after_commit=kill@once"})
-    stack.agents()
+    stack.scheduler()
+    stack.agents(env={"SAS_FAULTS": "scheduler.after_commit=kill@once"})
     stack.beat()
     handle = shop.submit("order", {"amount": 3}, business_key="die-1")
 
     view = handle.wait(40)
 
     assert view.process_state == "processed"
-    first = view.step("reserve_stock")
-    assert (first.attempt, first.failure_count) == (2, 1)
+    assert view.step("reserve_stock").attempt == 1
+    charge = view.step("charge_payment")
+    assert (charge.attempt, charge.failure_count) == (2, 1)
     assert len(applied(stack, "warehouse", handle, "reserve_stock")) == 1
+    assert len(applied(stack, "payment", handle, "charge_payment")) == 1
 
 
 def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(stack, shop):

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def sas_cli(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
-    env.update({"SAS_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)})
+    # No worker runs here: submit only asks the Scheduler (by message), so runs stay pending.
+    env.update({"SAS_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO), "SAS_INLINE_REPLIES": "false"})
 
     def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run([SAS, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
