@@ -130,7 +130,11 @@ class Scheduler:
 
         ``results`` (the earlier steps' results, as the agent received them) lets the common case
         dispatch the next step without reading the run's steps: lock the run, complete this step,
-        mark the next one running, write their events, commit."""
+        mark the next one running, write their events, commit — on PostgreSQL as one statement."""
+        if results is not None and self.store.is_postgresql and self._step_done_fast(
+            run_id, position, attempt, result, results
+        ):
+            return
         with self.store.begin() as tx:
             run = tx.lock_run(run_id)
             done = None
@@ -153,6 +157,24 @@ class Scheduler:
             else:
                 next_message = self._next(tx, run)
         self._after_commit(tx, next_message)
+
+    def _step_done_fast(
+        self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any]
+    ) -> bool:
+        """The common reply on PostgreSQL, in one statement; False if it needs the general path."""
+        with self.store.begin() as tx:
+            fast = tx.complete_and_advance(run_id, position, attempt, result, self.instance_id)
+            if fast is None:
+                return False
+            run, name, following = fast
+            if run.reply_to is not None:
+                tx.notify(run_id, run.reply_to, run.business_key, run.workflow, "step_completed",
+                          step=name, position=position, attempt=attempt)
+            next_message = (
+                Dispatch(run, following, {**results, name: result}) if following is not None else self._next(tx, run)
+            )
+        self._after_commit(tx, next_message)
+        return True
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None:
         """An agent's non-transient fault: the step fails with one alert, and the run is undone

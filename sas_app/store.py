@@ -15,8 +15,21 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Double, Engine, bindparam, create_engine, event, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Double,
+    Engine,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Row, make_url
 
 from .models import alerts, db_now, events, metadata, outbox, runs, steps
@@ -156,6 +169,46 @@ _MARK_NEXT_RUNNING = (
     .returning(*steps.c)
 )
 _INSERT_EVENTS = insert(events).values(at=db_now())
+_PG_NOW = "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
+_RUN_COLUMNS = [c.name for c in runs.c]
+_STEP_COLUMNS = [c.name for c in steps.c]
+# PostgreSQL: a step's whole hot path in one round trip. Lock the run; complete the step if that
+# attempt still runs and the run is processing (not paused); mark the next workflow step running if
+# it is due; write both events. Every sub-statement sees one snapshot and each update is fenced, so
+# this is the same pair of transitions as the statements it replaces, in one statement.
+_COMPLETE_AND_ADVANCE = text(f"""
+WITH run AS (
+    SELECT * FROM runs WHERE id = :b_run_id FOR UPDATE
+), done AS (
+    UPDATE steps SET state = 'completed', result = :b_result, locked_by = NULL,
+                     completed_at = {_PG_NOW}, updated_at = {_PG_NOW}
+    FROM run
+    WHERE steps.run_id = run.id AND run.process_state = 'processing' AND run.paused_by IS NULL
+      AND steps.position = :b_position AND steps.state = 'running' AND steps.attempt = :b_attempt
+      AND steps.compensates IS NULL
+    RETURNING steps.position, steps.attempt, steps.name
+), nxt AS (
+    UPDATE steps SET state = 'running', attempt = steps.attempt + 1, locked_by = :b_locked_by,
+                     complete_by = {_PG_NOW} + steps.timeout, not_before = NULL, updated_at = {_PG_NOW}
+    WHERE steps.run_id = :b_run_id AND steps.position = :b_position + 1 AND steps.compensates IS NULL
+      AND steps.state IN ('not_started', 'pending')
+      AND (steps.not_before IS NULL OR steps.not_before <= {_PG_NOW})
+      AND EXISTS (SELECT 1 FROM done)
+    RETURNING steps.*
+), ev AS (
+    INSERT INTO events (run_id, position, kind, from_state, to_state, attempt, actor, at, detail)
+    SELECT :b_run_id, d.position, 'transition', 'running', 'completed', d.attempt, :b_locked_by, {_PG_NOW}, NULL
+    FROM done d
+    UNION ALL
+    SELECT :b_run_id, n.position, 'transition', CASE WHEN n.attempt = 1 THEN 'not_started' ELSE 'pending' END,
+           'running', n.attempt, :b_locked_by, {_PG_NOW}, jsonb_build_object('complete_by', n.complete_by)
+    FROM nxt n
+)
+SELECT (SELECT name FROM done) AS done_name,
+       {", ".join(f"r.{c} AS r_{c}" for c in _RUN_COLUMNS)},
+       {", ".join(f"n.{c} AS n_{c}" for c in _STEP_COLUMNS)}
+FROM run r LEFT JOIN nxt n ON true
+""").bindparams(bindparam("b_result", type_=JSONB))
 _INSERT_STEPS = insert(steps).values(created_at=db_now(), updated_at=db_now(), state="not_started")
 # pending → processing, in the statement that also locks the run: a new run's claim is one round trip.
 _CLAIM_RUN = (
@@ -565,6 +618,24 @@ class Tx:
         return self._mark_running(
             (steps.c.id == step.id, steps.c.state == step.state, steps.c.attempt == step.attempt), locked_by
         )
+
+    def complete_and_advance(
+        self, run_id: str, position: int, attempt: int, result: Any, locked_by: str
+    ) -> tuple[RunRow, str, StepRow | None] | None:
+        """PostgreSQL's one-statement hot path (see ``_COMPLETE_AND_ADVANCE``): the run, the name of
+        the step completed, and the next step now running (None if none is due). None when the step
+        was not completed here (a stale reply, a run not processing or paused, an undo): take the
+        general path."""
+        row = self.conn.execute(_COMPLETE_AND_ADVANCE, {
+            "b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result,
+            "b_locked_by": locked_by,
+        }).first()
+        if row is None or row.done_name is None:
+            return None
+        mapping = row._mapping
+        run = RunRow(**{c: mapping[f"r_{c}"] for c in _RUN_COLUMNS})
+        following = None if mapping["n_id"] is None else StepRow(**{c: mapping[f"n_{c}"] for c in _STEP_COLUMNS})
+        return run, row.done_name, following
 
     def mark_next_running(self, run_id: str, position: int, locked_by: str) -> StepRow | None:
         """The hot path's shortcut: the workflow step at ``position``, not_started | pending →
