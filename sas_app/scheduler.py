@@ -166,13 +166,12 @@ class Scheduler:
             fast = tx.complete_and_advance(run_id, position, attempt, result, self.instance_id)
             if fast is None:
                 return False
-            run, name, following = fast
-            if run.reply_to is not None:
-                tx.notify(run_id, run.reply_to, run.business_key, run.workflow, "step_completed",
-                          step=name, position=position, attempt=attempt)
-            next_message = (
-                Dispatch(run, following, {**results, name: result}) if following is not None else self._next(tx, run)
-            )
+            run, name, following, finished = fast
+            next_message: Dispatch | Later | None = None
+            if following is not None:
+                next_message = Dispatch(run, following, {**results, name: result})
+            elif not finished:
+                next_message = self._next(tx, run)
         self._after_commit(tx, next_message)
         return True
 

@@ -174,8 +174,9 @@ _RUN_COLUMNS = [c.name for c in runs.c]
 _STEP_COLUMNS = [c.name for c in steps.c]
 # PostgreSQL: a step's whole hot path in one round trip. Lock the run; complete the step if that
 # attempt still runs and the run is processing (not paused); mark the next workflow step running if
-# it is due; write both events. Every sub-statement sees one snapshot and each update is fenced, so
-# this is the same pair of transitions as the statements it replaces, in one statement.
+# it is due, or, after the last step, mark the run processed and announce it (RunHandle.wait); write
+# the events. Every sub-statement sees one snapshot and each update is fenced, so these are the same
+# transitions as the statements they replace, in one statement.
 _COMPLETE_AND_ADVANCE = text(f"""
 WITH run AS (
     SELECT * FROM runs WHERE id = :b_run_id FOR UPDATE
@@ -195,6 +196,12 @@ WITH run AS (
       AND (steps.not_before IS NULL OR steps.not_before <= {_PG_NOW})
       AND EXISTS (SELECT 1 FROM done)
     RETURNING steps.*
+), fin AS (
+    UPDATE runs SET process_state = 'processed', locked_by = NULL, complete_by = NULL, updated_at = {_PG_NOW}
+    WHERE runs.id = :b_run_id AND EXISTS (SELECT 1 FROM done)
+      AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = :b_run_id AND s.position > :b_position
+                      AND s.compensates IS NULL)
+    RETURNING runs.id
 ), ev AS (
     INSERT INTO events (run_id, position, kind, from_state, to_state, attempt, actor, at, detail)
     SELECT :b_run_id, d.position, 'transition', 'running', 'completed', d.attempt, :b_locked_by, {_PG_NOW}, NULL
@@ -203,8 +210,12 @@ WITH run AS (
     SELECT :b_run_id, n.position, 'transition', CASE WHEN n.attempt = 1 THEN 'not_started' ELSE 'pending' END,
            'running', n.attempt, :b_locked_by, {_PG_NOW}, jsonb_build_object('complete_by', n.complete_by)
     FROM nxt n
+    UNION ALL
+    SELECT :b_run_id, NULL, 'transition', 'processing', 'processed', NULL, :b_locked_by, {_PG_NOW}, NULL FROM fin
+), announce AS (
+    SELECT pg_notify('{RUN_DONE_CHANNEL}', id) FROM fin
 )
-SELECT (SELECT name FROM done) AS done_name,
+SELECT (SELECT name FROM done) AS done_name, (SELECT count(*) FROM announce) AS finished,
        {", ".join(f"r.{c} AS r_{c}" for c in _RUN_COLUMNS)},
        {", ".join(f"n.{c} AS n_{c}" for c in _STEP_COLUMNS)}
 FROM run r LEFT JOIN nxt n ON true
@@ -621,11 +632,11 @@ class Tx:
 
     def complete_and_advance(
         self, run_id: str, position: int, attempt: int, result: Any, locked_by: str
-    ) -> tuple[RunRow, str, StepRow | None] | None:
-        """PostgreSQL's one-statement hot path (see ``_COMPLETE_AND_ADVANCE``): the run, the name of
-        the step completed, and the next step now running (None if none is due). None when the step
-        was not completed here (a stale reply, a run not processing or paused, an undo): take the
-        general path."""
+    ) -> tuple[RunRow, str, StepRow | None, bool] | None:
+        """PostgreSQL's one-statement hot path (see ``_COMPLETE_AND_ADVANCE``): the run (as it was
+        before), the name of the step completed, the next step now running (None if none is due),
+        and whether the run is now processed. None when the step was not completed here (a stale
+        reply, a run not processing or paused, an undo): take the general path."""
         row = self.conn.execute(_COMPLETE_AND_ADVANCE, {
             "b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result,
             "b_locked_by": locked_by,
@@ -635,7 +646,13 @@ class Tx:
         mapping = row._mapping
         run = RunRow(**{c: mapping[f"r_{c}"] for c in _RUN_COLUMNS})
         following = None if mapping["n_id"] is None else StepRow(**{c: mapping[f"n_{c}"] for c in _STEP_COLUMNS})
-        return run, row.done_name, following
+        finished = bool(row.finished)
+        if run.reply_to is not None:  # the same notifications as the general path, in its order
+            self.notify(run_id, run.reply_to, run.business_key, run.workflow, "step_completed",
+                        step=row.done_name, position=position, attempt=attempt)
+            if finished:
+                self.notify(run_id, run.reply_to, run.business_key, run.workflow, "processed", state="processed")
+        return run, row.done_name, following, finished
 
     def mark_next_running(self, run_id: str, position: int, locked_by: str) -> StepRow | None:
         """The hot path's shortcut: the workflow step at ``position``, not_started | pending →

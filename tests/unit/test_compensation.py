@@ -4,7 +4,7 @@ each undo supervised like a step. Runs on SQLite here and on PostgreSQL in tests
 from __future__ import annotations
 
 from tests.testapp import CALLS
-from tests.unit.test_engine import backoff_over, expire
+from tests.unit.test_engine import sweep_after_expiry
 
 
 def undo_calls(handle) -> list[str]:
@@ -47,12 +47,7 @@ def test_an_undo_sees_the_result_of_the_step_it_undoes(sas, pump):
 
 def test_a_step_past_its_threshold_is_undone_too_as_its_effect_is_unknown(sas, pump):
     handle = sas.submit("saga", {"script": {"second": ["hang"]}}, business_key="s2")
-    for _ in range(3):
-        pump.run()
-        expire(sas, handle.id)
-        sas.supervisor.sweep()
-        backoff_over(sas, handle.id)
-    pump.run()
+    sweep_after_expiry(sas, pump, handle.id, times=3)
 
     view = handle.status()
     assert view.process_state == "compensated"
@@ -66,11 +61,8 @@ def test_an_undo_whose_agent_dies_is_recovered_by_the_supervisor(sas, pump):
                         business_key="s3")
     pump.run()
     assert handle.status().process_state == "compensating"
-    expire(sas, handle.id)
 
-    sas.supervisor.sweep()
-    backoff_over(sas, handle.id)
-    pump.run()
+    sweep_after_expiry(sas, pump, handle.id)
 
     view = handle.status()
     assert view.process_state == "compensated"

@@ -35,6 +35,16 @@ def backoff_over(sas: SasApp, run_id: str) -> None:
     )
 
 
+def sweep_after_expiry(sas: SasApp, pump, run_id: str, times: int = 1) -> None:
+    """``times`` rounds of: run every message, let the live steps expire, sweep, wait out the back-off."""
+    for _ in range(times):
+        pump.run()
+        expire(sas, run_id)
+        sas.supervisor.sweep()
+        backoff_over(sas, run_id)
+    pump.run()
+
+
 def transitions(sas: SasApp, run_id: str, position: int | None) -> list[tuple[str | None, str | None, int | None]]:
     return [
         (e.from_state, e.to_state, e.attempt)
@@ -186,12 +196,7 @@ def test_a_step_that_always_expires_ends_in_error_at_the_threshold_with_one_aler
     sas.alerts.hook = alerts.append
     handle = sas.submit("three", {"script": {"first": ["hang"]}}, business_key="always")
 
-    for _ in range(3):
-        pump.run()
-        expire(sas, handle.id)
-        sas.supervisor.sweep()
-        backoff_over(sas, handle.id)
-    pump.run()
+    sweep_after_expiry(sas, pump, handle.id, times=3)
 
     view = handle.status()
     assert view.process_state == "error"
