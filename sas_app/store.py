@@ -591,12 +591,16 @@ class Tx:
         return [_as(StepRow, r) for r in rows]
 
     def completions_per_second(self, agent: str, window: float) -> float:
-        """How many steps of ``agent`` completed per second over the last ``window`` seconds."""
-        count = self.conn.execute(
-            select(func.count()).select_from(steps)
+        """How fast ``agent`` has been completing steps: those completed in the last ``window``
+        seconds, over the time since the first of them (not the whole window, so a burst that
+        began a moment ago is not judged by the idle minute before it)."""
+        count, first, now = self.conn.execute(
+            select(func.count(), func.min(steps.c.completed_at), db_now())
             .where(steps.c.agent == agent, steps.c.completed_at >= db_now() - window)
-        ).scalar_one()
-        return float(count) / window
+        ).one()
+        if not count:
+            return 0.0
+        return float(count) / max(float(now) - float(first), 1.0)
 
     # -- notifications --------------------------------------------------------------------------
 

@@ -191,11 +191,13 @@ def _wait_for_service(port: int) -> None:
 def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float) -> dict[str, Any]:
     runs = [sas.store.get_run(run_id) for run_id in ids]
     states = Counter(run.process_state if run else "missing" for run in runs)
-    retried = alerts = 0
+    retried = alerts = at_risk = 0
     for run_id in ids:
         for e in sas.store.get_events(run_id):
-            retried += (e.kind, e.from_state, e.to_state) == ("transition", "running", "pending")
-            alerts += e.kind == "alert"
+            retried += (e.kind, e.from_state, e.to_state) == ("transition", "running", "pending") and not (
+                e.detail and "deferred" in e.detail)
+            alerts += e.kind == "alert" and e.detail["kind"] != "at_risk"
+            at_risk += e.kind == "alert" and e.detail["kind"] == "at_risk"
     ledger = httpx.get(f"http://127.0.0.1:{ports['payment']}/ledger", timeout=5).json()
     charges = [e for e in ledger if e["action"] == "charge"]
     per_order = Counter(e["order_id"] for e in charges)
@@ -207,6 +209,7 @@ def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float)
         "compensated": states["compensated"],
         "error": states["error"],
         "alerts": alerts,
+        "at_risk_warnings": at_risk,
         "lost": sum(n for state, n in states.items() if state not in TERMINAL_STATES),
         "duplicate_charges": sum(n - 1 for n in per_order.values() if n > 1),
         # a charge still standing on an order that did not complete: compensation missed it
