@@ -32,7 +32,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Row, make_url
 
-from .models import alerts, db_now, events, metadata, outbox, runs, steps
+from .models import alerts, db_now, events, outbox, runs, steps
 
 T = TypeVar("T")
 
@@ -288,10 +288,6 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-    def create_schema(self) -> None:
-        """Create the tables directly (tests of the store only; use ``sas migrate`` otherwise)."""
-        metadata.create_all(self.engine)
 
     @contextmanager
     def begin(self) -> Iterator[Tx]:

@@ -69,11 +69,6 @@ class Workflow:
     on_submit: OnSubmit | None = None
     description: str = ""
 
-    def step(self, name: str) -> Step:
-        for s in self.steps:
-            if s.name == name:
-                return s
-        raise KeyError(f"workflow {self.name!r} has no step {name!r}")
 
 
 def check_workflow(
