@@ -58,13 +58,14 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         # consumer takes a message by renaming its file into ``processed`` (atomic on one file
         # system, so two workers never both take it); it polls every 50 ms when idle.
         folder = settings.home / "broker"
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         conf["broker_transport_options"] = {
             **conf["broker_transport_options"],
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),  # kombu's default is ./control
             "store_processed": True,
             "polling_interval": 0.05,
         }

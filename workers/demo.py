@@ -226,7 +226,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_column("what")
     table.add_column("count", justify="right")
     for key in ("submitted", "processed", "retried_by_supervisor", "compensated", "error", "alerts",
-                "lost", "duplicate_charges", "charges_not_undone", "elapsed_s"):
+                "at_risk_warnings", "lost", "duplicate_charges", "charges_not_undone", "elapsed_s"):
         table.add_row(key.replace("_", " "), str(summary[key]))
     console.print(table)
     for line in summary["errors"]:

@@ -29,7 +29,7 @@ def sas_cli(tmp_path):
     return run
 
 
-def test_migrate_submit_list_and_show(sas_cli):
+def test_migrate_submit_list_and_show(sas_cli, tmp_path):
     assert "schema is up to date" in sas_cli("migrate").stdout
     run_id = sas_cli("submit", "order", "--key", "cli-1", "--payload", '{"amount": 4.5}').stdout.strip()
     again = sas_cli("submit", "order", "--key", "cli-1", "--payload", '{"amount": 4.5}').stdout.strip()
@@ -42,6 +42,7 @@ def test_migrate_submit_list_and_show(sas_cli):
                                                    "confirm_order"]
     assert shown["events"][0]["to_state"] == "pending"
     assert "charge_payment" in sas_cli("show", run_id).stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"], "the embedded broker writes only under SAS_HOME"
 
 
 @pytest.mark.parametrize(
