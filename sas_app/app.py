@@ -71,7 +71,8 @@ class SasApp:
         redis_url = s.breaker_url or (s.broker_url if s.broker_url.startswith(("redis://", "rediss://")) else "")
         defaults: dict[str, Any] = {"breaker_fail_max": s.breaker_fail_max, "breaker_reset": s.breaker_reset,
                                     "breaker_url": redis_url or None,
-                                    "scheduler": self.scheduler if s.inline_replies else None}
+                                    "scheduler": self.scheduler if s.inline_replies else None,
+                                    "rate_limit": s.rate_limit(name)}
         agent = Agent(self.celery, name, **{**defaults, **options})
         self.agents[name] = agent
         return agent

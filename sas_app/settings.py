@@ -64,6 +64,9 @@ class Settings:
     #: SAS_BREAKER_URL — Redis holding breaker state shared by all workers. Default: the broker's
     #: URL when it is Redis; otherwise each process keeps its own.
     breaker_url: str = ""
+    #: SAS_AGENT_RATE_LIMITS — Celery rate limits per agent, ``"payment=20/s,warehouse=5/s"``: each
+    #: worker starts at most that many of the agent's calls. Default none.
+    agent_rate_limits: str = ""
     #: SAS_INLINE_REPLIES — an agent worker runs the Scheduler's reply handler itself instead of
     #: sending the reply through the Scheduler's queue: one message per step instead of two.
     #: Agents then need the state store's URL. Default on.
@@ -86,6 +89,16 @@ class Settings:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
         if self.sweep_batch <= 0:
             raise ValueError(f"setting sweep_batch must be positive, got {self.sweep_batch!r}")
+
+    def rate_limit(self, agent: str) -> str | None:
+        """The rate limit SAS_AGENT_RATE_LIMITS sets for ``agent``, if any."""
+        for item in filter(None, (part.strip() for part in self.agent_rate_limits.split(","))):
+            name, sep, limit = item.partition("=")
+            if not sep or not name.strip() or not limit.strip():
+                raise ValueError(f"SAS_AGENT_RATE_LIMITS: {item!r} is not agent=limit (e.g. payment=20/s)")
+            if name.strip() == agent:
+                return limit.strip()
+        return None
 
     @property
     def embedded_broker(self) -> bool:

@@ -47,3 +47,20 @@ def test_an_urgent_run_overtakes_queued_ones_on_the_agent_queue(stack, shop):
 
     first = min(views.values(), key=lambda v: v.step("reserve_stock").completed_at)
     assert first.id == urgent.id
+
+
+def test_an_agent_rate_limit_spaces_out_its_calls(stack, shop):
+    stack.env["SAS_AGENT_RATE_LIMITS"] = "warehouse=2/s"
+    stack.services()
+    stack.scheduler()
+    stack.beat()
+    handles = [shop.submit("order", {"amount": 1}, business_key=f"rl-{i}") for i in range(6)]
+    stack.agents(concurrency=4)
+
+    views = [h.wait(60) for h in handles]
+
+    assert [v.process_state for v in views] == ["processed"] * 6
+    reserved = sorted(e["at"] for e in stack.ledger("warehouse") if e["action"] == "reserve")
+    # 6 reservations at 2 per second (a token bucket starting full with one) take at least 2 s,
+    # where 4 free slots would have done them in a few milliseconds
+    assert reserved[-1] - reserved[0] >= 2.0

@@ -30,6 +30,11 @@ def test_settings_come_from_the_environment_with_clear_errors():
         Settings.from_env({"SAS_SWEEP_BATCH": "many"})
     with pytest.raises(ValueError, match="supervisor_interval must be positive"):
         Settings.from_env({"SAS_SUPERVISOR_INTERVAL": "0"})
+    limits = Settings.from_env({"SAS_AGENT_RATE_LIMITS": "payment=20/s, warehouse=5/m"})
+    assert (limits.rate_limit("payment"), limits.rate_limit("warehouse"), limits.rate_limit("other")) == \
+        ("20/s", "5/m", None)
+    with pytest.raises(ValueError, match="is not agent=limit"):
+        Settings.from_env({"SAS_AGENT_RATE_LIMITS": "payment"}).rate_limit("payment")
 
 
 def test_celery_gets_the_reliability_defaults(sas):
