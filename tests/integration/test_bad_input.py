@@ -1,0 +1,59 @@
+"""Hostile or broken messages on the pattern's queues: refused with a logged reason, no state
+changes, and the worker goes on serving good messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from sas_app import faults
+from tests.integration.conftest import shop_app
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def pending_run(shop, key: str):
+    """A run whose submit message never went out: it stays pending (the pick-up timeout is long)."""
+    faults.arm("submit.after_commit=raise", shop.settings.home)
+    try:
+        with pytest.raises(faults.FaultInjected):
+            shop.submit("order", {"amount": 2}, business_key=key)
+    finally:
+        faults.arm("")
+    return shop.store.find_run("order", key)
+
+
+def test_a_pickled_message_is_refused_and_never_run(stack, stack_env):
+    stack.env["SAS_PICKUP_TIMEOUT"] = "120"
+    shop = shop_app({**stack_env, "SAS_PICKUP_TIMEOUT": "120"})
+    shop.migrate()
+    stack.up()
+    run = pending_run(shop, "pickled")
+
+    shop.celery.send_task("sas.scheduler.advance", args=[run.id], queue="sas.scheduler", serializer="pickle")
+    refused = "Refusing to deserialize untrusted content of type pickle"
+    wait_for(lambda: refused in stack.logs["scheduler"].read_text(), 20, "the worker to refuse the pickle")
+
+    assert shop.store.get_run(run.id).process_state == "pending"
+    assert shop.submit("order", {"amount": 3}, business_key="after-pickle").wait(30).process_state == "processed"
+    shop.store.dispose()
+
+
+def test_messages_with_missing_or_wrong_arguments_change_nothing(stack, shop):
+    stack.up()
+    done = shop.submit("order", {"amount": 4}, business_key="intact").wait(30)
+    before = done.steps
+
+    bad = [
+        shop.celery.send_task("sas.scheduler.step_done", kwargs={"run_id": done.id}, queue="sas.scheduler"),
+        shop.celery.send_task("sas.scheduler.step_done", args=["no-such-run", 0, 1], queue="sas.scheduler"),
+        shop.celery.send_task("sas.scheduler.step_done", kwargs={"run_id": done.id, "position": 99, "attempt": 1},
+                              queue="sas.scheduler"),
+        shop.celery.send_task("sas.agent.payment.charge", kwargs={"bogus": True}, queue="sas.agent.payment"),
+    ]
+    logs = lambda: stack.logs["scheduler"].read_text() + stack.logs["agents"].read_text()  # noqa: E731
+    wait_for(lambda: all(b.id in logs() for b in bad[:3]), 20, "the Scheduler to handle the bad messages")
+    wait_for(lambda: "rejected a malformed message" in logs(), 20, "the agent to reject its bad message")
+
+    assert shop.handle(done.id).status().steps == before
+    assert shop.submit("order", {"amount": 5}, business_key="still-alive").wait(30).process_state == "processed"
