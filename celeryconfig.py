@@ -27,6 +27,10 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         # One message reserved at a time: a worker that dies strands at most one step, and a
         # long step does not hold others hostage in its prefetch buffer.
         "worker_prefetch_multiplier": 1,
+        # A pool process that died is declared lost after this long (Celery waits 10 s by default
+        # for a result it might still have sent; ours go to the state store, never that pipe), so
+        # its step is reported to the Scheduler at once (see sas_app.agent.AgentRequest).
+        "worker_lost_wait": 1.0,
         "task_acks_on_failure_or_timeout": True,
         "task_default_queue": "sas.scheduler",
         "task_create_missing_queues": True,

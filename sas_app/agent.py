@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from billiard.exceptions import WorkerLostError
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.worker.request import Request
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
 from . import faults
@@ -76,7 +78,11 @@ class AgentCall:
     started: float = field(default_factory=time.monotonic)
 
     @classmethod
-    def from_message(cls, message: dict[str, Any]) -> AgentCall:
+    def from_message(cls, message: dict[str, Any], db_now: float | None = None) -> AgentCall:
+        """Parse a step's message; raises ``KeyError``, ``TypeError`` or ``ValueError`` if it is
+        malformed. With ``db_now`` (the database's clock, see :meth:`Store.db_clock`) the budget
+        is what is left before the step's complete-by, which may be less than its timeout (or
+        nothing, for a message that waited in the queue past it); without, it runs from receipt."""
         call = cls(
             run_id=str(message["run_id"]),
             business_key=str(message["business_key"]),
@@ -90,8 +96,12 @@ class AgentCall:
             budget=float(message["budget"]),
             undoes=message.get("undoes"),
         )
-        if call.attempt < 1 or call.budget <= 0:
-            raise ValueError(f"attempt {call.attempt} and budget {call.budget} must be positive")
+        if call.attempt < 1 or call.budget <= 0 or call.position < 0:
+            raise ValueError(f"attempt {call.attempt}, budget {call.budget} and position {call.position} "
+                             "must be positive")
+        complete_by = message.get("complete_by")
+        if db_now is not None and complete_by is not None:
+            call.budget = min(call.budget, float(complete_by) - db_now)
         return call
 
     def remaining(self) -> float:
@@ -120,6 +130,45 @@ class AgentAction:
         return self.fn(call)
 
 
+class AgentRequest(Request):  # type: ignore[misc]
+    """How an agent worker's main process handles one step's message.
+
+    Celery's ``reject_on_worker_lost`` puts the message of a pool process that died back on the
+    queue, where the same attempt runs again at once: a step that kills its worker every time (a
+    poison step) would then kill workers in a loop until its message expires. Instead, the main
+    process reports the lost attempt to the Scheduler (``sas.scheduler.step_lost``), which counts
+    it as a failure and retries it after a back-off, as a new attempt, or fails the step at its
+    threshold; the message is then dropped. Only if that report cannot be sent does the message
+    go back to the queue (and the Supervisor recovers the step at its complete-by either way)."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback
+        lost = isinstance(exc, WorkerLostError) or (
+            isinstance(exc, (SystemExit, KeyboardInterrupt))
+            and not (self._already_cancelled or self._already_revoked)
+        )
+        self.lost_reported = lost and self._report_lost(str(exc))
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def reject(self, requeue: bool = False) -> None:
+        super().reject(requeue=requeue and not getattr(self, "lost_reported", False))
+
+    def _report_lost(self, reason: str) -> bool:
+        kwargs = self.kwargs if isinstance(self.kwargs, dict) else {}
+        try:
+            report = {"run_id": str(kwargs["run_id"]), "position": int(kwargs["position"]),
+                      "attempt": int(kwargs["attempt"]), "reason": reason[:200]}
+        except (KeyError, TypeError, ValueError):
+            return False  # not a step we can name; Celery's default applies
+        try:
+            self.task.app.send_task("sas.scheduler.step_lost", kwargs=report, queue=SCHEDULER_QUEUE)
+        except Exception:
+            log.exception("could not report the lost worker of %s; the message goes back to the queue", report)
+            return False
+        log.warning("worker lost while running %s (%s); reported to the Scheduler", report, reason)
+        return True
+
+
 class Agent:
     """One remote service's agent. Declare actions with :meth:`action`."""
 
@@ -135,6 +184,7 @@ class Agent:
         breaker_url: str | None = None,
         rate_limit: str | None = None,
         scheduler: Scheduler | None = None,
+        db_clock: Callable[[], float | None] | None = None,
     ) -> None:
         """``breaker_fail_max`` transient failures in a row open this agent's circuit breaker for
         ``breaker_reset`` seconds (0 disables it); its state is shared through Redis at
@@ -143,7 +193,10 @@ class Agent:
 
         With a ``scheduler`` the agent hands its reply to the Scheduler's handler in its own
         process (the same transaction and fencing as on the Scheduler's queue, one message fewer
-        per step); if that fails, the reply goes to the Scheduler's queue instead."""
+        per step); if that fails, the reply goes to the Scheduler's queue instead. With a
+        ``db_clock`` (the state store's clock) a step's time left is measured against its
+        complete-by on the database's clock, so a worker whose own clock is off still stops in time
+        and drops a message that waited past it."""
         self.celery = celery
         self.name = name
         self.queue = agent_queue(name)
@@ -155,6 +208,7 @@ class Agent:
             if breaker_fail_max > 0 else None
         )
         self.scheduler = scheduler
+        self.db_clock = db_clock
         self.actions: dict[str, AgentAction] = {}
 
     def action(self, fn: ActionFn | None = None, *, name: str | None = None) -> Any:
@@ -181,17 +235,21 @@ class Agent:
             acks_late=True,
             reject_on_worker_lost=True,
             ignore_result=True,
+            Request=AgentRequest,
         )
         def run_action(**message: Any) -> None:
             self.execute(action, message)
 
     def execute(self, action: AgentAction, message: dict[str, Any]) -> None:
         try:
-            call = AgentCall.from_message(message)
+            call = AgentCall.from_message(message, self.db_clock() if self.db_clock else None)
         except (KeyError, TypeError, ValueError) as exc:
             log.error("agent %s rejected a malformed message (%s): %r", action.qualname, exc, message)
             return
         where = f"{action.qualname} run {call.run_id} step {call.step} attempt {call.attempt}"
+        if call.budget <= 0:
+            log.warning("%s: waited in the queue past its complete-by; dropped unrun", where)
+            return
         try:
             result = self._call_with_retries(action, call)
             json.dumps(result, allow_nan=False)

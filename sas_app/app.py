@@ -72,6 +72,7 @@ class SasApp:
         defaults: dict[str, Any] = {"breaker_fail_max": s.breaker_fail_max, "breaker_reset": s.breaker_reset,
                                     "breaker_url": redis_url or None,
                                     "scheduler": self.scheduler if s.inline_replies else None,
+                                    "db_clock": self.store.db_clock if s.inline_replies else None,
                                     "rate_limit": s.rate_limit(name)}
         agent = Agent(self.celery, name, **{**defaults, **options})
         self.agents[name] = agent

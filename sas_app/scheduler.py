@@ -22,7 +22,7 @@ from .agent import SCHEDULER_QUEUE, agent_queue, agent_task_name
 from .alerts import COMPENSATION_FAILED, FAILED, Alert, Alerts
 from .notify import relay
 from .settings import Settings, instance_id
-from .store import LIVE_RUN_STATES, RunRow, StepRow, Store, Tx
+from .store import EXPIRED, LIVE_RUN_STATES, RunRow, StepRow, Store, Tx
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -101,6 +101,10 @@ class Scheduler:
         @self.celery.task(name="sas.scheduler.step_deferred", **options)
         def step_deferred(run_id: str, position: int, attempt: int, delay: float = 1.0, reason: str = "") -> None:
             self.step_deferred(run_id, position, attempt, delay, reason)
+
+        @self.celery.task(name="sas.scheduler.step_lost", **options)
+        def step_lost(run_id: str, position: int, attempt: int, reason: str = "") -> None:
+            self.step_lost(run_id, position, attempt, reason)
 
     # -- handlers ---------------------------------------------------------------------------
 
@@ -207,6 +211,26 @@ class Scheduler:
                 return
         self._after_commit(tx, Later(run_id, max(float(delay), 0.0)))
 
+    def step_lost(self, run_id: str, position: int, attempt: int, reason: str) -> None:
+        """The worker process running this attempt died (reported by its worker's main process).
+
+        Handled as the Supervisor handles an attempt past its complete-by, only sooner: one failure
+        counted, then a retry after a back-off, or, at the step's threshold, the step fails and the
+        run is undone. A step that kills every worker it runs on (a poison step) therefore costs at
+        most ``max_failures`` worker processes, spaced by the back-off, never a redelivery loop."""
+        with self.store.begin() as tx:
+            run = tx.lock_run(run_id)
+            step = tx.running_step(run_id, position, attempt) if run is not None else None
+            if run is None or step is None or run.process_state not in LIVE_RUN_STATES:
+                self._stale(tx, run, position, attempt, "step_lost")
+                return
+            outcome = recover_step(tx, self.alerts, self.settings, run, step, WORKER_LOST, reason,
+                                   actor=self.instance_id)
+        self.alerts.emit(outcome.alert)
+        log.warning("run %s step %s attempt %s: worker lost (%s); %s", run_id, position, attempt, reason,
+                    "failed for good" if outcome.failed else f"retry in {outcome.backoff:.1f}s")
+        self._after_commit(tx, Later(run_id, outcome.backoff))
+
     # -- internals --------------------------------------------------------------------------
 
     def _next(self, tx: Tx, run: RunRow) -> Dispatch | Later | None:
@@ -275,13 +299,58 @@ class Scheduler:
                 kwargs=next_message.message(),
                 queue=agent_queue(step.agent),
                 priority=self._broker_priority(next_message.run.priority),
-                expires=step.timeout,
+                # a backstop checked on the consuming worker's clock (see Settings.clock_skew)
+                expires=step.timeout + self.settings.clock_skew,
                 soft_time_limit=step.timeout + 1,
                 time_limit=step.timeout + 5,
             )
         except Exception:
             # The transition is committed; the Supervisor re-dispatches after complete-by.
             log.exception("could not publish for run %s; the Supervisor will recover it", next_message)
+
+
+#: why an attempt was given up: its complete-by passed (the Supervisor) or its worker died
+EXPIRED_REASON = "expired"
+WORKER_LOST = "worker_lost"
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What :func:`recover_step` decided for an attempt given up."""
+
+    retried: bool
+    failed: bool
+    backoff: float
+    alert: Alert | None = None
+
+
+def backoff(settings: Settings, failure_count: int) -> float:
+    """Seconds to wait before retry number ``failure_count``: doubling, capped."""
+    return float(min(settings.retry_backoff * 2 ** (failure_count - 1), settings.retry_backoff_max))
+
+
+def recover_step(
+    tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, step: StepRow, why: str, detail: str, *, actor: str
+) -> Recovery:
+    """In the caller's transaction (the run locked), for a ``running`` attempt that will never
+    reply: count one failure; under the step's threshold, back to pending after a back-off (the
+    caller asks the Scheduler again after it); at the threshold, the step fails for good and the
+    run is undone (or goes to ``error``) with one alert. Fenced on the attempt: nothing happens if
+    the step moved on meanwhile."""
+    failures = step.failure_count + 1
+    if failures < step.max_failures:
+        wait = backoff(settings, failures)
+        won = tx.retry_step(step, wait, settings.pickup_timeout, actor, reason=why)
+        return Recovery(retried=won is not None, failed=False, backoff=wait)
+    what = "passed its complete-by" if why == EXPIRED_REASON else "lost its worker"
+    reason = f"step {step.name!r} {what} {failures} times (threshold {step.max_failures})"
+    if detail:
+        reason += f": {detail}"
+    failed = tx.fail_step(step.run_id, step.position, step.attempt, EXPIRED, actor=actor, count_failure=True)
+    if failed is None:
+        return Recovery(retried=False, failed=False, backoff=0.0)
+    return Recovery(retried=False, failed=True, backoff=0.0,
+                    alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor))
 
 
 def fail_run(

@@ -45,6 +45,11 @@ class Settings:
     #: SAS_VISIBILITY_TIMEOUT — Redis redelivers an unacknowledged message after this many seconds;
     #: it must exceed the longest step timeout or a slow agent's message is run twice. Default 3600.
     visibility_timeout: float = 3600.0
+    #: SAS_CLOCK_SKEW — how far, in seconds, hosts' clocks may disagree. Deadlines are compared on
+    #: the database's clock, but Celery checks a message's ``expires`` on the consuming worker's
+    #: own clock: agent messages expire this long after their step's timeout, as a backstop
+    #: only (the agent itself drops a message past complete-by, by the database's clock). Default 120.
+    clock_skew: float = 120.0
     #: SAS_MAX_PAYLOAD_BYTES — largest accepted payload (serialised JSON). Default 256 KiB.
     max_payload_bytes: int = 256 * 1024
     #: SAS_ALERT_HOOK — ``module:function`` called with each alert, after it is stored. Default none.
@@ -84,7 +89,7 @@ class Settings:
             object.__setattr__(self, "database_url", f"sqlite:///{home / 'state.db'}")
         if not self.broker_url:
             object.__setattr__(self, "broker_url", "filesystem://")
-        for name in ("supervisor_interval", "pickup_timeout", "retry_backoff", "visibility_timeout"):
+        for name in ("supervisor_interval", "pickup_timeout", "retry_backoff", "visibility_timeout", "clock_skew"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
         if self.sweep_batch <= 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import select as select_module
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -268,6 +269,8 @@ class Store:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
+        self._clock_offset = 0.0
+        self._clock_checked: float | None = None
         insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
         self._insert_run = (
             insert_fn(runs)
@@ -285,6 +288,25 @@ class Store:
     @property
     def is_postgresql(self) -> bool:
         return self.engine.dialect.name == "postgresql"
+
+    #: seconds between two measurements of this host's clock against the database's
+    CLOCK_CHECK_INTERVAL = 60.0
+
+    def db_clock(self) -> float | None:
+        """The database's clock, read as this host's clock plus its offset from the database's,
+        measured at most a minute ago (one query then; none in between). None if the database
+        cannot be asked now."""
+        checked = self._clock_checked
+        if checked is None or time.monotonic() - checked > self.CLOCK_CHECK_INTERVAL:
+            try:
+                before = time.time()
+                database = self.now()
+                after = time.time()
+            except Exception:
+                return None
+            self._clock_offset = database - (before + after) / 2
+            self._clock_checked = time.monotonic()
+        return time.time() + self._clock_offset
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -701,6 +723,14 @@ class Tx:
         self.event(run_id, position, "transition", "running", "completed", attempt=attempt, actor=actor)
         return _as(StepRow, row)
 
+    def running_step(self, run_id: str, position: int, attempt: int) -> StepRow | None:
+        """The step at ``position`` if it is still running at ``attempt``."""
+        row = self.conn.execute(
+            select(steps).where(steps.c.run_id == run_id, steps.c.position == position,
+                                steps.c.state == "running", steps.c.attempt == attempt)
+        ).first()
+        return None if row is None else _as(StepRow, row)
+
     def fail_step(
         self,
         run_id: str,
@@ -723,9 +753,11 @@ class Tx:
             )
         return won
 
-    def retry_step(self, step: StepRow, backoff: float, pickup_timeout: float, actor: str) -> StepRow | None:
-        """running (expired) → pending: one more failure, LockedBy cleared, a back-off before the
-        Scheduler may dispatch it again and a new complete-by for that pick-up."""
+    def retry_step(
+        self, step: StepRow, backoff: float, pickup_timeout: float, actor: str, reason: str = "expired"
+    ) -> StepRow | None:
+        """running (expired, or its worker died) → pending: one more failure, LockedBy cleared, a
+        back-off before the Scheduler may dispatch it again and a new complete-by for that pick-up."""
         now = db_now()
         won = self._update_step(
             step.run_id, step.position, step.attempt, "running", "pending",
@@ -739,7 +771,7 @@ class Tx:
             self.event(
                 step.run_id, step.position, "transition", "running", "pending",
                 attempt=step.attempt, actor=actor,
-                detail={"failure_count": step.failure_count + 1, "backoff": backoff, "reason": "expired"},
+                detail={"failure_count": step.failure_count + 1, "backoff": backoff, "reason": reason},
             )
         return won
 

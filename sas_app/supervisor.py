@@ -23,9 +23,9 @@ from . import faults
 from .agent import SCHEDULER_QUEUE
 from .alerts import AT_RISK, Alert, Alerts
 from .notify import relay
-from .scheduler import fail_run
+from .scheduler import EXPIRED_REASON, recover_step
 from .settings import Settings, instance_id
-from .store import EXPIRED, Store
+from .store import Store
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -66,11 +66,6 @@ class Supervisor:
             return {"retried": len(report.retried), "failed": len(report.failed),
                     "requeued": len(report.requeued), "at_risk": len(report.at_risk)}
 
-    def backoff(self, failure_count: int) -> float:
-        """Seconds to wait before retry number ``failure_count``: doubling, capped."""
-        s = self.settings
-        return float(min(s.retry_backoff * 2 ** (failure_count - 1), s.retry_backoff_max))
-
     def sweep_once(self) -> SweepReport:
         """One batch of the sweep, timed (what bench/sweep.py measures)."""
         report = SweepReport()
@@ -101,22 +96,14 @@ class Supervisor:
         with self.store.begin() as tx:
             expired = tx.expired_steps(s.sweep_batch)
             for step in expired:
-                failures = step.failure_count + 1
-                if failures < step.max_failures:
-                    backoff = self.backoff(failures)
-                    if tx.retry_step(step, backoff, s.pickup_timeout, self.instance_id):
-                        retried.append((step.run_id, step.position, backoff))
+                run = tx.lock_run(step.run_id)  # already locked by expired_steps: no wait
+                if run is None:
                     continue
-                reason = (
-                    f"step {step.name!r} passed its complete-by {failures} times "
-                    f"(threshold {step.max_failures})"
-                )
-                failed_step = tx.fail_step(step.run_id, step.position, step.attempt, EXPIRED,
-                                           actor=self.instance_id, count_failure=True)
-                run = tx.lock_run(step.run_id)
-                if failed_step is not None and run is not None:
-                    raised.append(fail_run(tx, self.alerts, self.settings, run, failed_step, reason,
-                                           actor=self.instance_id))
+                outcome = recover_step(tx, self.alerts, s, run, step, EXPIRED_REASON, "", actor=self.instance_id)
+                if outcome.retried:
+                    retried.append((step.run_id, step.position, outcome.backoff))
+                elif outcome.failed:
+                    raised.append(outcome.alert)
                     failed.append(run.id)
             requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
         faults.hit("supervisor.after_commit")

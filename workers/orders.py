@@ -7,12 +7,15 @@ order in the orders database (agent ``orders``). Each remote step has an undo â€
 refund the charge, cancel the shipment â€” run last-first if the order cannot complete.
 
 Faults for a demo or a test ride in the payload: ``{"faults": {"charge": "transient:2"}}`` sends
-that fault spec (see workers.remote_service) with every request of that action.
+that fault spec (see workers.remote_service) with every request of that action. One fault acts in
+the agent instead: ``"poison"`` kills the worker process running the step, on every attempt, before
+any request is sent (a step that crashes whatever runs it).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from typing import Any
 
@@ -67,10 +70,13 @@ def _http() -> httpx.Client:
 def call_service(service: str, verb: str, action: str, call: AgentCall) -> dict[str, Any]:
     """One request to a remote service, its outcome mapped onto the agent's retry policy."""
     fault_name = action if verb == "do" else UNDO_NAMES[action]
+    fault = (call.payload.get("faults") or {}).get(fault_name)
+    if fault == "poison":
+        os.kill(os.getpid(), signal.SIGKILL)
     body: dict[str, Any] = {
         "order_id": call.business_key,
         "amount": call.payload.get("amount"),
-        "fault": (call.payload.get("faults") or {}).get(fault_name),
+        "fault": fault,
     }
     if verb == "undo":
         assert call.undoes is not None, "an undo is dispatched with the step it undoes"

@@ -1,0 +1,45 @@
+"""Processes that die or misbehave in ways a restart does not cure: a poison step that kills every
+worker it runs on, and workers whose clocks are wrong. Real Redis, PostgreSQL, worker and beat
+processes; the store and the services' ledgers say what happened."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.conftest import shop_app
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def children_lost(stack, name: str) -> int:
+    """How many of the worker's pool processes died (Celery logs each once, from its main process)."""
+    return stack.logs[name].read_text(errors="replace").count("Task handler raised error: WorkerLostError")
+
+
+def test_a_poison_step_costs_max_failures_workers_then_the_order_is_undone(stack, stack_env):
+    # A long complete-by: only the workers' reports of their lost children can recover the step.
+    shop = shop_app(stack_env, charge_timeout=30, max_failures=3)
+    shop.migrate()
+    stack.up()
+    handle = shop.submit("order", {"amount": 5, "faults": {"charge": "poison"}}, business_key="poison-1")
+
+    view = handle.wait(25)
+
+    charge = view.step("charge_payment")
+    assert view.process_state == "compensated"
+    assert (charge.state, charge.attempt, charge.failure_count) == ("compensated", 3, 3)
+    lost = [e for e in view.events if e.position == charge.position and e.kind == "transition"
+            and e.detail and e.detail.get("reason") == "worker_lost"]
+    assert [e.attempt for e in lost] == [1, 2]  # the third loss failed the step for good
+    assert "lost its worker 3 times" in view.run.error
+    # one worker process per attempt, no redelivery loop: exactly three children died
+    wait_for(lambda: children_lost(stack, "agents") >= 3, 10, "the worker to log its lost children")
+    assert children_lost(stack, "agents") == 3
+    # the stock reserved before it is released; no charge was ever applied, and since nobody
+    # knows whether a killed attempt got that far, the refund ran too and left a tombstone
+    assert [e["action"] for e in stack.ledger("warehouse")] == ["reserve", "undo:reserve"]
+    assert [(e["action"], e["undoes"]) for e in stack.ledger("payment")] == [("undo:charge", None)]
+    # and the workers still serve
+    assert shop.submit("order", {"amount": 6}, business_key="after-poison").wait(30).process_state == "processed"
+    shop.store.dispose()
