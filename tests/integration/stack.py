@@ -20,6 +20,16 @@ REPO = Path(__file__).resolve().parents[2]
 SAS = str(Path(sys.executable).parent / "sas")
 
 
+FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def clock_off_by(seconds: int) -> dict[str, str]:
+    """The environment that makes a process's wall clock ``seconds`` off (Debian's libfaketime;
+    scripts/test installs it)."""
+    assert FAKETIME_LIB.exists(), f"{FAKETIME_LIB} is missing: apt-get install libfaketime (scripts/test does)"
+    return {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"{seconds:+d}s"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -76,16 +86,16 @@ class Stack:
         self.start(name, [SAS, "worker", "-Q", queues, "-c", str(concurrency), "-P", pool, "-n", f"{name}@%h"],
                    "ready.", env, wait)
 
-    def scheduler(self, env: dict[str, str] | None = None, wait: bool = True) -> None:
-        self.worker("scheduler", "sas.scheduler,sas.supervisor", env=env, wait=wait)
+    def scheduler(self, env: dict[str, str] | None = None, wait: bool = True, name: str = "scheduler") -> None:
+        self.worker(name, "sas.scheduler,sas.supervisor", env=env, wait=wait)
 
     def agents(self, name: str = "agents", concurrency: int = 2, env: dict[str, str] | None = None,
                pool: str = "prefork", wait: bool = True) -> None:
         self.worker(name, "sas.agent.payment,sas.agent.warehouse,sas.agent.orders", concurrency, env, pool, wait)
 
-    def beat(self, name: str = "beat", wait: bool = True) -> None:
+    def beat(self, name: str = "beat", wait: bool = True, env: dict[str, str] | None = None) -> None:
         self.start(name, [SAS, "beat", "--schedule", str(self.home / f"{name}-schedule")], "beat: Starting",
-                   wait=wait)
+                   env=env, wait=wait)
 
     def up(self) -> None:
         """Every process of the example, started together."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.conftest import shop_app
+from tests.integration.stack import clock_off_by
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -42,4 +43,35 @@ def test_a_poison_step_costs_max_failures_workers_then_the_order_is_undone(stack
     assert [(e["action"], e["undoes"]) for e in stack.ledger("payment")] == [("undo:charge", None)]
     # and the workers still serve
     assert shop.submit("order", {"amount": 6}, business_key="after-poison").wait(30).process_state == "processed"
+    shop.store.dispose()
+
+
+def test_workers_whose_clocks_are_a_minute_off_still_keep_every_deadline(stack, stack_env):
+    # Agents run 60 s ahead, the Scheduler and the Supervisor's beat 60 s behind; the submitter and
+    # the database are right. Deadlines are compared on the database's clock, so nothing expires
+    # early (no failures on healthy orders) and nothing late (a hung charge is retried once its
+    # complete-by passes on the database's clock, not a minute later).
+    shop = shop_app(stack_env, charge_timeout=2.0)
+    shop.migrate()
+    stack.services()
+    stack.scheduler(env=clock_off_by(-60))
+    stack.agents(env=clock_off_by(+60))
+    stack.beat(env=clock_off_by(-60))
+    healthy = [shop.submit("order", {"amount": 3 + i}, business_key=f"skew-{i}") for i in range(5)]
+    hung = shop.submit("order", {"amount": 9, "faults": {"charge": "hang:30@1"}}, business_key="skew-hung")
+
+    views = [h.wait(30) for h in healthy]
+    hung_view = hung.wait(30)
+
+    assert [(v.process_state, v.run.failure_count) for v in views] == [("processed", 0)] * 5
+    assert hung_view.process_state == "processed"
+    charge = hung_view.step("charge_payment")
+    assert (charge.attempt, charge.failure_count) == (2, 1)
+    [first] = [e for e in hung_view.events if e.position == charge.position and e.to_state == "running"
+               and e.attempt == 1]
+    [expired] = [e for e in hung_view.events if e.position == charge.position and e.from_state == "running"
+                 and e.to_state == "pending"]
+    deadline = first.detail["complete_by"]
+    assert deadline <= expired.at < deadline + 5  # one sweep interval (0.5 s) and then some, not a minute
+    assert len([e for e in stack.ledger("payment") if e["order_id"] == "skew-hung"]) == 1
     shop.store.dispose()
