@@ -19,6 +19,7 @@ import httpx
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.request import Request
+from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
 from . import faults
@@ -51,12 +52,16 @@ def agent_task_name(agent: str, action: str) -> str:
 
 def is_transient(exc: BaseException) -> bool:
     """The retry policy: :class:`TransientError`, and the network's own transient faults
-    (``httpx.TransportError`` — connect errors and timeouts —, ``ConnectionError``, ``TimeoutError``).
+    (``httpx.TransportError`` — connect errors and timeouts —, ``ConnectionError``, ``TimeoutError``),
+    and a database an action writes to that dropped or refused its connection (SQLAlchemy's
+    ``OperationalError``, or any error that invalidated the connection: a restarted PostgreSQL).
 
     Never retried: :class:`PermanentError` (replied as an error at once), :class:`StaleAttempt`
     and :class:`StepExpired` (the agent stops silently), and any other exception, which is a bug
     in the action and is replied as an error, so an operator sees it instead of a silent loop."""
-    return isinstance(exc, (TransientError, httpx.TransportError, ConnectionError, TimeoutError))
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, (TransientError, httpx.TransportError, ConnectionError, TimeoutError, OperationalError))
 
 
 @dataclass

@@ -315,6 +315,17 @@ def demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: boo
         sys.exit(1)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+def chaos(argv: tuple[str, ...]) -> None:
+    """Run the order example under chaos (bench/chaos.py): its own Redis and PostgreSQL, workers
+    and Supervisors killed and restarted, servers restarted, Redis emptied, a poison step; checks
+    that nothing was lost or applied twice. Exits 1 if an invariant broke. `sas chaos --help`."""
+    from bench.chaos import main as chaos_main
+
+    sys.exit(chaos_main(list(argv)))
+
+
 def _service_command(name: str, port: int, what: str) -> None:
     @main.command(f"{name}-service", help=f"Start the simulated remote {what} of the order example.")
     @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")

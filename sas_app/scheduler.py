@@ -306,7 +306,9 @@ class Scheduler:
             )
         except Exception:
             # The transition is committed; the Supervisor re-dispatches after complete-by.
-            log.exception("could not publish for run %s; the Supervisor will recover it", next_message)
+            what = (f"run {next_message.run_id}" if isinstance(next_message, Later) else
+                    f"run {next_message.run.id} step {next_message.step.name} attempt {next_message.step.attempt}")
+            log.exception("could not publish for %s; the Supervisor will recover it", what)
 
 
 #: why an attempt was given up: its complete-by passed (the Supervisor) or its worker died

@@ -4,7 +4,10 @@ processes; the store and the services' ledgers say what happened."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+import redis
 
 from tests.integration.conftest import shop_app
 from tests.integration.stack import clock_off_by
@@ -75,3 +78,20 @@ def test_workers_whose_clocks_are_a_minute_off_still_keep_every_deadline(stack, 
     assert deadline <= expired.at < deadline + 5  # one sweep interval (0.5 s) and then some, not a minute
     assert len([e for e in stack.ledger("payment") if e["order_id"] == "skew-hung"]) == 1
     shop.store.dispose()
+
+
+def test_redis_emptied_mid_run_loses_no_order(stack, shop, redis_url):
+    # FLUSHALL takes every queued and unacknowledged message, and kombu's routing table with them.
+    stack.up()
+    assert shop.submit("order", {"amount": 1}, business_key="before-flush").wait(30).process_state == "processed"
+    in_flight = [shop.submit("order", {"amount": 2, "faults": {"charge": "latency:1"}}, business_key=f"flush-{i}")
+                 for i in range(4)]
+    wait_for(lambda: len(stack.requests_seen()) >= 2, 20, "charges to be in flight")
+
+    redis.Redis.from_url(redis_url).flushall()
+    after = [shop.submit("order", {"amount": 3}, business_key=f"after-flush-{i}") for i in range(4)]
+
+    views = [h.wait(60) for h in in_flight + after]
+    assert [v.process_state for v in views] == ["processed"] * 8
+    charges = Counter(e["order_id"] for e in stack.ledger() if e["action"] == "charge")
+    assert set(charges.values()) == {1} and len(charges) == 9

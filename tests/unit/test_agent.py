@@ -6,6 +6,7 @@ import time
 
 import httpx
 import pytest
+from sqlalchemy import create_engine
 
 from sas_app import AgentCall, PermanentError, StaleAttempt, TransientError
 from tests.support import wait_for
@@ -46,6 +47,25 @@ def test_transient_faults_are_retried_with_the_same_key_and_token(sas, agent, pu
     assert (reply.task, reply.kwargs) == ("sas.scheduler.step_done",
                                           {"run_id": "r1", "position": 0, "attempt": 4, "result": {"ok": 3},
                                            "results": {}})
+
+
+def test_a_database_that_dropped_the_connection_is_a_transient_fault(sas, agent, pump, tmp_path):
+    # An action that writes to a database (the order example's confirm) meets a restarted server.
+    engine = create_engine(f"sqlite:///{tmp_path / 'gone' / 'no.db'}")
+    seen = []
+
+    def writes(call: AgentCall):
+        seen.append(call.attempt)
+        if len(seen) == 1:
+            with engine.connect():  # the folder does not exist: "unable to open database file"
+                pass
+        return {"written": True}
+
+    run(sas, agent, writes)
+
+    assert len(seen) == 2
+    [reply] = pump.take("sas.scheduler")
+    assert (reply.task, reply.kwargs["result"]) == ("sas.scheduler.step_done", {"written": True})
 
 
 def test_past_complete_by_the_agent_stops_and_sends_nothing(sas, agent, pump):

@@ -1,0 +1,735 @@
+"""Chaos: the order example on a real stack while its processes and servers are killed.
+
+Starts its own Redis and PostgreSQL (Debian's server binaries, on free loopback ports, each with a
+password), the payment and warehouse services, several agent workers, a Scheduler worker and two
+beat processes (two Supervisors). It submits N orders, some with remote faults (transient errors,
+hangs past complete-by, latency, a declined card) and one or more poison orders whose step kills
+the worker running it, and meanwhile, on a seeded random schedule, it:
+
+* SIGKILLs and restarts agent workers, the Scheduler worker and a Supervisor (beat);
+* restarts Redis (SIGKILL; it comes back from its append-only file) and PostgreSQL (an immediate,
+  crash-like stop) while runs are in flight, and empties Redis (FLUSHALL) mid-run;
+* pauses an agent worker (SIGSTOP) past complete-by and resumes it (a zombie that wakes up late);
+* kills an agent after its remote call succeeded but before its reply (fault point);
+* asks an agent worker for a warm shutdown (SIGTERM) mid-step and starts it again.
+
+Then it heals everything, waits for every run to end, and checks the invariants against the state
+store and the services' own ledgers: **no run lost**, **no effect applied twice**, **no run left
+unfinished**, no effect left standing on an order that did not complete, and no password in any
+log. It prints the figures and writes ``bench/results/chaos-<date>.json``; the exit status is
+non-zero if any invariant broke. Usage::
+
+    python -m bench.chaos [--orders 500] [--seed 1] [--each 2]      # or: sas chaos ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import pwd
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from sqlalchemy import create_engine, select, text
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+AGENT_QUEUES = "sas.agent.payment,sas.agent.warehouse,sas.agent.orders"
+TERMINAL = ("processed", "error", "compensated", "cancelled")
+#: what the schedule can do, each at least ``--each`` times ("poison" submits a poison order)
+KINDS = ("kill_agent", "kill_scheduler", "kill_supervisor", "restart_redis", "restart_postgres", "zombie",
+         "kill_after_call", "warm_shutdown", "flushall", "poison")
+#: the order example's remote actions, as its payload names them for faults, and their undos
+DO_ACTIONS = ("reserve", "charge", "ship")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _answers(port: int) -> bool:
+    return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))], 3)
+
+
+# -- the servers ------------------------------------------------------------------------------
+
+
+def _postgres_bin() -> Path:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=lambda p: int(p.parts[-3]))
+    if not found:
+        raise SystemExit("PostgreSQL's server binaries are missing: apt-get install postgresql (scripts/test does)")
+    return found[-1].parent
+
+
+class Servers:
+    """A Redis and a PostgreSQL of the run's own, each on a free loopback port with a password."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.redis_password = secrets.token_hex(12)
+        self.pg_password = secrets.token_hex(12)
+        self.redis_port = free_port()
+        self.pg_port = free_port()
+        self.redis_dir = home / "redis"
+        # Its own folder under the system's temp dir: as root, PostgreSQL runs as the postgres
+        # user, which must be able to reach it (a home under a private folder would not do).
+        self.pg_root = Path(tempfile.mkdtemp(prefix="sas-chaos-pg-"))
+        self.pg_data = self.pg_root / "data"
+        self.redis_proc: subprocess.Popen[bytes] | None = None
+        self.bin = _postgres_bin()
+        # initdb and postgres refuse to run as root: as root, they run as the postgres user.
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            pwd.getpwnam("postgres")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://:{self.redis_password}@127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def database_url(self) -> str:
+        return f"postgresql+psycopg2://sas:{self.pg_password}@127.0.0.1:{self.pg_port}/sas"
+
+    def secrets(self) -> list[str]:
+        return [self.redis_password, self.pg_password]
+
+    # Redis ------------------------------------------------------------------------------------
+
+    def start_redis(self) -> None:
+        self.redis_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.redis_dir / "redis.log", "ab")
+        self.redis_proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--requirepass",
+             self.redis_password, "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+             "--dir", str(self.redis_dir), "--protected-mode", "yes"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=1)
+        wait_until(lambda: bool(client.ping()), 30, "Redis to answer")
+        client.close()
+
+    def kill_redis(self) -> None:
+        if self.redis_proc is not None and self.redis_proc.poll() is None:
+            self.redis_proc.kill()
+            self.redis_proc.wait(10)
+
+    def flushall(self) -> None:
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=5)
+        client.flushall()
+        client.close()
+
+    # PostgreSQL ---------------------------------------------------------------------------------
+
+    def _pg(self, *argv: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([*self.as_user, *argv], check=True, capture_output=True, timeout=120, **kwargs)
+
+    def init_postgres(self) -> None:
+        self.pg_data.parent.mkdir(parents=True, exist_ok=True)
+        pwfile = self.pg_data.parent / "pw"
+        pwfile.write_text(self.pg_password + "\n")
+        if self.as_user:
+            account = pwd.getpwnam("postgres")
+            self.pg_data.parent.chmod(0o755)
+            os.chown(self.pg_data.parent, account.pw_uid, account.pw_gid)
+            os.chown(pwfile, account.pw_uid, account.pw_gid)
+        self._pg(str(self.bin / "initdb"), "-D", str(self.pg_data), "-U", "sas", f"--pwfile={pwfile}",
+                 "--auth-host=scram-sha-256", "--auth-local=scram-sha-256", "-E", "UTF8", "--no-sync")
+        pwfile.unlink()
+        with open(self.pg_data / "postgresql.conf", "a") as conf:
+            conf.write(f"\nport = {self.pg_port}\nlisten_addresses = '127.0.0.1'\n"
+                       f"unix_socket_directories = '{self.pg_data.parent}'\nmax_connections = 300\n"
+                       "logging_collector = off\n")
+        self.start_postgres()
+        admin = create_engine(self.database_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("CREATE DATABASE sas"))
+        admin.dispose()
+
+    def start_postgres(self) -> None:
+        self._pg(str(self.bin / "pg_ctl"), "-D", str(self.pg_data), "-l", str(self.pg_data.parent / "postgres.log"),
+                 "-w", "-t", "60", "start")
+
+    def stop_postgres(self, mode: str = "immediate") -> None:
+        self._pg(str(self.bin / "pg_ctl"), "-D", str(self.pg_data), "-m", mode, "-w", "-t", "60", "stop")
+
+    def stop(self) -> None:
+        self.kill_redis()
+        try:
+            self.stop_postgres("fast")
+        except Exception:
+            pass
+        # the database's log is kept beside the others
+        log = self.pg_data.parent / "postgres.log"
+        if log.exists():
+            shutil.copy(log, self.home / "logs" / "postgres.log")
+        shutil.rmtree(self.pg_root, ignore_errors=True)
+
+
+# -- the processes of the pattern ---------------------------------------------------------------
+
+
+@dataclass
+class Fleet:
+    """The services, workers and beats, each in its own process group."""
+
+    home: Path
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)
+    extra_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self, name: str, argv: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        with self.lock:
+            if argv is not None:
+                self.argv[name] = argv
+            if env is not None:
+                self.extra_env[name] = env
+            with open(self.home / "logs" / f"{name}.log", "ab") as log:
+                log.write(f"--- start {time.strftime('%H:%M:%S')}\n".encode())
+                self.procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "sas_app.cli", *self.argv[name]], stdout=log, stderr=subprocess.STDOUT,
+                    env={**self.env, **self.extra_env.get(name, {})}, cwd=self.home, start_new_session=True,
+                )
+
+    def signal(self, name: str, sig: int, group: bool = True) -> None:
+        proc = self.procs[name]
+        try:
+            os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self, name: str) -> None:
+        self.signal(name, signal.SIGKILL)
+        self.procs[name].wait(30)
+
+    def restart(self, name: str, env: dict[str, str] | None = None) -> None:
+        self.kill(name)
+        self.start(name, env=env)
+
+    def log(self, name: str) -> str:
+        return (self.home / "logs" / f"{name}.log").read_text(errors="replace")
+
+    def heal(self) -> list[str]:
+        """Resume every paused process group, start again any process that is gone."""
+        restarted = []
+        for name, proc in list(self.procs.items()):
+            self.signal(name, signal.SIGCONT)
+            if proc.poll() is not None:
+                self.start(name)
+                restarted.append(name)
+        return restarted
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.signal(name, signal.SIGCONT)
+            self.signal(name, signal.SIGKILL)
+            try:
+                self.procs[name].wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def plan_orders(count: int, rng: random.Random) -> list[dict[str, Any]]:
+    """Each order's payload: an amount and, for some, one remote fault."""
+    plan = []
+    for _ in range(count):
+        payload: dict[str, Any] = {"amount": round(rng.uniform(5, 200), 2)}
+        roll = rng.random()
+        action = rng.choice(DO_ACTIONS)
+        if roll < 0.10:
+            payload["faults"] = {action: "transient:2"}
+        elif roll < 0.15:
+            payload["faults"] = {rng.choice(("charge", "ship")): "hang:30@1"}
+        elif roll < 0.20:
+            payload["faults"] = {action: "latency:0.3"}
+        elif roll < 0.22:
+            payload["faults"] = {"charge": "permanent"}
+        plan.append(payload)
+    return plan
+
+
+def plan_chaos(each: int, window: float, rng: random.Random) -> list[tuple[float, str]]:
+    """When each fault fires, seconds from the start: every kind ``each`` times, spread over the window."""
+    events = [(round(rng.uniform(2.0, max(window - 2.0, 3.0)), 2), kind) for kind in KINDS for _ in range(each)]
+    return sorted(events)
+
+
+class Chaos:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.home = Path(args.home or tempfile.mkdtemp(prefix=f"sas-chaos-{stamp}-"))
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        self.servers = Servers(self.home)
+        self.injected: Counter[str] = Counter()
+        self.timeline: list[dict[str, Any]] = []
+        self.accepted: dict[str, str] = {}  # business key -> run id
+        self.submit_failures: list[str] = []
+        self.submit_retries = 0
+        self.poison_keys: list[str] = []
+        self.agent_names = [f"agent{i}" for i in range(args.agents)]
+        self.fault_homes = 0
+        self.background: list[threading.Thread] = []
+
+    # setting up ---------------------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        s = self.servers
+        ports = self.ports
+        return {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "SAS_APP": "workers.app:sas",
+            "SAS_HOME": str(self.home / "sas"),
+            "SAS_DATABASE_URL": s.database_url,
+            "SAS_BROKER_URL": s.redis_url,
+            "SAS_SUPERVISOR_INTERVAL": "1",
+            "SAS_PICKUP_TIMEOUT": "5",
+            "SAS_RETRY_BACKOFF": "0.5",
+            "SAS_RETRY_BACKOFF_MAX": "4",
+            "SAS_VISIBILITY_TIMEOUT": "30",
+            "SAS_TASK_EVENTS": "false",
+            "SAS_BREAKER_FAIL_MAX": "0",
+            "PAYMENT_SERVICE_URL": f"http://127.0.0.1:{ports['payment']}",
+            "WAREHOUSE_SERVICE_URL": f"http://127.0.0.1:{ports['warehouse']}",
+        }
+
+    def start(self) -> None:
+        # The submitting side's own logs (a broker or database down while it submits) go beside the
+        # workers' logs, where the password scan reads them too.
+        handler = logging.FileHandler(self.home / "logs" / "driver.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logging.getLogger().addHandler(handler)
+        logging.getLogger().setLevel(logging.INFO)
+        self.servers.start_redis()
+        self.servers.init_postgres()
+        self.ports = {"payment": free_port(), "warehouse": free_port()}
+        env = self.env()
+        from sas_app import SasApp, Settings
+        from workers.orders import install
+
+        self.sas = SasApp(Settings.from_env(env))
+        install(self.sas, charge_timeout=3.0, step_timeout=5.0, max_failures=self.args.max_failures)
+        self.sas.migrate()
+        self.fleet = Fleet(self.home, env)
+        for name, port in self.ports.items():
+            self.fleet.start(name, [f"{name}-service", "--port", str(port),
+                                    "--ledger", str(self.home / f"{name}-ledger.db")])
+        self.fleet.start("scheduler", ["worker", "-Q", "sas.scheduler,sas.supervisor", "-c", "2",
+                                       "-n", "scheduler@%h"])
+        for name in self.agent_names:
+            self.fleet.start(name, ["worker", "-Q", AGENT_QUEUES, "-c", "2", "-n", f"{name}@%h"])
+        for name in ("beat1", "beat2"):
+            self.fleet.start(name, ["beat", "--schedule", str(self.home / f"{name}-schedule")])
+        for name in ("scheduler", *self.agent_names):
+            wait_until(partial(self.is_ready, name), 60, f"{name} to be ready")
+        for port in self.ports.values():
+            wait_until(partial(_answers, port), 30, "the services")
+
+    def is_ready(self, name: str) -> bool:
+        return "ready." in self.fleet.log(name)
+
+    # the faults -----------------------------------------------------------------------------------
+
+    def later(self, delay: float, action: Callable[[], None]) -> None:
+        def run() -> None:
+            time.sleep(delay)
+            action()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self.background.append(thread)
+
+    def inject(self, kind: str) -> str:
+        fleet, servers, rng = self.fleet, self.servers, self.rng
+        if kind == "kill_agent":
+            name = rng.choice(self.agent_names)
+            fleet.restart(name)
+            return name
+        if kind == "kill_scheduler":
+            fleet.restart("scheduler")
+            return "scheduler"
+        if kind == "kill_supervisor":
+            name = rng.choice(("beat1", "beat2"))
+            fleet.kill(name)
+            self.later(2.0, lambda: fleet.start(name))
+            return name
+        if kind == "restart_redis":
+            servers.kill_redis()
+            time.sleep(1.0)
+            servers.start_redis()
+            return "SIGKILL, restarted from its append-only file"
+        if kind == "restart_postgres":
+            servers.stop_postgres("immediate")
+            time.sleep(1.0)
+            servers.start_postgres()
+            return "immediate stop, crash recovery"
+        if kind == "flushall":
+            servers.flushall()
+            return "every queue, unacked message and binding gone"
+        if kind == "zombie":
+            name = rng.choice(self.agent_names)
+            fleet.signal(name, signal.SIGSTOP)
+            pause = 8.0  # past the charge's 3 s complete-by and any step's 5 s
+            self.later(pause, lambda: fleet.signal(name, signal.SIGCONT))
+            return f"{name} stopped {pause:.0f}s"
+        if kind == "kill_after_call":
+            name = rng.choice(self.agent_names)
+            self.fault_homes += 1
+            # A fault-point marker of its own, so "@once" fires once in this worker's life.
+            fleet.restart(name, env={"SAS_FAULTS": "agent.after_call=kill@once",
+                                     "SAS_HOME": str(self.home / f"fault-{self.fault_homes}")})
+            return name
+        if kind == "warm_shutdown":
+            name = rng.choice(self.agent_names)
+            fleet.signal(name, signal.SIGTERM, group=False)
+
+            def restart_when_gone() -> None:
+                try:
+                    fleet.procs[name].wait(30)
+                except subprocess.TimeoutExpired:
+                    fleet.kill(name)
+                fleet.start(name, env={})
+
+            self.later(0.0, restart_when_gone)
+            return name
+        if kind == "poison":
+            key = f"poison-{len(self.poison_keys)}"
+            self.poison_keys.append(key)
+            self.submit(key, {"amount": 1.0, "faults": {"charge": "poison"}})
+            return key
+        raise ValueError(kind)
+
+    def chaos(self, schedule: list[tuple[float, str]], started: float) -> None:
+        for at, kind in schedule:
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            t0 = time.monotonic()
+            try:
+                detail = self.inject(kind)
+                ok = True
+            except Exception as exc:  # a fault that could not be injected is reported, not hidden
+                detail, ok = f"{type(exc).__name__}: {exc}", False
+            self.injected[kind] += ok
+            self.timeline.append({"at": round(t0 - started, 2), "kind": kind, "detail": detail, "injected": ok,
+                                  "took_s": round(time.monotonic() - t0, 2)})
+
+    # the orders ---------------------------------------------------------------------------------
+
+    def submit(self, key: str, payload: dict[str, Any]) -> None:
+        """Submit as a careful client does: on any error try again with the same business key (a
+        run already written is returned, not written twice), for up to a minute."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                handle = self.sas.submit("order", payload, business_key=key)
+                self.accepted[key] = handle.id
+                return
+            except Exception:
+                self.submit_retries += 1
+                if time.monotonic() > deadline:
+                    self.submit_failures.append(key)
+                    return
+                time.sleep(0.25)
+
+    def run(self) -> dict[str, Any]:
+        args = self.args
+        orders = plan_orders(args.orders, self.rng)
+        window = args.orders / args.rate
+        schedule = plan_chaos(args.each, window, self.rng)
+        for payload in orders:
+            for spec in (payload.get("faults") or {}).values():
+                self.injected["remote_" + spec.split(":")[0].split("@")[0]] += 1
+        started = time.monotonic()
+        chaos = threading.Thread(target=self.chaos, args=(schedule, started), daemon=True)
+        chaos.start()
+        for i, payload in enumerate(orders):
+            time.sleep(max(0.0, started + i / args.rate - time.monotonic()))
+            self.submit(f"order-{i:05d}", payload)
+        chaos.join()
+        for thread in self.background:
+            thread.join(60)
+        healed_at = time.monotonic()
+        restarted = self.fleet.heal()
+        finished = self.wait_for_the_end(args.bound)
+        return self.report(started, healed_at, finished, restarted)
+
+    def wait_for_the_end(self, bound: float) -> bool:
+        from sas_app.models import runs
+
+        ids = list(self.accepted.values())
+        deadline = time.monotonic() + bound
+
+        def open_runs() -> int:
+            with self.sas.store.engine.connect() as conn:
+                rows = conn.execute(select(runs.c.process_state).where(runs.c.id.in_(ids))).scalars().all()
+            return len(ids) - sum(state in TERMINAL for state in rows)
+
+        while time.monotonic() < deadline:
+            try:
+                if open_runs() == 0:
+                    return True
+            except Exception:
+                pass
+            time.sleep(0.5)
+        return False
+
+    # the figures --------------------------------------------------------------------------------
+
+    def report(self, started: float, healed_at: float, finished: bool, restarted: list[str]) -> dict[str, Any]:
+        from sas_app.models import events, runs, steps
+
+        ids = set(self.accepted.values())
+        with self.sas.store.engine.connect() as conn:
+            run_rows = {r.id: r for r in conn.execute(select(runs).where(runs.c.id.in_(ids)))}
+            step_rows = [s for s in conn.execute(select(steps).where(steps.c.run_id.in_(ids)))]
+            event_rows = [e for e in conn.execute(
+                select(events).where(events.c.run_id.in_(ids)).order_by(events.c.id))]
+        states = Counter(r.process_state for r in run_rows.values())
+        lost = sorted(key for key, run_id in self.accepted.items() if run_id not in run_rows)
+        not_terminal = sorted(r.business_key for r in run_rows.values() if r.process_state not in TERMINAL)
+        reasons = Counter(_reason(r.error) for r in run_rows.values() if r.process_state != "processed" and r.error)
+
+        ledgers = {name: httpx.get(f"http://127.0.0.1:{port}/ledger", timeout=10).json()
+                   for name, port in self.ports.items()}
+        applied: Counter[tuple[str, str, str]] = Counter()
+        for service, entries in ledgers.items():
+            for e in entries:
+                applied[(service, e["order_id"], e["action"])] += 1
+        twice = sorted(f"{s} {order} {action} x{n}" for (s, order, action), n in applied.items() if n > 1)
+        processed_keys = {r.business_key for r in run_rows.values() if r.process_state == "processed"}
+        standing = sorted(f"{s} {e['order_id']} {e['action']}" for s, entries in ledgers.items() for e in entries
+                          if not e["action"].startswith("undo:") and not e["undone_by"]
+                          and e["order_id"] not in processed_keys)
+        missing = sorted(f"{key} {action}" for key in processed_keys for action, service in
+                         (("reserve", "warehouse"), ("charge", "payment"), ("ship", "warehouse"))
+                         if applied[(service, key, action)] != 1)
+
+        recovery, by_cause = _recovery_times(event_rows)
+        attempts = Counter(s.attempt for s in step_rows if s.compensates is None and s.attempt > 0)
+        latency = [r.updated_at - r.created_at for r in run_rows.values() if r.process_state in TERMINAL]
+        poison = []
+        for key in self.poison_keys:
+            run = run_rows.get(self.accepted.get(key, ""))
+            charge = next((s for s in step_rows if run and s.run_id == run.id and s.name == "charge_payment"), None)
+            poison.append({"key": key, "state": run.process_state if run else "missing",
+                           "charge_attempts": charge.attempt if charge else None})
+        children_lost = sum(self.fleet.log(n).count("Task handler raised error: WorkerLostError")
+                            for n in self.agent_names)
+        leaks = self.secrets_in_logs()
+
+        result: dict[str, Any] = {
+            "date": date.today().isoformat(),
+            "command": "python -m bench.chaos " + " ".join(sys.argv[1:]),
+            "seed": self.args.seed,
+            "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+            "config": {"orders": self.args.orders, "rate_per_s": self.args.rate, "each": self.args.each,
+                       "agent_workers": self.args.agents, "max_failures": self.args.max_failures,
+                       "supervisor_interval_s": 1, "charge_timeout_s": 3, "step_timeout_s": 5,
+                       "redis": self.servers.redis_url.replace(self.servers.redis_password, "***"),
+                       "postgres": self.servers.database_url.replace(self.servers.pg_password, "***")},
+            "faults_injected": dict(sorted(self.injected.items())),
+            "timeline": self.timeline,
+            "submitted": len(self.accepted),
+            "submit_retries": self.submit_retries,
+            "submit_gave_up": self.submit_failures,
+            "processed": states["processed"],
+            "compensated": states["compensated"],
+            "error": states["error"],
+            "cancelled": states["cancelled"],
+            "not_processed_reasons": dict(reasons.most_common()),
+            "lost": len(lost) + len(missing),
+            "lost_runs": lost,
+            "processed_without_their_effects": missing,
+            "effects_applied_twice": len(twice),
+            "effects_applied_twice_detail": twice,
+            "effects_left_standing": len(standing),
+            "effects_left_standing_detail": standing,
+            "not_terminal_within_bound": len(not_terminal),
+            "not_terminal_detail": not_terminal[:50],
+            "bound_s": self.args.bound,
+            "all_ended_s_after_heal": round(time.monotonic() - healed_at, 1) if finished else None,
+            "restarted_at_heal": restarted,
+            "recovery_s": {"count": len(recovery), "p50": percentile(recovery, 50), "p99": percentile(recovery, 99),
+                           "max": round(max(recovery), 3) if recovery else None, "by_cause": by_cause},
+            "attempts_per_step": {str(k): v for k, v in sorted(attempts.items())},
+            "latency_s": {"p50": percentile(latency, 50), "p99": percentile(latency, 99)},
+            "poison": poison,
+            "agent_children_lost": children_lost,
+            "secrets_in_logs": leaks,
+            "elapsed_s": round(time.monotonic() - started, 1),
+            "home": str(self.home),
+        }
+        result["invariants_hold"] = not (result["lost"] or result["effects_applied_twice"]
+                                         or result["effects_left_standing"] or result["not_terminal_within_bound"]
+                                         or leaks or self.submit_failures)
+        return result
+
+    def secrets_in_logs(self) -> int:
+        """Lines, in every log this run wrote, that show a password."""
+        found = 0
+        for path in [*self.home.glob("logs/*.log"), self.servers.redis_dir / "redis.log",
+                     self.servers.pg_data.parent / "postgres.log"]:
+            if path.exists():
+                text = path.read_text(errors="replace")
+                found += sum(text.count(secret) for secret in self.servers.secrets())
+        return found
+
+    def stop(self) -> None:
+        if hasattr(self, "fleet"):
+            self.fleet.stop_all()
+        if hasattr(self, "sas"):
+            self.sas.store.dispose()
+        self.servers.stop()
+
+
+def _reason(error: str) -> str:
+    """An error message without the ids in it, so that equal reasons count together."""
+    if "lost its worker" in error:
+        return "a step lost its worker every attempt (poison)"
+    if "refused" in error:
+        return "a remote service refused a step for good"
+    if "complete-by" in error:
+        return "a step passed its complete-by at every attempt"
+    return error[:120]
+
+
+def _recovery_times(event_rows: list[Any]) -> tuple[list[float], dict[str, dict[str, Any]]]:
+    """From each attempt given up to its step's next dispatch, in seconds: measured from the
+    attempt's complete-by for one the Supervisor found expired, from the worker's report for one
+    whose worker died."""
+    deadline: dict[tuple[str, int, int], float] = {}
+    given_up: dict[tuple[str, int, int], tuple[float, str]] = {}
+    times: dict[str, list[float]] = defaultdict(list)
+    for e in event_rows:
+        if e.kind != "transition" or e.position is None:
+            continue
+        key = (e.run_id, e.position, e.attempt)
+        if e.to_state == "running" and e.detail:
+            deadline[key] = e.detail.get("complete_by")
+            previous = given_up.pop((e.run_id, e.position, e.attempt - 1), None)
+            if previous is not None:
+                times[previous[1]].append(e.at - previous[0])
+        elif e.from_state == "running" and e.to_state == "pending" and e.detail and "reason" in e.detail:
+            cause = e.detail["reason"]
+            start = deadline.get(key) if cause == "expired" else e.at
+            if start is not None:
+                given_up[key] = (start, cause)
+    everything = [t for values in times.values() for t in values]
+    summary = {cause: {"count": len(v), "p50": percentile(v, 50), "max": round(max(v), 3)}
+               for cause, v in times.items()}
+    return everything, summary
+
+
+def print_report(r: dict[str, Any]) -> None:
+    rec, lat = r["recovery_s"], r["latency_s"]
+    lines = [
+        f"sas chaos, seed {r['seed']}: {r['submitted']} orders, {r['elapsed_s']}s",
+        "faults injected: " + ", ".join(f"{k} {v}" for k, v in r["faults_injected"].items()),
+        f"submitted {r['submitted']}  processed {r['processed']}  compensated {r['compensated']}  "
+        f"error {r['error']}  (client retries while servers were down: {r['submit_retries']})",
+        *(f"  not processed: {n} x {why}" for why, n in r["not_processed_reasons"].items()),
+        f"lost {r['lost']}  effects applied twice {r['effects_applied_twice']}  effects left standing "
+        f"{r['effects_left_standing']}  not terminal within {r['bound_s']:.0f}s {r['not_terminal_within_bound']}  "
+        f"passwords in logs {r['secrets_in_logs']}",
+        f"recovery to re-dispatch over {rec['count']} attempts given up: p50 {rec['p50']}s  p99 {rec['p99']}s  "
+        f"max {rec['max']}s",
+        "attempts per step: " + ", ".join(f"{k}: {v}" for k, v in r["attempts_per_step"].items()),
+        f"end-to-end latency: p50 {lat['p50']}s  p99 {lat['p99']}s",
+        "poison orders: " + ", ".join(f"{p['key']} {p['state']} after {p['charge_attempts']} attempts"
+                                      for p in r["poison"]),
+        "invariants: " + ("hold" if r["invariants_hold"] else "BROKEN"),
+        f"logs and state: {r['home']}",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sas chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--orders", type=int, default=500, help="orders to submit (default 500)")
+    parser.add_argument("--rate", type=float, default=10.0, help="orders submitted per second (default 10)")
+    parser.add_argument("--each", type=int, default=2, help="how many times each kind of fault fires (default 2)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the order and fault plans (default 1)")
+    parser.add_argument("--agents", type=int, default=3, help="agent worker processes (default 3)")
+    parser.add_argument("--max-failures", type=int, default=4, help="failed attempts a step may have (default 4)")
+    parser.add_argument("--bound", type=float, default=180.0,
+                        help="seconds after the last fault by which every run must have ended (default 180)")
+    parser.add_argument("--home", default=None, help="folder for servers, logs and ledgers (default: a new temp dir)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where chaos-<date>.json goes")
+    parser.add_argument("--keep", action="store_true", help="keep the home folder even when every invariant holds")
+    args = parser.parse_args(argv)
+    if args.orders < 1 or args.rate <= 0 or args.each < 1 or args.agents < 1 or args.max_failures < 2:
+        parser.error("--orders, --rate, --each and --agents must be positive and --max-failures at least 2")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    chaos = Chaos(args)
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        chaos.start()
+        result = chaos.run()
+    finally:
+        chaos.stop()
+        signal.signal(signal.SIGTERM, previous)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"chaos-{result['date']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print_report(result)
+    print(f"written: {path}")
+    if result["invariants_hold"] and not args.keep:
+        shutil.rmtree(chaos.home, ignore_errors=True)
+    return 0 if result["invariants_hold"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
