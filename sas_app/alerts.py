@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from .settings import redact_url
 from .store import Tx
 
 log = logging.getLogger("sas.alerts")
@@ -104,7 +105,7 @@ class WebhookSender:
                     with attempt:
                         httpx.post(self.url, json=alert, timeout=self.timeout).raise_for_status()
             except Exception:
-                log.exception("alert webhook %s failed %d times for run %s", self.url, self.tries,
+                log.exception("alert webhook %s failed %d times for run %s", redact_url(self.url), self.tries,
                               alert.get("run_id"))
 
 

@@ -15,12 +15,15 @@ from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 import click
+from kombu.exceptions import KombuError
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from .app import SasApp
 from .errors import SasError
 from .models import RUN_STATES
+from .settings import mask_secrets, redact_url
 
 DEFAULT_APP = "workers.app:sas"
 # Piped or redirected output is not cut to 80 columns: every id and name stays whole.
@@ -35,6 +38,8 @@ def load_app(spec: str) -> SasApp:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         fail(f"cannot import the app module {module_name!r}: {exc}")
+    except Exception as exc:  # building the app failed: a bad setting or URL
+        fail(f"cannot load the app {spec!r}: {one_line(exc)}")
     app = getattr(module, attr or "sas", None)
     if not isinstance(app, SasApp):
         fail(f"{spec!r} does not name a SasApp")
@@ -42,8 +47,32 @@ def load_app(spec: str) -> SasApp:
 
 
 def fail(message: str) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {mask_secrets(message)}", err=True)
     sys.exit(2)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: its type and the first line of its message (SQLAlchemy's go on with
+    the statement and its parameters)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class SasGroup(click.Group):
+    """The ``sas`` command: a state store or broker that is down, or a URL that does not parse,
+    ends any command with one line naming the problem (passwords masked), not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (SQLAlchemyError, KombuError, OSError, ValueError) as exc:
+            message = one_line(exc)
+            if "no such table" in message or "does not exist" in message:
+                message += "; run `sas migrate` first"
+            where = [f"{label} {redact_url(value)}" for label, value in (
+                ("state store", os.environ.get("SAS_DATABASE_URL")), ("broker", os.environ.get("SAS_BROKER_URL")))
+                if value]
+            fail(message + (f" ({', '.join(where)})" if where else ""))
 
 
 def when(epoch: float | None) -> str:
@@ -67,7 +96,7 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=SasGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--app", "spec", envvar="SAS_APP", default=DEFAULT_APP, show_default=True,
               help="The SasApp to use, as module:attribute (env SAS_APP).")
 @click.pass_context
@@ -83,7 +112,7 @@ def migrate(ctx: Context) -> None:
     try:
         ctx.app.migrate()
     except Exception as exc:  # a database that is down or refuses us: one line, no traceback
-        fail(f"migration failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        fail(f"migration failed: {one_line(exc)}")
     click.echo("schema is up to date")
 
 

@@ -30,6 +30,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("sas.scheduler")
 
 
+def well_formed(kind: str, run_id: Any, *numbers: Any) -> bool:
+    """A Scheduler message names a run (an id string) and, for a reply, a step position and an
+    attempt (integers). Anything else is logged and dropped before it reaches the store."""
+    if isinstance(run_id, str) and 0 < len(run_id) <= 64 and all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers
+    ):
+        return True
+    log.error("%s rejected a malformed message: run_id must be an id and position and attempt "
+              "non-negative integers, got %r", kind, (run_id, *numbers))
+    return False
+
+
 @dataclass(frozen=True)
 class Dispatch:
     """An agent message to send once the transaction that marked its step running commits."""
@@ -87,24 +99,29 @@ class Scheduler:
 
         @self.celery.task(name="sas.scheduler.advance", **options)
         def advance(run_id: str) -> None:
-            self.advance(run_id)
+            if well_formed("advance", run_id):
+                self.advance(run_id)
 
         @self.celery.task(name="sas.scheduler.step_done", **options)
         def step_done(run_id: str, position: int, attempt: int, result: Any = None,
                       results: dict[str, Any] | None = None) -> None:
-            self.step_done(run_id, position, attempt, result, results)
+            if well_formed("step_done", run_id, position, attempt) and (results is None or isinstance(results, dict)):
+                self.step_done(run_id, position, attempt, result, results)
 
         @self.celery.task(name="sas.scheduler.step_failed", **options)
         def step_failed(run_id: str, position: int, attempt: int, error: str = "") -> None:
-            self.step_failed(run_id, position, attempt, error)
+            if well_formed("step_failed", run_id, position, attempt):
+                self.step_failed(run_id, position, attempt, str(error))
 
         @self.celery.task(name="sas.scheduler.step_deferred", **options)
         def step_deferred(run_id: str, position: int, attempt: int, delay: float = 1.0, reason: str = "") -> None:
-            self.step_deferred(run_id, position, attempt, delay, reason)
+            if well_formed("step_deferred", run_id, position, attempt) and isinstance(delay, (int, float)):
+                self.step_deferred(run_id, position, attempt, delay, str(reason))
 
         @self.celery.task(name="sas.scheduler.step_lost", **options)
         def step_lost(run_id: str, position: int, attempt: int, reason: str = "") -> None:
-            self.step_lost(run_id, position, attempt, reason)
+            if well_formed("step_lost", run_id, position, attempt):
+                self.step_lost(run_id, position, attempt, str(reason))
 
     # -- handlers ---------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 def _home(env: Mapping[str, str]) -> Path:
@@ -138,6 +139,41 @@ def _parse(kind: type, raw: str) -> object:
     if kind in (int, float):
         return kind(raw)
     return raw
+
+
+def redact_url(url: str) -> str:
+    """A URL fit for a log line: scheme, host and port only. Credentials may sit in the user info
+    (``redis://:password@host``) or in the path and query (a chat webhook's token)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}/…" if parts.scheme else "(url)"
+
+
+#: settings whose values may carry credentials
+SECRET_SETTINGS = ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_BREAKER_URL", "SAS_ALERT_WEBHOOK")
+
+
+def mask_secrets(text: str, env: Mapping[str, str] | None = None) -> str:
+    """``text`` with every password (and webhook path) found in the ``SAS_*`` URLs replaced by
+    ``***``: for messages built from errors whose wording we do not control."""
+    env = os.environ if env is None else env
+    for name in SECRET_SETTINGS:
+        value = env.get(name, "")
+        if not value:
+            continue
+        parts = urlsplit(value)
+        try:
+            password = parts.password
+        except ValueError:
+            password = None
+        hidden = [password] if password else []
+        if name == "SAS_ALERT_WEBHOOK" and (parts.path.strip("/") or parts.query):
+            hidden += [value, parts.path + (f"?{parts.query}" if parts.query else "")]
+        for secret in sorted(filter(None, hidden), key=len, reverse=True):
+            text = text.replace(secret, "***")
+    return text
 
 
 def instance_id() -> str:

@@ -20,8 +20,9 @@ def sas_cli(tmp_path):
     # No worker runs here: submit only asks the Scheduler (by message), so runs stay pending.
     env.update({"SAS_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO), "SAS_INLINE_REPLIES": "false"})
 
-    def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([SAS, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    def run(*args: str, ok: bool = True, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([SAS, *args], capture_output=True, text=True, env={**env, **(extra_env or {})},
+                                cwd=tmp_path, timeout=60)
         if ok:
             assert result.returncode == 0, result.stderr
         return result
@@ -87,3 +88,41 @@ def test_operator_commands_act_and_record_who_and_why(sas_cli):
     ]:
         result = sas_cli(*args, ok=False)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+PASSWORD = "s3cret-Pw"
+
+
+@pytest.mark.parametrize(
+    ("database_url", "problem"),
+    [
+        (f"postgresql+psycopg2://sas:{PASSWORD}@127.0.0.1:1/sas", "Connection refused"),
+        (f"postgresql+psycopg2://sas:{PASSWORD}@127.0.0.1:notaport/sas", "invalid literal for int()"),
+        (f"nosuchdb://sas:{PASSWORD}@127.0.0.1/sas", "Can't load plugin: sqlalchemy.dialects:nosuchdb"),
+    ],
+)
+@pytest.mark.parametrize("command", [["runs"], ["submit", "order", "--key", "k"], ["migrate"]])
+def test_a_store_that_is_down_or_a_bad_url_is_one_line_without_the_password(sas_cli, database_url, problem, command):
+    result = sas_cli(*command, ok=False, extra_env={"SAS_DATABASE_URL": database_url})
+
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and problem in line
+    assert PASSWORD not in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_store_never_migrated_says_to_migrate(sas_cli):
+    result = sas_cli("runs", ok=False)
+    assert result.returncode == 2
+    assert "no such table: runs; run `sas migrate` first" in result.stderr
+
+
+def test_a_broker_that_is_down_leaves_the_run_stored_for_the_supervisor(sas_cli):
+    # Celery's own retries give up, the run is written: a Supervisor will start it. The password
+    # of the broker's URL shows nowhere.
+    sas_cli("migrate")
+    broker = {"SAS_BROKER_URL": f"redis://:{PASSWORD}@127.0.0.1:1/0"}
+    result = sas_cli("submit", "order", "--key", "k-1", "--payload", '{"amount": 1}', extra_env=broker)
+    assert PASSWORD not in result.stdout + result.stderr
+    assert sas_cli("runs", "--json").stdout.count('"pending"') == 1

@@ -85,6 +85,31 @@ def test_cancel_mid_run_undoes_what_was_done_and_ends_cancelled(sas, pump):
     assert [s.state for s in view.steps[:3]] == ["compensated", "compensated", "not_started"]
 
 
+@pytest.mark.parametrize("end", ["cancel", "compensate"])
+def test_replies_that_arrive_after_a_run_was_cancelled_or_compensated_change_nothing(sas, pump, end):
+    handle = sas.submit("saga", {}, business_key=f"late-{end}")
+    pump.run(["sas.scheduler"])
+    pump.run(["sas.agent.svc"])
+    pump.run(["sas.scheduler"])
+    [in_flight] = pump.take("sas.agent.svc")  # the second step's message, held back
+    getattr(sas, end)(handle.id, by="gil", reason="")
+    pump.run()
+    before = handle.status()
+    assert before.process_state == {"cancel": "cancelled", "compensate": "compensated"}[end]
+
+    pump.execute(in_flight)  # the agent runs at last and replies
+    sas.scheduler.step_done(handle.id, 0, 1, {"late": True})
+    sas.scheduler.step_failed(handle.id, 1, 1, "late error")
+    sas.scheduler.step_lost(handle.id, 1, 1, "late report")
+    sas.scheduler.advance(handle.id)
+    pump.run()
+
+    after = handle.status()
+    assert (after.run, after.steps) == (before.run, before.steps)
+    new = [e.kind for e in after.events[len(before.events):]]
+    assert new == ["stale_reply"] * 4
+
+
 def test_cancel_a_pending_run_with_nothing_done(sas, pump):
     handle = sas.submit("saga", {}, business_key="r6")
     assert sas.cancel(handle.id, by="fay", reason="") == "cancelled"
