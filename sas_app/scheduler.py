@@ -241,8 +241,7 @@ class Scheduler:
             if run is None or step is None or run.process_state not in LIVE_RUN_STATES:
                 self._stale(tx, run, position, attempt, "step_lost")
                 return
-            outcome = recover_step(tx, self.alerts, self.settings, run, step, WORKER_LOST, reason,
-                                   actor=self.instance_id)
+            outcome = recover_step(tx, self.alerts, self.settings, step, WORKER_LOST, reason, actor=self.instance_id)
         self.alerts.emit(outcome.alert)
         log.warning("run %s step %s attempt %s: worker lost (%s); %s", run_id, position, attempt, reason,
                     "failed for good" if outcome.failed else f"retry in {outcome.backoff:.1f}s")
@@ -349,9 +348,9 @@ def backoff(settings: Settings, failure_count: int) -> float:
 
 
 def recover_step(
-    tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, step: StepRow, why: str, detail: str, *, actor: str
+    tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: str, detail: str, *, actor: str
 ) -> Recovery:
-    """In the caller's transaction (the run locked), for a ``running`` attempt that will never
+    """In the caller's transaction (the step's row locked), for a ``running`` attempt that will never
     reply: count one failure; under the step's threshold, back to pending after a back-off (the
     caller asks the Scheduler again after it); at the threshold, the step fails for good and the
     run is undone (or goes to ``error``) with one alert. Fenced on the attempt: nothing happens if
@@ -366,7 +365,8 @@ def recover_step(
     if detail:
         reason += f": {detail}"
     failed = tx.fail_step(step.run_id, step.position, step.attempt, EXPIRED, actor=actor, count_failure=True)
-    if failed is None:
+    run = tx.lock_run(step.run_id) if failed is not None else None
+    if failed is None or run is None:
         return Recovery(retried=False, failed=False, backoff=0.0)
     return Recovery(retried=False, failed=True, backoff=0.0,
                     alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor))

@@ -96,15 +96,12 @@ class Supervisor:
         with self.store.begin() as tx:
             expired = tx.expired_steps(s.sweep_batch)
             for step in expired:
-                run = tx.lock_run(step.run_id)  # already locked by expired_steps: no wait
-                if run is None:
-                    continue
-                outcome = recover_step(tx, self.alerts, s, run, step, EXPIRED_REASON, "", actor=self.instance_id)
+                outcome = recover_step(tx, self.alerts, s, step, EXPIRED_REASON, "", actor=self.instance_id)
                 if outcome.retried:
                     retried.append((step.run_id, step.position, outcome.backoff))
                 elif outcome.failed:
                     raised.append(outcome.alert)
-                    failed.append(run.id)
+                    failed.append(step.run_id)
             requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
         faults.hit("supervisor.after_commit")
         relay(self.celery, self.store, tx.outbox)
