@@ -687,7 +687,6 @@ def print_report(r: dict[str, Any]) -> None:
         "poison orders: " + ", ".join(f"{p['key']} {p['state']} after {p['charge_attempts']} attempts"
                                       for p in r["poison"]),
         "invariants: " + ("hold" if r["invariants_hold"] else "BROKEN"),
-        f"logs and state: {r['home']}",
     ]
     print("\n".join(lines), flush=True)
 
@@ -728,6 +727,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"written: {path}")
     if result["invariants_hold"] and not args.keep:
         shutil.rmtree(chaos.home, ignore_errors=True)
+        print("logs and state removed (every invariant held; --keep keeps them)")
+    else:
+        print(f"logs and state: {chaos.home}")
     return 0 if result["invariants_hold"] else 1
 
 
