@@ -50,6 +50,12 @@ def agent_task_name(agent: str, action: str) -> str:
     return f"sas.agent.{agent}.{action}"
 
 
+def dispatch_task_id(run_id: str, position: int, attempt: int) -> str:
+    """The Celery task id of one dispatch of a step: the same in the store's history, in Flower
+    and in the dashboard's links, with nothing stored."""
+    return f"{run_id}-{position}-{attempt}"
+
+
 def is_transient(exc: BaseException) -> bool:
     """The retry policy: :class:`TransientError`, and the network's own transient faults
     (``httpx.TransportError`` — connect errors and timeouts —, ``ConnectionError``, ``TimeoutError``),

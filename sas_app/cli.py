@@ -344,6 +344,30 @@ def demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: boo
         sys.exit(1)
 
 
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--basic-auth", "basic_auth", envvar="FLOWER_BASIC_AUTH", default="",
+              help="user:password[,user:password...], as Flower's (env FLOWER_BASIC_AUTH). Default: no auth.")
+@click.option("--flower-url", envvar="SAS_FLOWER_URL", default="",
+              help="Flower's address, for links to each dispatch's task (env SAS_FLOWER_URL).")
+@click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True)
+@pass_ctx
+def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: str, threads: int) -> None:
+    """Serve the read-only dashboard and the Prometheus metrics (/metrics) of the state store."""
+    from waitress import serve
+
+    from .dashboard import create_dashboard, parse_basic_auth
+
+    try:
+        credentials = parse_basic_auth(basic_auth)
+    except ValueError as exc:
+        fail(f"--basic-auth: {exc}")
+    app = create_dashboard(ctx.app, basic_auth=credentials, flower_url=flower_url)
+    click.echo(f"sas dashboard on http://{host}:{port}/" + (" (basic auth)" if credentials else ""), err=True)
+    serve(app, host=host, port=port, threads=threads, ident="sas-dashboard")
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def chaos(argv: tuple[str, ...]) -> None:

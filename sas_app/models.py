@@ -187,6 +187,18 @@ alerts = Table(
 Index("ix_alerts_at", alerts.c.at)
 
 
+# One row per Supervisor process: how many sweeps it made and when it last swept, for the
+# dashboard ("is a Supervisor alive?") and the sweeps metric. One UPSERT per sweep.
+supervisors = Table(
+    "supervisors",
+    metadata,
+    Column("instance", String(200), primary_key=True),
+    Column("sweeps", BigInteger, nullable=False),
+    Column("recovered", BigInteger, nullable=False),
+    Column("last_sweep_at", Double, nullable=False),
+)
+
+
 class db_now(FunctionElement[float]):
     """The database's clock, in epoch seconds: every deadline is compared against this."""
 

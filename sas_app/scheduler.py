@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import faults
-from .agent import SCHEDULER_QUEUE, agent_queue, agent_task_name
+from .agent import SCHEDULER_QUEUE, agent_queue, agent_task_name, dispatch_task_id
 from .alerts import COMPENSATION_FAILED, FAILED, Alert, Alerts
 from .notify import relay
 from .settings import Settings, instance_id
@@ -312,6 +312,7 @@ class Scheduler:
             step = next_message.step
             self.celery.send_task(
                 agent_task_name(step.agent, step.action),
+                task_id=dispatch_task_id(step.run_id, step.position, step.attempt),
                 kwargs=next_message.message(),
                 queue=agent_queue(step.agent),
                 priority=self._broker_priority(next_message.run.priority),

@@ -85,6 +85,7 @@ class Supervisor:
         stranded = self.store.unsent(older_than=self.settings.pickup_timeout, limit=self.settings.sweep_batch)
         relay(self.celery, self.store, stranded)
         report.relayed = len(stranded)
+        self.store.record_sweep(self.instance_id, len(report.retried) + len(report.failed) + len(report.requeued))
         report.seconds = time.perf_counter() - started
         return report
 

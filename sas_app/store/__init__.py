@@ -33,7 +33,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Row, make_url
 
-from .models import alerts, db_now, events, outbox, runs, steps
+from ..models import alerts, db_now, events, outbox, runs, steps, supervisors
 
 T = TypeVar("T")
 
@@ -410,6 +410,19 @@ class Store:
             query = query.where(runs.c.workflow == workflow)
         with self.engine.connect() as conn:
             return [_as(RunRow, r) for r in conn.execute(query)]
+
+    def record_sweep(self, instance: str, recovered: int) -> None:
+        """A Supervisor's heartbeat: one more sweep by ``instance``, now."""
+        insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
+        statement = insert_fn(supervisors).values(instance=instance, sweeps=1, recovered=recovered,
+                                                 last_sweep_at=db_now())
+        statement = statement.on_conflict_do_update(
+            index_elements=["instance"],
+            set_={"sweeps": supervisors.c.sweeps + 1, "recovered": supervisors.c.recovered + recovered,
+                  "last_sweep_at": db_now()},
+        )
+        with self.engine.begin() as conn:
+            conn.execute(statement)
 
     def count_runs_by_state(self) -> dict[str, int]:
         query = select(runs.c.process_state, func.count()).group_by(runs.c.process_state)

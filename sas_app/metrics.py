@@ -1,0 +1,172 @@
+"""Prometheus metrics, read from the state store (served by ``sas dashboard`` at ``/metrics``).
+
+The store is the truth, so the metrics come from it rather than from counters kept in each worker
+process: gauges are read at each scrape (runs by state, Supervisors' heartbeats, breakers), and the
+counters and histograms follow the append-only ``events`` table by its primary key, each scrape
+reading only the events written since the last one. Every process on every host is counted, with
+no multiprocess directory and no push gateway; like any Prometheus counter they start from the
+history in the store when the dashboard starts, and ``rate()`` reads them as usual.
+
+Series: ``sas_runs{workflow,state}``, ``sas_runs_finished_total{workflow,state}``,
+``sas_step_duration_seconds{agent}`` (dispatch to completion), ``sas_recoveries_total{agent,cause}``
+(``expired``: the Supervisor found it past complete-by; ``worker_lost``), ``sas_step_failures_total{agent}``,
+``sas_compensations_total{workflow}``, ``sas_alerts_total{kind}``, ``sas_stale_replies_total``,
+``sas_supervisor_sweeps_total{instance}``, ``sas_supervisor_last_sweep_age_seconds{instance}``,
+``sas_breaker_state{agent}`` (0 closed, 1 half-open, 2 open; with a shared Redis breaker only).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from .store import TERMINAL_RUN_STATES
+from .store.observe import HistoryEvent, Observer
+
+if TYPE_CHECKING:
+    from .app import SasApp
+
+#: step duration buckets, seconds
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: events younger than this (by the database's clock) wait for the next scrape: a transaction
+#: that took its id earlier may still be committing
+MARGIN = 5.0
+BATCH = 20_000
+BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
+
+
+class StoreCollector(Collector):
+    def __init__(self, sas: SasApp, margin: float = MARGIN) -> None:
+        self.sas = sas
+        self.margin = margin
+        self.observer = Observer(sas.store)
+        self.lock = threading.Lock()
+        self.last_id = 0
+        self.finished: Counter[tuple[str, str]] = Counter()
+        self.recoveries: Counter[tuple[str, str]] = Counter()
+        self.failures: Counter[str] = Counter()
+        self.compensations: Counter[str] = Counter()
+        self.alerts: Counter[str] = Counter()
+        self.stale = 0
+        self.durations: dict[str, list[int]] = {}
+        self.duration_sums: dict[str, float] = {}
+
+    def follow(self) -> None:
+        """Count the events written since the last scrape."""
+        before = self.observer.now() - self.margin
+        while True:
+            batch = self.observer.history_after(self.last_id, before, BATCH)
+            for event in batch:
+                self._count(event)
+            if batch:
+                self.last_id = batch[-1].id
+            if len(batch) < BATCH:
+                return
+
+    def _count(self, e: HistoryEvent) -> None:
+        detail = e.detail if isinstance(e.detail, dict) else {}
+        if e.kind == "alert":
+            self.alerts[str(detail.get("kind", "unknown"))] += 1
+        elif e.kind == "stale_reply":
+            self.stale += 1
+        elif e.kind != "transition":
+            return
+        elif e.position is None:
+            workflow = e.workflow or "unknown"
+            if e.to_state in TERMINAL_RUN_STATES:
+                self.finished[(workflow, e.to_state)] += 1
+            elif e.to_state == "compensating":
+                self.compensations[workflow] += 1
+        else:
+            agent = e.agent or "unknown"
+            if (e.from_state, e.to_state) == ("running", "completed") and e.dispatched_at is not None:
+                self._observe(agent, max(e.at - e.dispatched_at, 0.0))
+            elif (e.from_state, e.to_state) == ("running", "pending") and "reason" in detail:
+                self.recoveries[(agent, str(detail["reason"]))] += 1
+            elif e.to_state == "failed":
+                self.failures[agent] += 1
+
+    def _observe(self, agent: str, seconds: float) -> None:
+        counts = self.durations.setdefault(agent, [0] * (len(BUCKETS) + 1))
+        for i, bound in enumerate(BUCKETS):
+            if seconds <= bound:
+                counts[i] += 1
+                break
+        else:
+            counts[-1] += 1
+        self.duration_sums[agent] = self.duration_sums.get(agent, 0.0) + seconds
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            self.follow()
+            yield from self._counters()
+        yield from self._gauges()
+
+    def _counters(self) -> Iterator[Metric]:
+        finished = CounterMetricFamily("sas_runs_finished", "Runs that reached a terminal state",
+                                       labels=["workflow", "state"])
+        for (workflow, state), n in sorted(self.finished.items()):
+            finished.add_metric([workflow, state], n)
+        yield finished
+        recoveries = CounterMetricFamily("sas_recoveries", "Attempts given up and retried, by cause",
+                                         labels=["agent", "cause"])
+        for (agent, cause), n in sorted(self.recoveries.items()):
+            recoveries.add_metric([agent, cause], n)
+        yield recoveries
+        failures = CounterMetricFamily("sas_step_failures", "Steps failed for good", labels=["agent"])
+        for agent, n in sorted(self.failures.items()):
+            failures.add_metric([agent], n)
+        yield failures
+        compensations = CounterMetricFamily("sas_compensations", "Runs that started being undone",
+                                            labels=["workflow"])
+        for workflow, n in sorted(self.compensations.items()):
+            compensations.add_metric([workflow], n)
+        yield compensations
+        alerts = CounterMetricFamily("sas_alerts", "Alerts raised, by kind", labels=["kind"])
+        for kind, n in sorted(self.alerts.items()):
+            alerts.add_metric([kind], n)
+        yield alerts
+        yield CounterMetricFamily("sas_stale_replies", "Late or duplicate replies refused by the fence",
+                                  value=self.stale)
+        durations = HistogramMetricFamily("sas_step_duration_seconds", "Step attempts, dispatch to completion",
+                                          labels=["agent"])
+        for agent, counts in sorted(self.durations.items()):
+            cumulative, buckets = 0, []
+            for bound, n in zip([*map(str, BUCKETS), "+Inf"], counts, strict=True):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            durations.add_metric([agent], buckets, sum_value=self.duration_sums[agent])
+        yield durations
+
+    def _gauges(self) -> Iterator[Metric]:
+        runs = GaugeMetricFamily("sas_runs", "Runs by workflow and state, now", labels=["workflow", "state"])
+        for workflow, state, n in sorted(self.observer.runs_by_workflow_and_state()):
+            runs.add_metric([workflow, state], n)
+        yield runs
+        now = self.observer.now()
+        sweeps = CounterMetricFamily("sas_supervisor_sweeps", "Sweeps made by each Supervisor process",
+                                     labels=["instance"])
+        age = GaugeMetricFamily("sas_supervisor_last_sweep_age_seconds", "Seconds since each Supervisor last swept",
+                                labels=["instance"])
+        for sup in self.observer.supervisors():
+            sweeps.add_metric([sup.instance], sup.sweeps)
+            age.add_metric([sup.instance], max(now - sup.last_sweep_at, 0.0))
+        yield sweeps
+        yield age
+        breakers = GaugeMetricFamily("sas_breaker_state", "Agents' circuit breakers: 0 closed, 1 half-open, 2 open",
+                                     labels=["agent"])
+        for name, agent in sorted(self.sas.agents.items()):
+            if agent.breaker is not None and agent.breaker.redis_url:
+                breakers.add_metric([name], BREAKER_STATES.get(agent.breaker.state, 0))
+        yield breakers
+
+
+def registry_for(sas: SasApp, margin: float = MARGIN) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(sas, margin))
+    return registry

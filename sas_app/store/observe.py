@@ -1,0 +1,127 @@
+"""Read-only queries for people and monitoring: the dashboard's pages and the Prometheus metrics.
+
+Nothing here writes. Each query walks an index: runs by state and creation time, events by their
+primary key (the metrics follow the append-only history, so every process on every host is counted
+without counters of their own), alerts by time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Row
+
+from ..models import alerts, events, runs, steps, supervisors
+from . import RunRow, Store, _as
+
+
+@dataclass(frozen=True)
+class AlertView:
+    id: int
+    run_id: str
+    position: int | None
+    kind: str
+    attempt: int | None
+    reason: str
+    at: float
+    workflow: str | None
+    business_key: str | None
+    process_state: str | None
+
+
+@dataclass(frozen=True)
+class SupervisorView:
+    instance: str
+    sweeps: int
+    recovered: int
+    last_sweep_at: float
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    """One event of the history as the metrics count it, with its step's agent and when the
+    step's current attempt was dispatched (``complete_by - timeout``)."""
+
+    id: int
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    position: int | None
+    at: float
+    detail: Any
+    workflow: str | None
+    agent: str | None
+    dispatched_at: float | None
+
+
+class Observer:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.engine = store.engine
+
+    def now(self) -> float:
+        return self.store.now()
+
+    def runs_by_workflow_and_state(self) -> list[tuple[str, str, int]]:
+        query = select(runs.c.workflow, runs.c.process_state, func.count()).group_by(
+            runs.c.workflow, runs.c.process_state)
+        with self.engine.connect() as conn:
+            return [(w, s, int(n)) for w, s, n in conn.execute(query)]
+
+    def submitted_over_time(self, since: float, bucket: float) -> list[tuple[int, str, int]]:
+        """Runs created since ``since``, per ``bucket`` seconds and by their state now:
+        ``(bucket index, state, count)``."""
+        index = func.floor((runs.c.created_at - since) / bucket)
+        query = (select(index, runs.c.process_state, func.count())
+                 .where(runs.c.created_at >= since).group_by(index, runs.c.process_state))
+        with self.engine.connect() as conn:
+            return [(int(i), s, int(n)) for i, s, n in conn.execute(query)]
+
+    def runs(self, *, state: str | None, workflow: str | None, key: str | None, limit: int) -> list[RunRow]:
+        """Newest first, filtered by state, workflow and a business-key prefix."""
+        query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
+        if state:
+            query = query.where(runs.c.process_state == state)
+        if workflow:
+            query = query.where(runs.c.workflow == workflow)
+        if key:
+            escaped = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            query = query.where(runs.c.business_key.like(escaped + "%", escape="\\"))
+        with self.engine.connect() as conn:
+            return [_as(RunRow, r) for r in conn.execute(query)]
+
+    def workflows(self) -> list[str]:
+        with self.engine.connect() as conn:
+            return sorted(conn.execute(select(runs.c.workflow).distinct()).scalars())
+
+    def alerts(self, limit: int) -> list[AlertView]:
+        """The newest alerts with their run's workflow, key and state now."""
+        query = (select(alerts, runs.c.workflow, runs.c.business_key, runs.c.process_state)
+                 .join(runs, runs.c.id == alerts.c.run_id, isouter=True)
+                 .order_by(alerts.c.id.desc()).limit(limit))
+        with self.engine.connect() as conn:
+            return [_as(AlertView, r) for r in conn.execute(query)]
+
+    def supervisors(self) -> list[SupervisorView]:
+        query = select(supervisors).order_by(supervisors.c.last_sweep_at.desc())
+        with self.engine.connect() as conn:
+            return [_as(SupervisorView, r) for r in conn.execute(query)]
+
+    def history_after(self, last_id: int, before: float, limit: int) -> list[HistoryEvent]:
+        """Events with an id above ``last_id`` written before ``before`` (a margin behind the
+        database's clock, so a transaction still committing is not skipped), oldest first."""
+        query = (
+            select(events.c.id, events.c.kind, events.c.from_state, events.c.to_state, events.c.position,
+                   events.c.at, events.c.detail, runs.c.workflow, steps.c.agent,
+                   (steps.c.complete_by - steps.c.timeout).label("dispatched_at"))
+            .join(runs, runs.c.id == events.c.run_id, isouter=True)
+            .join(steps, (steps.c.run_id == events.c.run_id) & (steps.c.position == events.c.position),
+                  isouter=True)
+            .where(events.c.id > last_id, events.c.at < before)
+            .order_by(events.c.id).limit(limit)
+        )
+        with self.engine.connect() as conn:
+            rows: list[Row[Any]] = list(conn.execute(query))
+        return [_as(HistoryEvent, r) for r in rows]

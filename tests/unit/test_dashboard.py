@@ -1,0 +1,102 @@
+"""The dashboard and the metrics, read from a store filled by real runs (the in-process pump on
+SQLite): each page shows what happened, filters filter, and the metrics count it."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sas_app.dashboard import create_dashboard, parse_basic_auth
+from tests.unit.test_engine import sweep_after_expiry
+
+
+@pytest.fixture
+def filled(sas, pump):
+    """Three processed runs, one the Supervisor recovered, one undone after a permanent fault."""
+    done = [sas.submit("three", {}, business_key=f"ok-{i}") for i in range(3)]
+    pump.run()
+    recovered = sas.submit("saga", {"script": {"second": ["hang", "ok"]}}, business_key="hung-1")
+    sweep_after_expiry(sas, pump, recovered.id)
+    undone = sas.submit("saga", {"script": {"third": ["permanent"]}}, business_key="refused-1")
+    pump.run()
+    sas.supervisor.sweep()  # a heartbeat
+    assert [h.status().process_state for h in (*done, recovered, undone)] == \
+        ["processed"] * 4 + ["compensated"]
+    return {"recovered": recovered.id, "undone": undone.id}
+
+
+@pytest.fixture
+def client(sas):
+    # every event counts at once here (the real margin waits out transactions still committing)
+    return create_dashboard(sas, flower_url="http://flower.example:5555", metrics_margin=0.0).test_client()
+
+
+def test_the_overview_counts_runs_by_state_and_charts_them(client, filled):
+    page = client.get("/").get_data(as_text=True)
+
+    assert 'data-state="processed" style' in page and "<b>4</b>" in page
+    assert page.count('class="bar" data-state="processed" data-count="4"') == 1
+    assert page.count('class="bar" data-state="compensated" data-count="1"') == 1
+    assert "no Supervisor has swept yet" not in page
+
+
+def test_runs_filter_by_state_workflow_and_key(client, filled):
+    def rows(query: str) -> list[str]:
+        page = client.get(f"/runs?{query}").get_data(as_text=True)
+        return [line for line in page.splitlines() if line.startswith('<tr class="run"')]
+
+    assert len(rows("")) == 5
+    assert rows("state=compensated") == [r for r in rows("") if 'data-state="compensated"' in r]
+    assert len(rows("state=compensated")) == 1
+    assert len(rows("workflow=three")) == 3 and len(rows("workflow=saga&state=processed")) == 1
+    assert len(rows("key=ok-")) == 3 and rows("key=%25") == []  # a % in the key is a character, not a wildcard
+    assert client.get("/runs?state=bogus").status_code == 400
+
+
+def test_a_run_page_shows_the_supervisor_recovery_on_its_timeline(client, filled):
+    run_id = filled["recovered"]
+    page = client.get(f"/runs/{run_id}").get_data(as_text=True)
+
+    assert 'class="attempt recovered recovery"' in page
+    assert "attempt 1 passed its complete-by: Supervisor recovery" in page
+    assert f"http://flower.example:5555/task/{run_id}-1-2" in page  # the retried dispatch, in Flower
+    assert page.count('class="segment completed"') == 3
+    assert client.get("/runs/nope").status_code == 404
+
+
+def test_alerts_list_the_failure_with_its_run(client, filled):
+    page = client.get("/alerts").get_data(as_text=True)
+    assert 'data-kind="failed"' in page and "refused-1" in page and "third refused" in page
+
+
+def test_the_metrics_count_what_the_history_holds(client, filled):
+    text = client.get("/metrics").get_data(as_text=True)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+
+    assert samples[("sas_runs", (("state", "processed"), ("workflow", "three")))] == 3
+    assert samples[("sas_runs", (("state", "compensated"), ("workflow", "saga")))] == 1
+    assert samples[("sas_step_duration_seconds_count", (("agent", "svc"),))] >= 11
+    assert samples[("sas_alerts_total", (("kind", "failed"),))] == 1
+    assert samples[("sas_compensations_total", (("workflow", "saga"),))] == 1
+    assert samples[("sas_recoveries_total", (("agent", "svc"), ("cause", "expired")))] == 1
+    assert samples[("sas_step_failures_total", (("agent", "svc"),))] == 1
+    assert sum(v for (name, _), v in samples.items() if name == "sas_supervisor_sweeps_total") >= 2
+    # a second scrape reads only what is new, and counts nothing twice
+    again = client.get("/metrics").get_data(as_text=True)
+    assert 'sas_alerts_total{kind="failed"} 1.0' in again
+
+
+def test_basic_auth_as_flower_takes_it(sas):
+    app = create_dashboard(sas, basic_auth=parse_basic_auth("ops:s3cret,viewer:also")).test_client()
+    good = base64.b64encode(b"viewer:also").decode()
+    bad = base64.b64encode(b"ops:wrong").decode()
+
+    assert app.get("/").status_code == 401
+    assert app.get("/metrics", headers={"Authorization": f"Basic {bad}"}).status_code == 401
+    assert app.get("/runs", headers={"Authorization": f"Basic {good}"}).status_code == 200
+    assert app.get("/healthz").status_code == 200
+    with pytest.raises(ValueError, match="user:password"):
+        parse_basic_auth("just-a-user")
