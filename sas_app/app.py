@@ -10,7 +10,7 @@ from celery import Celery
 from celery.signals import worker_process_init
 from sqlalchemy import MetaData
 
-from . import faults, operator
+from . import faults, operator, tracing
 from .agent import Agent
 from .alerts import Alerts, load_hook
 from .client import RunHandle, RunView, get_run, submit
@@ -42,6 +42,7 @@ class SasApp:
         self.settings = settings or Settings.from_env()
         if self.settings.faults:
             faults.arm(self.settings.faults, self.settings.home)
+        tracing.setup(self.settings.tracing)
         self.store = Store(self.settings.database_url)
         self.celery = Celery(main, set_as_current=False)
         self.celery.conf.update(celery_settings(self.settings))

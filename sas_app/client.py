@@ -9,12 +9,12 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import faults
+from . import faults, tracing
 from .agent import SCHEDULER_QUEUE
 from .errors import DuplicateBusinessKey, InvalidSubmission, UnknownRun, UnknownWorkflow
 from .notify import relay
 from .store import EventRow, NewStep, RunRow, StepRow, dumps_payload
-from .workflow import action_name
+from .workflow import Workflow, action_name
 
 if TYPE_CHECKING:
     from .app import SasApp
@@ -144,6 +144,12 @@ def submit(
     payload = json.loads(encoded)
 
     run_id = uuid.uuid4().hex
+    with tracing.span("sas.submit", workflow=wf.name, business_key=business_key, run_id=run_id):
+        return _submit(app, wf, run_id, payload, business_key, reply_to, priority)
+
+
+def _submit(app: SasApp, wf: Workflow, run_id: str, payload: Any, business_key: str, reply_to: str | None,
+            priority: int) -> RunHandle:
     new_steps = [
         NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, f"{run_id}:{s.name}",
                 undo=None if s.compensate is None else action_name(s.compensate))

@@ -78,7 +78,7 @@ class Lane:
     segments: list[Segment] = field(default_factory=list)
 
 
-def timeline(view: RunView, now: float, width: float = 900.0) -> tuple[list[Lane], float, float]:
+def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane], float, float]:
     """Each step's attempts, from its dispatch events to what ended them, laid out on one axis."""
     lanes = {s.position: Lane(s.position, s.name, f"{s.agent}.{s.action}", s.state) for s in view.steps}
     open_: dict[int, Segment] = {}

@@ -79,6 +79,9 @@ class Settings:
     inline_replies: bool = True
     #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.faults). Default none.
     faults: str = ""
+    #: SAS_TRACING — OpenTelemetry traces: ``otlp`` (to OTEL_EXPORTER_OTLP_ENDPOINT) or ``console``.
+    #: Default off.
+    tracing: str = ""
     #: SAS_TASK_EVENTS — workers send Celery task events, so Flower can show every task. Default on.
     task_events: bool = True
     #: SAS_AGENT_CONCURRENCY — default worker concurrency for ``sas worker``. Default 4.

@@ -26,7 +26,7 @@ def test_every_command_resolves_to_a_real_entry_point(services):
     commands = {name: svc["command"] for name, svc in services.items() if "command" in svc and name not in
                 ("redis", "postgres")}
     assert set(commands) >= {"migrate", "scheduler", "agent-payment", "agent-warehouse", "agent-orders", "beat",
-                             "payment-service", "warehouse-service", "flower"}
+                             "payment-service", "warehouse-service", "flower", "dashboard"}
     consumed: set[str] = set()
     for name, argv in commands.items():
         if argv[0] == "sas":
@@ -55,4 +55,6 @@ def test_no_credentials_are_committed_and_flower_asks_for_them(services):
             for secret in re.findall(r"://[^:/@]*:([^@]+)@", str(value)):
                 assert secret.startswith("${"), f"{key} carries a literal password"
     assert any("--basic-auth=" in part for part in services["flower"]["command"])
+    assert [p for p in services["dashboard"]["command"] if p.startswith("--basic-auth=")] == \
+        [p for p in services["flower"]["command"] if p.startswith("--basic-auth=")], "the dashboard asks as Flower does"
     assert services["migrate"]["restart"] == "no"

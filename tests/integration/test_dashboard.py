@@ -1,0 +1,185 @@
+"""The dashboard in a real browser (headless Chromium, Debian's chromium and chromium-driver)
+over a store filled by a real run on Redis, PostgreSQL and Celery workers; its metrics scraped;
+a trace followed from submit through the agents."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
+
+from tests.integration.stack import SAS, free_port
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+@pytest.fixture
+def filled(stack, shop):
+    """Four orders processed, one recovered by the Supervisor, one declined and undone."""
+    stack.up()
+    handles = {f"ok-{i}": shop.submit("order", {"amount": 5 + i}, business_key=f"ok-{i}") for i in range(4)}
+    handles["hung"] = shop.submit("order", {"amount": 7, "faults": {"charge": "hang:30@1"}}, business_key="hung")
+    handles["declined"] = shop.submit("order", {"amount": 8, "faults": {"charge": "permanent"}},
+                                      business_key="declined")
+    states = {key: h.wait(30).process_state for key, h in handles.items()}
+    assert states == {**{f"ok-{i}": "processed" for i in range(4)}, "hung": "processed",
+                      "declined": "compensated"}
+    return {key: h.id for key, h in handles.items()}
+
+
+@pytest.fixture
+def dashboard(stack, filled):
+    port = free_port()
+    stack.start("dashboard", [SAS, "dashboard", "--port", str(port), "--flower-url", "http://127.0.0.1:5555"],
+                "sas dashboard on")
+    wait_for(lambda: _answers(port), 20, "the dashboard to answer")
+    return f"http://127.0.0.1:{port}"
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture
+def browser(tmp_path):
+    assert CHROMIUM.exists() and CHROMEDRIVER.exists(), "apt-get install chromium chromium-driver (scripts/test does)"
+    os.environ.setdefault("SE_AVOID_STATS", "true")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1280,900", f"--user-data-dir={tmp_path / 'chromium'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def test_an_operator_sees_the_chart_filters_runs_and_finds_the_supervisors_recovery(dashboard, browser, filled,
+                                                                                     tmp_path):
+    browser.get(dashboard + "/")
+    bars = browser.find_elements(By.CSS_SELECTOR, "svg#chart rect.bar")
+    drawn = {bar.get_attribute("data-state"): bar.size["height"] for bar in bars}
+    assert drawn.get("processed", 0) > drawn.get("compensated", 0) > 0, drawn
+    tile = browser.find_element(By.CSS_SELECTOR, '#counts a[data-state="processed"] b')
+    assert tile.text == "5"
+    browser.save_screenshot(str(tmp_path / "overview.png"))
+
+    # filter the runs by state: only the undone order is left
+    browser.find_element(By.LINK_TEXT, "runs").click()
+    Select(browser.find_element(By.ID, "state")).select_by_value("compensated")
+    browser.find_element(By.ID, "filter").click()
+    wait_for(lambda: "state=compensated" in browser.current_url, 10, "the filtered page")
+    rows = browser.find_elements(By.CSS_SELECTOR, "tr.run")
+    assert [r.get_attribute("data-state") for r in rows] == ["compensated"]
+    assert "declined" in rows[0].text
+
+    # by business key, then into the run the Supervisor recovered
+    Select(browser.find_element(By.ID, "state")).select_by_value("")
+    browser.find_element(By.ID, "key").send_keys("hung")
+    browser.find_element(By.ID, "filter").click()
+    wait_for(lambda: "key=hung" in browser.current_url, 10, "the filtered page")
+    [row] = browser.find_elements(By.CSS_SELECTOR, "tr.run")
+    row.find_element(By.CSS_SELECTOR, "a").click()
+    wait_for(lambda: filled["hung"] in browser.current_url, 10, "the run page")
+    recovery = browser.find_element(By.CSS_SELECTOR, 'tr.lane[data-step="charge_payment"] li.recovery')
+    assert "attempt 1 passed its complete-by: Supervisor recovery" in recovery.text
+    assert f"/task/{filled['hung']}-1-2" in browser.page_source  # the retry's task, linked into Flower
+    segments = browser.find_elements(By.CSS_SELECTOR, 'tr.lane[data-step="charge_payment"] rect.segment')
+    assert [s.get_attribute("class") for s in segments] == ["segment recovered", "segment completed"]
+    assert all(s.size["width"] > 0 for s in segments)
+    browser.save_screenshot(str(tmp_path / "run.png"))
+
+    browser.get(dashboard + "/alerts")
+    [alert] = browser.find_elements(By.CSS_SELECTOR, "tr.alert")
+    assert alert.get_attribute("data-kind") == "failed" and "declined" in alert.text
+
+
+def test_the_metrics_endpoint_has_every_series_after_a_run(dashboard, filled):
+    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = httpx.get(dashboard + "/metrics", timeout=10).text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    # events count once they are MARGIN (5 s) old: wait until every run's end has been counted
+    def finished() -> float:
+        return sum(v for (name, _), v in scrape().items() if name == "sas_runs_finished_total")
+
+    wait_for(lambda: finished() == 6, 20, "every run's end to be counted")
+    samples = scrape()
+    assert samples[("sas_recoveries_total", (("agent", "payment"), ("cause", "expired")))] == 1
+    assert samples[("sas_runs", (("state", "processed"), ("workflow", "order")))] == 5
+    assert samples[("sas_runs", (("state", "compensated"), ("workflow", "order")))] == 1
+    assert samples[("sas_runs_finished_total", (("state", "processed"), ("workflow", "order")))] == 5
+    assert samples[("sas_compensations_total", (("workflow", "order"),))] == 1
+    assert samples[("sas_alerts_total", (("kind", "failed"),))] == 1
+    assert samples[("sas_step_failures_total", (("agent", "payment"),))] == 1
+    assert samples[("sas_step_duration_seconds_count", (("agent", "warehouse"),))] >= 11
+    assert samples[("sas_step_duration_seconds_bucket", (("agent", "orders"), ("le", "+Inf")))] == 5
+    sweeps = [v for (name, _), v in samples.items() if name == "sas_supervisor_sweeps_total"]
+    assert sweeps and sum(sweeps) > 0
+    ages = [v for (name, _), v in samples.items() if name == "sas_supervisor_last_sweep_age_seconds"]
+    assert ages and min(ages) < 5
+    assert samples[("sas_breaker_state", (("agent", "payment"),))] == 0  # closed
+    assert httpx.get(dashboard + "/metrics", timeout=10).headers["content-type"].startswith("text/plain")
+
+
+def test_the_dashboard_asks_for_flowers_credentials(stack, shop):
+    port = free_port()
+    stack.start("dashboard", [SAS, "dashboard", "--port", str(port)], "sas dashboard on",
+                env={"FLOWER_BASIC_AUTH": "ops:s3cret"})
+    wait_for(lambda: _answers(port), 20, "the dashboard to answer")
+    base = f"http://127.0.0.1:{port}"
+    assert httpx.get(base + "/").status_code == 401
+    assert httpx.get(base + "/metrics", auth=("ops", "wrong")).status_code == 401
+    assert httpx.get(base + "/", auth=("ops", "s3cret")).status_code == 200
+    assert "s3cret" not in stack.logs["dashboard"].read_text()
+
+
+def test_one_trace_follows_a_run_from_submit_through_every_agent(stack, stack_env):
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    from tests.integration.conftest import shop_app
+
+    stack.env["SAS_TRACING"] = "console"
+    stack.up()
+    shop = shop_app({**stack_env, "SAS_TRACING": "console"})
+    shop.migrate()
+    try:
+        with trace.get_tracer("test").start_as_current_span("checkout") as checkout:
+            handle = shop.submit("order", {"amount": 3}, business_key="traced")
+        trace_id = f"0x{checkout.get_span_context().trace_id:032x}"
+        assert handle.wait(30).process_state == "processed"
+
+        def spans_in_trace() -> set[str]:
+            lines = stack.logs["agents"].read_text().splitlines()
+            names = set()
+            for i, line in enumerate(lines):
+                if trace_id in line:
+                    for previous in reversed(lines[max(0, i - 6):i]):
+                        if '"name":' in previous:
+                            names.add(previous.split('"name":', 1)[1].strip().strip('",'))
+                            break
+            return names
+
+        expected = {f"run/sas.agent.{a}" for a in ("warehouse.reserve", "payment.charge", "warehouse.ship",
+                                                   "orders.confirm")}
+        wait_for(lambda: expected <= spans_in_trace(), 20, "every agent's span in the submit's trace")
+    finally:
+        CeleryInstrumentor().uninstrument()
+        shop.store.dispose()
