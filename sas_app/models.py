@@ -87,6 +87,8 @@ Index(
     sqlite_where=text("process_state = 'pending'"),
 )
 Index("ix_runs_state_created", runs.c.process_state, runs.c.created_at)
+# The newest runs and runs submitted over time, whatever their state (the dashboard, `sas runs`).
+Index("ix_runs_created", runs.c.created_at)
 
 steps = Table(
     "steps",

@@ -1,4 +1,4 @@
-"""supervisors: one heartbeat row per Supervisor process
+"""supervisors: one heartbeat row per Supervisor process; runs indexed by creation time
 
 Revision ID: 0004
 Revises: 0003
@@ -24,7 +24,9 @@ def upgrade() -> None:
         sa.Column("recovered", sa.BigInteger, nullable=False),
         sa.Column("last_sweep_at", sa.Double, nullable=False),
     )
+    op.create_index("ix_runs_created", "runs", ["created_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_runs_created", "runs")
     op.drop_table("supervisors")
