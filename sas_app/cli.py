@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .app import SasApp
 from .errors import SasError
+from .migrate import schema_problem
 from .models import RUN_STATES
 from .settings import mask_secrets, redact_url
 
@@ -363,6 +364,9 @@ def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: s
         credentials = parse_basic_auth(basic_auth)
     except ValueError as exc:
         fail(f"--basic-auth: {exc}")
+    problem = schema_problem(ctx.app.store.engine)
+    if problem:
+        fail(problem)
     app = create_dashboard(ctx.app, basic_auth=credentials, flower_url=flower_url)
     click.echo(f"sas dashboard on http://{host}:{port}/" + (" (basic auth)" if credentials else ""), err=True)
     serve(app, host=host, port=port, threads=threads, ident="sas-dashboard")

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from . import faults
 from .agent import SCHEDULER_QUEUE
 from .alerts import AT_RISK, Alert, Alerts
@@ -85,7 +87,12 @@ class Supervisor:
         stranded = self.store.unsent(older_than=self.settings.pickup_timeout, limit=self.settings.sweep_batch)
         relay(self.celery, self.store, stranded)
         report.relayed = len(stranded)
-        self.store.record_sweep(self.instance_id, len(report.retried) + len(report.failed) + len(report.requeued))
+        try:
+            self.store.record_sweep(self.instance_id,
+                                    len(report.retried) + len(report.failed) + len(report.requeued))
+        except SQLAlchemyError as exc:  # the heartbeat only informs; the sweep's work is done
+            log.warning("could not record this sweep (is the schema up to date? `sas migrate`): %s",
+                        str(exc).splitlines()[0])
         report.seconds = time.perf_counter() - started
         return report
 

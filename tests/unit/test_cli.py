@@ -126,3 +126,16 @@ def test_a_broker_that_is_down_leaves_the_run_stored_for_the_supervisor(sas_cli)
     result = sas_cli("submit", "order", "--key", "k-1", "--payload", '{"amount": 1}', extra_env=broker)
     assert PASSWORD not in result.stdout + result.stderr
     assert sas_cli("runs", "--json").stdout.count('"pending"') == 1
+
+
+def test_the_dashboard_refuses_a_store_whose_schema_is_behind_and_says_to_migrate(sas_cli, tmp_path):
+    from sas_app.migrate import migrate
+
+    never = sas_cli("dashboard", "--port", "1", ok=False)
+    assert never.returncode == 2 and "no schema yet: run `sas migrate`" in never.stderr
+
+    migrate(f"sqlite:///{tmp_path / 'home' / 'state.db'}", "0003")  # as the previous version left it
+    behind = sas_cli("dashboard", "--port", "1", ok=False)
+    assert behind.returncode == 2
+    assert "schema is at revision 0003, this sas_app needs 0004: run `sas migrate`" in behind.stderr
+    assert "Traceback" not in behind.stderr
