@@ -231,4 +231,4 @@ def print_summary(summary: dict[str, Any]) -> None:
     console.print(table)
     for line in summary["errors"]:
         console.print(f"failed: {line}")
-    console.print(f"state and logs: {summary['home']}  (SAS_HOME={summary['home']} sas runs)")
+    console.print(f"state and logs: {summary['home']}  (SAS_HOME={summary['home']} sas runs, or sas dashboard)")
