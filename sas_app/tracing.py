@@ -47,6 +47,17 @@ def setup(mode: str, service: str = "sas_app") -> None:
     log.info("tracing on (%s)", mode)
 
 
+def shutdown() -> None:
+    """Stop tracing in this process: Celery's instrumentation removed, no more ``sas.submit`` spans."""
+    global _enabled
+    if not _enabled:
+        return
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    CeleryInstrumentor().uninstrument()  # type: ignore[no-untyped-call]
+    _enabled = False
+
+
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[None]:
     """A span named ``name`` around the block when tracing is on; nothing otherwise."""

@@ -152,8 +152,8 @@ def test_the_dashboard_asks_for_flowers_credentials(stack, shop):
 
 def test_one_trace_follows_a_run_from_submit_through_every_agent(stack, stack_env):
     from opentelemetry import trace
-    from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
+    from sas_app import tracing
     from tests.integration.conftest import shop_app
 
     stack.env["SAS_TRACING"] = "console"
@@ -181,5 +181,5 @@ def test_one_trace_follows_a_run_from_submit_through_every_agent(stack, stack_en
                                                    "orders.confirm")}
         wait_for(lambda: expected <= spans_in_trace(), 20, "every agent's span in the submit's trace")
     finally:
-        CeleryInstrumentor().uninstrument()
+        tracing.shutdown()
         shop.store.dispose()
