@@ -53,6 +53,24 @@ def when(epoch: float | None) -> str:
     return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+#: detail fields holding an epoch time (by the database's clock)
+EPOCH_FIELDS = frozenset({"complete_by"})
+
+
+def detail_text(detail: Any) -> str:
+    """An event's detail for people: ``key: value`` pairs, epoch times as UTC times."""
+    if not detail:
+        return ""
+    if not isinstance(detail, dict):
+        return str(detail)
+    parts = []
+    for key, value in detail.items():
+        if key in EPOCH_FIELDS and isinstance(value, (int, float)):
+            value = when(value)
+        parts.append(f"{key}: {value}")
+    return ", ".join(parts)
+
+
 @dataclass
 class Segment:
     """One attempt of one step on the run's timeline."""
@@ -173,7 +191,8 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
 
     @app.context_processor
     def helpers() -> dict[str, Any]:
-        return {"when": when, "colours": STATE_COLOURS, "flower": flower, "states": RUN_STATES}
+        return {"when": when, "detail_text": detail_text, "colours": STATE_COLOURS, "flower": flower,
+                "states": RUN_STATES}
 
     @app.get("/")
     def overview() -> str:

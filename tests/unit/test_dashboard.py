@@ -4,6 +4,7 @@ SQLite): each page shows what happened, filters filter, and the metrics count it
 from __future__ import annotations
 
 import base64
+import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -63,6 +64,9 @@ def test_a_run_page_shows_the_supervisor_recovery_on_its_timeline(client, filled
     assert "attempt 1 passed its complete-by: Supervisor recovery" in page
     assert f"http://flower.example:5555/task/{run_id}-1-2" in page  # the retried dispatch, in Flower
     assert page.count('class="segment completed"') == 3
+    history = page.split('id="events"', 1)[1]
+    assert "reason: expired" in history
+    assert re.search(r"complete_by: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}", history)  # a time, not an epoch
     assert client.get("/runs/nope").status_code == 404
 
 
