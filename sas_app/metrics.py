@@ -12,7 +12,10 @@ Series: ``sas_runs{workflow,state}``, ``sas_runs_finished_total{workflow,state}`
 (``expired``: the Supervisor found it past complete-by; ``worker_lost``), ``sas_step_failures_total{agent}``,
 ``sas_compensations_total{workflow}``, ``sas_alerts_total{kind}``, ``sas_stale_replies_total``,
 ``sas_supervisor_sweeps_total{instance}``, ``sas_supervisor_last_sweep_age_seconds{instance}``,
-``sas_breaker_state{agent}`` (0 closed, 1 half-open, 2 open; with a shared Redis breaker only).
+``sas_breaker_state{agent}`` (0 closed, 1 half-open, 2 open; with a shared Redis breaker only),
+``sas_metrics_caught_up`` (0 while a dashboard started over a long history is still reading it,
+``MAX_BATCHES`` x ``BATCH`` events a scrape: the counters are left out until then, so that
+``rate()`` never sees the history arrive as a burst).
 """
 
 from __future__ import annotations
@@ -42,9 +45,12 @@ BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
 
 
 class StoreCollector(Collector):
-    def __init__(self, sas: SasApp, margin: float = MARGIN) -> None:
+    def __init__(self, sas: SasApp, margin: float = MARGIN, batch: int = BATCH, max_batches: int = MAX_BATCHES) -> None:
         self.sas = sas
         self.margin = margin
+        self.batch = batch
+        self.max_batches = max_batches
+        self.caught_up = False
         self.observer = Observer(sas.store)
         self.lock = threading.Lock()
         self.last_id = 0
@@ -57,18 +63,25 @@ class StoreCollector(Collector):
         self.durations: dict[str, list[int]] = {}
         self.duration_sums: dict[str, float] = {}
 
-    def follow(self) -> None:
-        """Count the events written since the last scrape: at most ``MAX_BATCHES`` batches, so that
-        a dashboard started over a long history answers each scrape promptly while it catches up."""
+    def follow(self) -> bool:
+        """Count the events written since the last scrape, in id order, up to the first one younger
+        than the margin; at most ``max_batches`` batches, so that a dashboard started over a long
+        history answers each scrape promptly while it catches up. True once caught up.
+
+        Counting stops at the first young event rather than skipping it: one with a higher id and an
+        older time can exist (two transactions inserting at once), and skipping past the young one
+        would leave it uncounted for good."""
         before = self.observer.now() - self.margin
-        for _ in range(MAX_BATCHES):
-            batch = self.observer.history_after(self.last_id, before, BATCH)
+        for _ in range(self.max_batches):
+            batch = self.observer.history_after(self.last_id, self.batch)
             for event in batch:
+                if event.at >= before:
+                    return True
                 self._count(event)
-            if batch:
-                self.last_id = batch[-1].id
-            if len(batch) < BATCH:
-                return
+                self.last_id = event.id
+            if len(batch) < self.batch:
+                return True
+        return False
 
     def _count(self, e: HistoryEvent) -> None:
         detail = e.detail if isinstance(e.detail, dict) else {}
@@ -105,8 +118,15 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self.lock:
-            self.follow()
-            yield from self._counters()
+            # Counters appear only once they hold the whole history: a counter climbing through
+            # the history over several scrapes would read to rate() as a burst of activity, while
+            # one that reappears at its full value after a gap continues where it left off.
+            self.caught_up = self.follow()
+            if self.caught_up:
+                yield from self._counters()
+        yield GaugeMetricFamily("sas_metrics_caught_up", "1 once the counters hold the store's whole history "
+                                "(they are left out until then), 0 while the dashboard is still reading it",
+                                value=1 if self.caught_up else 0)
         yield from self._gauges()
 
     def _counters(self) -> Iterator[Metric]:

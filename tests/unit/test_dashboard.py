@@ -49,6 +49,8 @@ def test_runs_filter_by_state_workflow_and_key(client, filled):
         return [line for line in page.splitlines() if line.startswith('<tr class="run"')]
 
     assert len(rows("")) == 5
+    picker = client.get("/runs").get_data(as_text=True).split('id="workflow"')[1].split("</select>")[0]
+    assert re.findall(r'<option value="([^"]+)"', picker) == ["saga", "three"]  # the workflows that have runs
     assert rows("state=compensated") == [r for r in rows("") if 'data-state="compensated"' in r]
     assert len(rows("state=compensated")) == 1
     assert len(rows("workflow=three")) == 3 and len(rows("workflow=saga&state=processed")) == 1
@@ -104,3 +106,56 @@ def test_basic_auth_as_flower_takes_it(sas):
     assert app.get("/healthz").status_code == 200
     with pytest.raises(ValueError, match="user:password"):
         parse_basic_auth("just-a-user")
+
+
+def samples_of(registry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client import generate_latest
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode()) for s in family.samples}
+
+
+def test_counters_appear_only_once_they_hold_the_whole_history(sas, filled):
+    from prometheus_client import CollectorRegistry
+
+    from sas_app.metrics import StoreCollector
+
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(sas, margin=0.0, batch=3, max_batches=2))  # 6 events a scrape
+    first = samples_of(registry)
+    assert first[("sas_metrics_caught_up", ())] == 0
+    history_counters = ("sas_runs_finished", "sas_step_", "sas_recoveries", "sas_compensations", "sas_alerts",
+                        "sas_stale_replies")
+    assert not [name for name, _ in first if name.startswith(history_counters)]
+    assert first[("sas_runs", (("state", "processed"), ("workflow", "three")))] == 3  # gauges are read at once
+
+    for _ in range(100):
+        samples = samples_of(registry)
+        if samples[("sas_metrics_caught_up", ())] == 1:
+            break
+    assert samples[("sas_runs_finished_total", (("state", "processed"), ("workflow", "three")))] == 3
+    assert samples[("sas_recoveries_total", (("agent", "svc"), ("cause", "expired")))] == 1
+    assert samples[("sas_alerts_total", (("kind", "failed"),))] == 1
+
+
+def test_an_event_still_too_young_holds_back_the_ones_after_it(sas):
+    """Two transactions inserting at once can give a later id an earlier time: counting stops at
+    the young event instead of skipping it, or it would never be counted."""
+    from prometheus_client import CollectorRegistry
+    from sqlalchemy import insert, update
+
+    from sas_app.metrics import StoreCollector
+    from sas_app.models import events
+
+    now = sas.store.now()
+    with sas.store.engine.begin() as conn:
+        young = conn.execute(insert(events).values(run_id="r1", kind="alert", at=now, detail={"kind": "failed"})
+                             ).inserted_primary_key[0]
+        conn.execute(insert(events).values(run_id="r2", kind="alert", at=now - 60, detail={"kind": "failed"}))
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(sas, margin=5.0))
+
+    assert samples_of(registry).get(("sas_alerts_total", (("kind", "failed"),)), 0) == 0
+    with sas.store.engine.begin() as conn:  # time passes: the young one is old enough now
+        conn.execute(update(events).where(events.c.id == young).values(at=now - 30))
+    assert samples_of(registry)[("sas_alerts_total", (("kind", "failed"),))] == 2
