@@ -36,3 +36,10 @@ def test_sweep_bench_measures_cost_and_recovery(tmp_path):
                        "--spread", "0", tmp_path=tmp_path)
     assert [row["rows"] for row in result["sweep"]] == [2000, 4000]
     assert result["recovery"]["runs"] == 2
+
+
+def test_dashboard_bench_times_every_page_and_catches_up_the_metrics(tmp_path):
+    result = run_bench("bench.dashboard", "--sizes", "3000", "--samples", "1", tmp_path=tmp_path)
+    [size] = result["sizes"]
+    assert len(size["pages"]) == 8 and all(page["ms_median"] > 0 for page in size["pages"].values())
+    assert size["metrics_caught_up_after_scrapes"] is not None and size["metrics_steps_counted"] == 3000
