@@ -202,7 +202,7 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         for _, state, n in observer.runs_by_workflow_and_state():
             counts[state] = counts.get(state, 0) + n
         return render_template("overview.html", counts=counts, chart=chart(observer, now, window),
-                               supervisors=observer.supervisors(), alerts=observer.alerts(5), now=now)
+                               supervisors=observer.supervisors(), alerts=observer.alerts(10, current=True), now=now)
 
     @app.get("/runs")
     def run_list() -> str:
@@ -228,7 +228,8 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
 
     @app.get("/alerts")
     def alert_list() -> str:
-        return render_template("alerts.html", alerts=observer.alerts(500))
+        return render_template("alerts.html", current=observer.alerts(500, current=True),
+                               earlier=observer.alerts(200, current=False))
 
     @app.get("/metrics")
     def metrics() -> Response:

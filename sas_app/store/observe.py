@@ -15,6 +15,10 @@ from sqlalchemy import func, select
 from ..models import alerts, events, runs, steps, supervisors
 from . import RunRow, Store, _as
 
+#: An alert is current while its run is in one of these: in error (an operator's turn) or not
+#: finished yet; once the run is processed, compensated or cancelled it is history.
+OPEN_RUN_STATES = ("error", "pending", "processing", "compensating")
+
 
 @dataclass(frozen=True)
 class AlertView:
@@ -100,11 +104,16 @@ class Observer:
         with self.engine.connect() as conn:
             return [w for w in conn.execute(select(seen.c.workflow)).scalars() if w is not None]
 
-    def alerts(self, limit: int) -> list[AlertView]:
-        """The newest alerts with their run's workflow, key and state now."""
+    def alerts(self, limit: int, current: bool | None = None) -> list[AlertView]:
+        """The newest alerts with their run's workflow, key and state now. ``current``: only those
+        whose run still needs someone (in error, or not finished: see :data:`OPEN_RUN_STATES`);
+        False: only those whose run has since finished."""
         query = (select(alerts, runs.c.workflow, runs.c.business_key, runs.c.process_state)
                  .join(runs, runs.c.id == alerts.c.run_id, isouter=True)
                  .order_by(alerts.c.id.desc()).limit(limit))
+        if current is not None:
+            is_open = runs.c.process_state.in_(OPEN_RUN_STATES)
+            query = query.where(is_open if current else ~is_open)
         with self.engine.connect() as conn:
             return [_as(AlertView, r) for r in conn.execute(query)]
 

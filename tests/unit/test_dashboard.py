@@ -72,9 +72,17 @@ def test_a_run_page_shows_the_supervisor_recovery_on_its_timeline(client, filled
     assert client.get("/runs/nope").status_code == 404
 
 
-def test_alerts_list_the_failure_with_its_run(client, filled):
+def test_current_alerts_are_those_whose_run_still_needs_someone(client, filled, sas, pump):
+    stuck = sas.submit("three", {"script": {"second": ["permanent"]}}, business_key="stuck-1")
+    pump.run()
+    assert stuck.status().process_state == "error"
+
     page = client.get("/alerts").get_data(as_text=True)
-    assert 'data-kind="failed"' in page and "refused-1" in page and "third refused" in page
+    current, earlier = page.split('id="current"')[1].split('id="earlier"')
+    assert "stuck-1" in current and "second refused" in current and "refused-1" not in current
+    assert "refused-1" in earlier and "third refused" in earlier  # undone: the run has finished
+    overview = client.get("/").get_data(as_text=True)
+    assert "stuck-1" in overview and "refused-1" not in overview
 
 
 def test_the_metrics_count_what_the_history_holds(client, filled):
