@@ -10,7 +10,8 @@ history in the store when the dashboard starts, and ``rate()`` reads them as usu
 Series: ``sas_runs{workflow,state}``, ``sas_runs_finished_total{workflow,state}``,
 ``sas_step_duration_seconds{agent}`` (dispatch to completion), ``sas_recoveries_total{agent,cause}``
 (``expired``: the Supervisor found it past complete-by; ``worker_lost``), ``sas_step_failures_total{agent}``,
-``sas_compensations_total{workflow}``, ``sas_alerts_total{kind}``, ``sas_stale_replies_total``,
+``sas_compensations_total{workflow}``, ``sas_alerts_total{kind}``, ``sas_alerts_current{kind}`` (alerts
+whose run is in error or unfinished), ``sas_stale_replies_total``,
 ``sas_supervisor_sweeps_total{instance}``, ``sas_supervisor_last_sweep_age_seconds{instance}``,
 ``sas_breaker_state{agent}`` (0 closed, 1 half-open, 2 open; with a shared Redis breaker only),
 ``sas_metrics_caught_up`` (0 while a dashboard started over a long history is still reading it,
@@ -170,6 +171,11 @@ class StoreCollector(Collector):
         for workflow, state, n in sorted(self.observer.runs_by_workflow_and_state()):
             runs.add_metric([workflow, state], n)
         yield runs
+        current = GaugeMetricFamily("sas_alerts_current", "Alerts whose run is in error or not finished, by kind",
+                                    labels=["kind"])
+        for kind, n in sorted(self.observer.current_alerts_by_kind()):
+            current.add_metric([kind], n)
+        yield current
         now = self.observer.now()
         sweeps = CounterMetricFamily("sas_supervisor_sweeps", "Sweeps made by each Supervisor process",
                                      labels=["instance"])

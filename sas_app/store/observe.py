@@ -117,6 +117,13 @@ class Observer:
         with self.engine.connect() as conn:
             return [_as(AlertView, r) for r in conn.execute(query)]
 
+    def current_alerts_by_kind(self) -> list[tuple[str, int]]:
+        """How many alerts are current (see :meth:`alerts`), by kind."""
+        query = (select(alerts.c.kind, func.count()).join(runs, runs.c.id == alerts.c.run_id)
+                 .where(runs.c.process_state.in_(OPEN_RUN_STATES)).group_by(alerts.c.kind))
+        with self.engine.connect() as conn:
+            return [(kind, int(n)) for kind, n in conn.execute(query)]
+
     def supervisors(self) -> list[SupervisorView]:
         query = select(supervisors).order_by(supervisors.c.last_sweep_at.desc())
         with self.engine.connect() as conn:

@@ -128,6 +128,7 @@ def test_the_metrics_endpoint_has_every_series_after_a_run(dashboard, filled):
     assert samples[("sas_runs_finished_total", (("state", "processed"), ("workflow", "order")))] == 5
     assert samples[("sas_compensations_total", (("workflow", "order"),))] == 1
     assert samples[("sas_alerts_total", (("kind", "failed"),))] == 1
+    assert samples.get(("sas_alerts_current", (("kind", "failed"),)), 0) == 0  # its order is undone: history
     assert samples[("sas_step_failures_total", (("agent", "payment"),))] == 1
     assert samples[("sas_step_duration_seconds_count", (("agent", "warehouse"),))] >= 11
     assert samples[("sas_step_duration_seconds_bucket", (("agent", "orders"), ("le", "+Inf")))] == 5

@@ -83,6 +83,7 @@ def test_current_alerts_are_those_whose_run_still_needs_someone(client, filled, 
     assert "refused-1" in earlier and "third refused" in earlier  # undone: the run has finished
     overview = client.get("/").get_data(as_text=True)
     assert "stuck-1" in overview and "refused-1" not in overview
+    assert 'sas_alerts_current{kind="failed"} 1.0' in client.get("/metrics").get_data(as_text=True)
 
 
 def test_the_metrics_count_what_the_history_holds(client, filled):
