@@ -25,7 +25,6 @@ non-zero if any invariant broke. Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -51,6 +50,8 @@ from typing import Any
 import httpx
 import redis
 from sqlalchemy import create_engine, select, text
+
+from bench.throughput import record
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -720,11 +721,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         chaos.stop()
         signal.signal(signal.SIGTERM, previous)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"chaos-{result['date']}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
     print_report(result)
-    print(f"written: {path}")
+    record(args.out, "chaos", result)
     if result["invariants_hold"] and not args.keep:
         shutil.rmtree(chaos.home, ignore_errors=True)
         print("logs and state removed (every invariant held; --keep keeps them)")

@@ -14,7 +14,6 @@ Writes ``bench/results/dashboard-<date>.json``. Usage: ``python -m bench.dashboa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.throughput import RESULTS, fresh_database, machine
+from bench.throughput import RESULTS, fresh_database, machine, record
 
 FILL = """
 INSERT INTO runs (id, workflow, business_key, payload, process_state, failure_count, priority, created_at, updated_at)
@@ -119,11 +118,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--scrapes", type=int, default=30, help="at most this many scrapes")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the folder to write dashboard-<date>.json in")
     args = parser.parse_args(argv)
-    results = {"machine": machine(), "sizes": [measure(args, size) for size in args.sizes]}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"dashboard-{date.today()}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {path}")
+    results = {"date": date.today().isoformat(), "machine": machine(),
+               "sizes": [measure(args, size) for size in args.sizes]}
+    record(args.out, "dashboard", results)
     return results
 
 

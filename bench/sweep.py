@@ -26,7 +26,7 @@ from typing import Any
 import redis
 from sqlalchemy import text
 
-from bench.throughput import REPO, RESULTS, Procs, fresh_database, machine, percentile
+from bench.throughput import REPO, RESULTS, Procs, fresh_database, machine, percentile, record
 
 FILL = """
 INSERT INTO runs (id, workflow, business_key, payload, process_state, failure_count, priority, created_at, updated_at)
@@ -133,10 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"date": date.today().isoformat(), "machine": machine(), "sweep": cost,
               "ratio_largest_over_smallest": round(largest / smallest, 2), "recovery": recovery}
     print(json.dumps({"ratio_largest_over_smallest": result["ratio_largest_over_smallest"], "recovery": recovery}))
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"sweep-{result['date']}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written to {path}")
+    record(args.out, "sweep", result)
     return result
 
 

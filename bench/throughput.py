@@ -79,6 +79,15 @@ def rss_mb(pid: int) -> float:
     return round(total / 1024, 1)
 
 
+def record(out: Path, name: str, result: dict[str, Any]) -> Path:
+    """Write ``result`` as ``<out>/<name>-<date>.json`` (today unless it carries a date) and say where."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-{result.get('date', date.today().isoformat())}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {path}", flush=True)
+    return path
+
+
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
@@ -221,7 +230,7 @@ def summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
 def machine() -> dict[str, Any]:
     mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                   if line.startswith("MemTotal"))
-    versions = {}
+    versions: dict[str, str | None] = {}
     for package in ("sas_app", "celery", "kombu", "SQLAlchemy", "psycopg2-binary", "redis", "dbos"):
         try:
             versions[package] = version(package)
@@ -266,10 +275,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if dbos_reps:
         result["ratio_sas_over_dbos"] = round(sas_rate / result["dbos"]["steps_per_s"]["median"], 3)
     print_table(result)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"throughput-{result['date']}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written to {path}")
+    record(args.out, "throughput", result)
     return result
 
 
