@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -51,15 +51,14 @@ class StoreCollector(Collector):
         self.margin = margin
         self.batch = batch
         self.max_batches = max_batches
-        self.caught_up = False
         self.observer = Observer(sas.store)
         self.lock = threading.Lock()
         self.last_id = 0
         self.finished: Counter[tuple[str, str]] = Counter()
         self.recoveries: Counter[tuple[str, str]] = Counter()
-        self.failures: Counter[str] = Counter()
-        self.compensations: Counter[str] = Counter()
-        self.alerts: Counter[str] = Counter()
+        self.failures: Counter[tuple[str]] = Counter()
+        self.compensations: Counter[tuple[str]] = Counter()
+        self.alerts: Counter[tuple[str]] = Counter()
         self.stale = 0
         self.durations: dict[str, list[int]] = {}
         self.duration_sums: dict[str, float] = {}
@@ -87,7 +86,7 @@ class StoreCollector(Collector):
     def _count(self, e: HistoryEvent) -> None:
         detail = e.detail if isinstance(e.detail, dict) else {}
         if e.kind == "alert":
-            self.alerts[str(detail.get("kind", "unknown"))] += 1
+            self.alerts[(str(detail.get("kind", "unknown")),)] += 1
         elif e.kind == "stale_reply":
             self.stale += 1
         elif e.kind != "transition":
@@ -97,7 +96,7 @@ class StoreCollector(Collector):
             if e.to_state in TERMINAL_RUN_STATES:
                 self.finished[(workflow, e.to_state)] += 1
             elif e.to_state == "compensating":
-                self.compensations[workflow] += 1
+                self.compensations[(workflow,)] += 1
         else:
             agent = e.agent or "unknown"
             if (e.from_state, e.to_state) == ("running", "completed") and e.dispatched_at is not None:
@@ -105,7 +104,7 @@ class StoreCollector(Collector):
             elif (e.from_state, e.to_state) == ("running", "pending") and "reason" in detail:
                 self.recoveries[(agent, str(detail["reason"]))] += 1
             elif e.to_state == "failed":
-                self.failures[agent] += 1
+                self.failures[(agent,)] += 1
 
     def _observe(self, agent: str, seconds: float) -> None:
         counts = self.durations.setdefault(agent, [0] * (len(BUCKETS) + 1))
@@ -122,38 +121,24 @@ class StoreCollector(Collector):
             # Counters appear only once they hold the whole history: a counter climbing through
             # the history over several scrapes would read to rate() as a burst of activity, while
             # one that reappears at its full value after a gap continues where it left off.
-            self.caught_up = self.follow()
-            if self.caught_up:
+            caught_up = self.follow()
+            if caught_up:
                 yield from self._counters()
         yield GaugeMetricFamily("sas_metrics_caught_up", "1 once the counters hold the store's whole history "
                                 "(they are left out until then), 0 while the dashboard is still reading it",
-                                value=1 if self.caught_up else 0)
+                                value=1 if caught_up else 0)
         yield from self._gauges()
 
     def _counters(self) -> Iterator[Metric]:
-        finished = CounterMetricFamily("sas_runs_finished", "Runs that reached a terminal state",
-                                       labels=["workflow", "state"])
-        for (workflow, state), n in sorted(self.finished.items()):
-            finished.add_metric([workflow, state], n)
-        yield finished
-        recoveries = CounterMetricFamily("sas_recoveries", "Attempts given up and retried, by cause",
-                                         labels=["agent", "cause"])
-        for (agent, cause), n in sorted(self.recoveries.items()):
-            recoveries.add_metric([agent, cause], n)
-        yield recoveries
-        failures = CounterMetricFamily("sas_step_failures", "Steps failed for good", labels=["agent"])
-        for agent, n in sorted(self.failures.items()):
-            failures.add_metric([agent], n)
-        yield failures
-        compensations = CounterMetricFamily("sas_compensations", "Runs that started being undone",
-                                            labels=["workflow"])
-        for workflow, n in sorted(self.compensations.items()):
-            compensations.add_metric([workflow], n)
-        yield compensations
-        alerts = CounterMetricFamily("sas_alerts", "Alerts raised, by kind", labels=["kind"])
-        for kind, n in sorted(self.alerts.items()):
-            alerts.add_metric([kind], n)
-        yield alerts
+        yield family(CounterMetricFamily, "sas_runs_finished", "Runs that reached a terminal state",
+                     ["workflow", "state"], self.finished.items())
+        yield family(CounterMetricFamily, "sas_recoveries", "Attempts given up and retried, by cause",
+                     ["agent", "cause"], self.recoveries.items())
+        yield family(CounterMetricFamily, "sas_step_failures", "Steps failed for good", ["agent"],
+                     self.failures.items())
+        yield family(CounterMetricFamily, "sas_compensations", "Runs that started being undone", ["workflow"],
+                     self.compensations.items())
+        yield family(CounterMetricFamily, "sas_alerts", "Alerts raised, by kind", ["kind"], self.alerts.items())
         yield CounterMetricFamily("sas_stale_replies", "Late or duplicate replies refused by the fence",
                                   value=self.stale)
         durations = HistogramMetricFamily("sas_step_duration_seconds", "Step attempts, dispatch to completion",
@@ -167,31 +152,30 @@ class StoreCollector(Collector):
         yield durations
 
     def _gauges(self) -> Iterator[Metric]:
-        runs = GaugeMetricFamily("sas_runs", "Runs by workflow and state, now", labels=["workflow", "state"])
-        for workflow, state, n in sorted(self.observer.runs_by_workflow_and_state()):
-            runs.add_metric([workflow, state], n)
-        yield runs
-        current = GaugeMetricFamily("sas_alerts_current", "Alerts whose run is in error or not finished, by kind",
-                                    labels=["kind"])
-        for kind, n in sorted(self.observer.current_alerts_by_kind()):
-            current.add_metric([kind], n)
-        yield current
+        yield family(GaugeMetricFamily, "sas_runs", "Runs by workflow and state, now", ["workflow", "state"],
+                     (((workflow, state), n) for workflow, state, n in self.observer.runs_by_workflow_and_state()))
+        yield family(GaugeMetricFamily, "sas_alerts_current", "Alerts whose run is in error or not finished, by kind",
+                     ["kind"], (((kind,), n) for kind, n in self.observer.current_alerts_by_kind()))
         now = self.observer.now()
-        sweeps = CounterMetricFamily("sas_supervisor_sweeps", "Sweeps made by each Supervisor process",
-                                     labels=["instance"])
-        age = GaugeMetricFamily("sas_supervisor_last_sweep_age_seconds", "Seconds since each Supervisor last swept",
-                                labels=["instance"])
-        for sup in self.observer.supervisors():
-            sweeps.add_metric([sup.instance], sup.sweeps)
-            age.add_metric([sup.instance], max(now - sup.last_sweep_at, 0.0))
-        yield sweeps
-        yield age
-        breakers = GaugeMetricFamily("sas_breaker_state", "Agents' circuit breakers: 0 closed, 1 half-open, 2 open",
-                                     labels=["agent"])
-        for name, agent in sorted(self.sas.agents.items()):
-            if agent.breaker is not None and agent.breaker.redis_url:
-                breakers.add_metric([name], BREAKER_STATES.get(agent.breaker.state, 0))
-        yield breakers
+        supervisors = self.observer.supervisors()
+        yield family(CounterMetricFamily, "sas_supervisor_sweeps", "Sweeps made by each Supervisor process",
+                     ["instance"], (((sup.instance,), sup.sweeps) for sup in supervisors))
+        yield family(GaugeMetricFamily, "sas_supervisor_last_sweep_age_seconds",
+                     "Seconds since each Supervisor last swept", ["instance"],
+                     (((sup.instance,), max(now - sup.last_sweep_at, 0.0)) for sup in supervisors))
+        yield family(GaugeMetricFamily, "sas_breaker_state", "Agents' circuit breakers: 0 closed, 1 half-open, 2 open",
+                     ["agent"], (((name,), BREAKER_STATES.get(agent.breaker.state, 0))
+                                 for name, agent in self.sas.agents.items()
+                                 if agent.breaker is not None and agent.breaker.redis_url))
+
+
+def family(kind: type[CounterMetricFamily] | type[GaugeMetricFamily], name: str, documentation: str,
+           labels: list[str], samples: Iterable[tuple[Sequence[str], float]]) -> Metric:
+    """A metric family with one sample per ``(label values, value)``, in label order."""
+    metric = kind(name, documentation, labels=labels)
+    for key, value in sorted(samples):
+        metric.add_metric(list(key), value)
+    return metric
 
 
 def registry_for(sas: SasApp, margin: float = MARGIN) -> CollectorRegistry:
