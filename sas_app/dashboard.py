@@ -24,6 +24,7 @@ from .agent import dispatch_task_id
 from .errors import UnknownRun
 from .metrics import MARGIN, registry_for
 from .models import RUN_STATES
+from .store import EXPIRED_REASON, WORKER_LOST
 from .store.observe import Observer
 
 if TYPE_CHECKING:
@@ -116,11 +117,11 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
         segment.end = e.at
         if e.to_state == "completed":
             segment.outcome, segment.label = "completed", f"attempt {segment.attempt} completed"
-        elif e.to_state == "pending" and detail.get("reason") == "expired":
+        elif e.to_state == "pending" and detail.get("reason") == EXPIRED_REASON:
             segment.outcome = "recovered"
             segment.label = (f"attempt {segment.attempt} passed its complete-by: Supervisor recovery, "
                              f"retry after {detail.get('backoff', 0):.1f}s")
-        elif e.to_state == "pending" and detail.get("reason") == "worker_lost":
+        elif e.to_state == "pending" and detail.get("reason") == WORKER_LOST:
             segment.outcome = "lost"
             segment.label = f"attempt {segment.attempt}: its worker died; retry after {detail.get('backoff', 0):.1f}s"
         elif e.to_state == "pending":

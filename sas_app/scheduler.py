@@ -22,7 +22,7 @@ from .agent import SCHEDULER_QUEUE, agent_queue, agent_task_name, dispatch_task_
 from .alerts import COMPENSATION_FAILED, FAILED, Alert, Alerts
 from .notify import relay
 from .settings import Settings, instance_id
-from .store import EXPIRED, LIVE_RUN_STATES, RunRow, StepRow, Store, Tx
+from .store import EXPIRED, EXPIRED_REASON, LIVE_RUN_STATES, WORKER_LOST, RunRow, StepRow, Store, Tx
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -326,11 +326,6 @@ class Scheduler:
             what = (f"run {next_message.run_id}" if isinstance(next_message, Later) else
                     f"run {next_message.run.id} step {next_message.step.name} attempt {next_message.step.attempt}")
             log.exception("could not publish for %s; the Supervisor will recover it", what)
-
-
-#: why an attempt was given up: its complete-by passed (the Supervisor) or its worker died
-EXPIRED_REASON = "expired"
-WORKER_LOST = "worker_lost"
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from . import faults
 from .agent import SCHEDULER_QUEUE
 from .alerts import AT_RISK, Alert, Alerts
 from .notify import relay
-from .scheduler import EXPIRED_REASON, recover_step
+from .scheduler import recover_step
 from .settings import Settings, instance_id
-from .store import Store
+from .store import EXPIRED_REASON, Store
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -126,6 +126,10 @@ class NewStep:
 
 #: ``steps.error`` of a step failed by the Supervisor: whether its effect was applied is unknown.
 EXPIRED = "complete-by passed"
+#: why an attempt was given up (the ``reason`` of its running → pending event): its complete-by
+#: passed (found by the Supervisor) or its worker process died (reported by the worker)
+EXPIRED_REASON = "expired"
+WORKER_LOST = "worker_lost"
 #: Run states in which the Scheduler still has work: its steps, or their undoing.
 LIVE_RUN_STATES = ("processing", "compensating")
 #: Run states a run never leaves.
@@ -284,6 +288,14 @@ class Store:
             .on_conflict_do_nothing(index_elements=["workflow", "business_key"])
             .returning(*runs.c)
         )
+        recovered = bindparam("b_recovered", type_=supervisors.c.recovered.type)
+        upsert = insert_fn(supervisors).values(instance=bindparam("b_instance"), sweeps=1, recovered=recovered,
+                                               last_sweep_at=db_now())
+        self._record_sweep = upsert.on_conflict_do_update(
+            index_elements=["instance"],
+            set_={"sweeps": supervisors.c.sweeps + 1, "recovered": supervisors.c.recovered + recovered,
+                  "last_sweep_at": db_now()},
+        )
 
     @property
     def is_postgresql(self) -> bool:
@@ -413,16 +425,8 @@ class Store:
 
     def record_sweep(self, instance: str, recovered: int) -> None:
         """A Supervisor's heartbeat: one more sweep by ``instance``, now."""
-        insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
-        statement = insert_fn(supervisors).values(instance=instance, sweeps=1, recovered=recovered,
-                                                 last_sweep_at=db_now())
-        statement = statement.on_conflict_do_update(
-            index_elements=["instance"],
-            set_={"sweeps": supervisors.c.sweeps + 1, "recovered": supervisors.c.recovered + recovered,
-                  "last_sweep_at": db_now()},
-        )
         with self.engine.begin() as conn:
-            conn.execute(statement)
+            conn.execute(self._record_sweep, {"b_instance": instance, "b_recovered": recovered})
 
     def count_runs_by_state(self) -> dict[str, int]:
         query = select(runs.c.process_state, func.count()).group_by(runs.c.process_state)
@@ -767,7 +771,7 @@ class Tx:
         return won
 
     def retry_step(
-        self, step: StepRow, backoff: float, pickup_timeout: float, actor: str, reason: str = "expired"
+        self, step: StepRow, backoff: float, pickup_timeout: float, actor: str, reason: str
     ) -> StepRow | None:
         """running (expired, or its worker died) → pending: one more failure, LockedBy cleared, a
         back-off before the Scheduler may dispatch it again and a new complete-by for that pick-up."""

@@ -168,3 +168,16 @@ def test_an_event_still_too_young_holds_back_the_ones_after_it(sas):
     with sas.store.engine.begin() as conn:  # time passes: the young one is old enough now
         conn.execute(update(events).where(events.c.id == young).values(at=now - 30))
     assert samples_of(registry)[("sas_alerts_total", (("kind", "failed"),))] == 2
+
+
+def test_each_supervisor_process_counts_its_sweeps_and_recoveries(sas, pump):
+    from sas_app.store.observe import Observer
+    from tests.unit.test_engine import sweep_after_expiry
+
+    handle = sas.submit("saga", {"script": {"second": ["hang", "ok"]}}, business_key="hung-2")
+    sweep_after_expiry(sas, pump, handle.id)
+    sas.supervisor.sweep()
+
+    [me] = Observer(sas.store).supervisors()
+    assert me.instance == sas.supervisor.instance_id
+    assert me.sweeps >= 2 and me.recovered == 1
