@@ -11,7 +11,6 @@ import json
 import os
 import sys
 from dataclasses import asdict
-from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 import click
@@ -21,6 +20,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from .app import SasApp
+from .client import when
 from .errors import SasError
 from .migrate import schema_problem
 from .models import RUN_STATES
@@ -74,12 +74,6 @@ class SasGroup(click.Group):
                 ("state store", os.environ.get("SAS_DATABASE_URL")), ("broker", os.environ.get("SAS_BROKER_URL")))
                 if value]
             fail(message + (f" ({', '.join(where)})" if where else ""))
-
-
-def when(epoch: float | None) -> str:
-    if epoch is None:
-        return "-"
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 class Context:

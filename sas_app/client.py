@@ -7,6 +7,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from . import faults, tracing
@@ -23,6 +24,13 @@ log = logging.getLogger("sas.client")
 
 TERMINAL_STATES = frozenset({"processed", "error", "compensated", "cancelled"})
 MAX_KEY_LENGTH = 200
+
+
+def when(epoch: float | None) -> str:
+    """An epoch time (the database's clock) as people read it: UTC, to the millisecond; ``-`` for none."""
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 @dataclass(frozen=True)

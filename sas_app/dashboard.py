@@ -14,13 +14,13 @@ from __future__ import annotations
 import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, abort, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .agent import dispatch_task_id
+from .client import when
 from .errors import UnknownRun
 from .metrics import MARGIN, registry_for
 from .models import RUN_STATES
@@ -46,12 +46,6 @@ def parse_basic_auth(spec: str) -> list[tuple[str, str]]:
             raise ValueError("basic auth must be user:password[,user:password...]")
         pairs.append((user, password))
     return pairs
-
-
-def when(epoch: float | None) -> str:
-    if epoch is None:
-        return "-"
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 #: detail fields holding an epoch time (by the database's clock)
