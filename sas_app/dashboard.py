@@ -207,7 +207,7 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         workflow = request.args.get("workflow") or None
         key = request.args.get("key") or None
         limit = min(max(request.args.get("limit", 200, type=int) or 200, 1), 1000)
-        rows = observer.runs(state=state, workflow=workflow, key=key, limit=limit)
+        rows = sas.store.list_runs(state=state, workflow=workflow, key=key, limit=limit)
         return render_template("runs.html", runs=rows, state=state, workflow=workflow, key=key or "",
                                workflows=observer.workflows(), limit=limit)
 

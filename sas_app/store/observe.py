@@ -1,8 +1,10 @@
 """Read-only queries for people and monitoring: the dashboard's pages and the Prometheus metrics.
 
-Nothing here writes. Each query walks an index: runs by state and creation time, events by their
+Nothing here writes. The runs list is :meth:`Store.list_runs`. Queries walk an index where one
+serves: runs by creation time (the chart), workflows by the workflow/key index, events by their
 primary key (the metrics follow the append-only history, so every process on every host is counted
-without counters of their own), alerts by time.
+without counters of their own), alerts by id; the counts of runs by state read every run
+(bench/dashboard.py measures them).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import func, select
 
 from ..models import alerts, events, runs, steps, supervisors
-from . import RunRow, Store, _as
+from . import Store, _as
 
 #: An alert is current while its run is in one of these: in error (an operator's turn) or not
 #: finished yet; once the run is processed, compensated or cancelled it is history.
@@ -81,19 +83,6 @@ class Observer:
                  .where(runs.c.created_at >= since).group_by(index, runs.c.process_state))
         with self.engine.connect() as conn:
             return [(int(i), s, int(n)) for i, s, n in conn.execute(query)]
-
-    def runs(self, *, state: str | None, workflow: str | None, key: str | None, limit: int) -> list[RunRow]:
-        """Newest first, filtered by state, workflow and a business-key prefix."""
-        query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
-        if state:
-            query = query.where(runs.c.process_state == state)
-        if workflow:
-            query = query.where(runs.c.workflow == workflow)
-        if key:
-            escaped = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            query = query.where(runs.c.business_key.like(escaped + "%", escape="\\"))
-        with self.engine.connect() as conn:
-            return [_as(RunRow, r) for r in conn.execute(query)]
 
     def workflows(self) -> list[str]:
         """The workflows the store has runs of: one step down the (workflow, business key) index
