@@ -193,11 +193,9 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
     def overview() -> str:
         now = observer.now()
         window = min(max(request.args.get("window", 3600.0, type=float) or 3600.0, 60.0), 7 * 86400.0)
-        counts: dict[str, int] = {}
-        for _, state, n in observer.runs_by_workflow_and_state():
-            counts[state] = counts.get(state, 0) + n
-        return render_template("overview.html", counts=counts, chart=chart(observer, now, window),
-                               supervisors=observer.supervisors(), alerts=observer.alerts(10, current=True), now=now)
+        return render_template("overview.html", counts=sas.store.count_runs_by_state(),
+                               chart=chart(observer, now, window), supervisors=observer.supervisors(),
+                               alerts=observer.alerts(10, current=True), now=now)
 
     @app.get("/runs")
     def run_list() -> str:
