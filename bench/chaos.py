@@ -51,6 +51,7 @@ import httpx
 import redis
 from sqlalchemy import create_engine, select, text
 
+from bench.throughput import percentile as nearest_rank
 from bench.throughput import record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,10 +89,8 @@ def _answers(port: int) -> bool:
 
 
 def percentile(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))], 3)
+    """The throughput bench's percentile, to the millisecond; None for no values."""
+    return round(nearest_rank(values, p), 3) if values else None
 
 
 # -- the servers ------------------------------------------------------------------------------
