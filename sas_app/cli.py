@@ -107,7 +107,12 @@ def migrate(ctx: Context) -> None:
     try:
         ctx.app.migrate()
     except Exception as exc:  # a database that is down or refuses us: one line, no traceback
-        fail(f"migration failed: {one_line(exc)}")
+        message = one_line(exc)
+        url = ctx.app.store.engine.url
+        if url.get_backend_name() == "postgresql" and f'database "{url.database}" does not exist' in message:
+            createdb = f"createdb -h {url.host or 'localhost'} -U {url.username or 'postgres'} {url.database}"
+            message += f"; create it first: {createdb}"
+        fail(f"migration failed: {message}")
     click.echo("schema is up to date")
 
 

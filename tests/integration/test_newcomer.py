@@ -114,3 +114,14 @@ def _children_of(home: str) -> list[int]:
         if f"SAS_HOME={home}/demo-".encode() in environ and state != "Z":
             pids.append(int(proc.name))
     return pids
+
+
+def test_migrate_on_a_database_not_yet_created_says_how_to_create_it(stack_env, db_url):
+    missing = db_url.rsplit("/", 1)[0] + "/sas_never_created"
+    done = subprocess.run([SAS, "migrate"], env={**os.environ, **stack_env, "SAS_DATABASE_URL": missing},
+                          capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert 'database "sas_never_created" does not exist; create it first: createdb -h 127.0.0.1' in done.stderr
+    assert done.stderr.rstrip().endswith(" sas_never_created")
