@@ -1,77 +1,17 @@
-"""Celery settings for sas_app, derived from :class:`sas_app.settings.Settings` (so every one of
-them can be set from the environment: SAS_BROKER_URL, SAS_VISIBILITY_TIMEOUT, …).
+"""This deployment's own Celery settings: edit them here.
 
-``SasApp`` applies :func:`celery_settings` to the Celery app it builds, so two apps with
-different settings can live in one process (tests do this).
+``workers/app.py`` (the deployable: ``sas worker``, ``sas beat``, ``celery -A workers.app``) builds
+its Celery app with sas_app's defaults — JSON only, prefetch 1, late acks, the visibility timeout,
+the Supervisor's beat schedule (``sas_app/celery_config.py``, all set from ``SAS_*`` variables) —
+and then applies every lowercase setting of this module on top, as Celery's ``celeryconfig`` does.
+It is read from the folder the process starts in (docker-compose's image copies it to /app); it is
+not part of the installed package. Anything left out keeps sas_app's default.
+
+See https://docs.celeryq.dev/en/stable/userguide/configuration.html for the names.
 """
 
-from __future__ import annotations
+# A worker child that grew past this much memory (KiB) is replaced after its current task.
+# worker_max_memory_per_child = 512_000
 
-from datetime import timedelta
-from typing import Any
-
-from sas_app.settings import Settings
-
-
-def celery_settings(settings: Settings) -> dict[str, Any]:
-    conf: dict[str, Any] = {
-        "broker_url": settings.broker_url,
-        # JSON only: a pickle body on any queue is refused, never executed.
-        "task_serializer": "json",
-        "result_serializer": "json",
-        "accept_content": ["json"],
-        "event_serializer": "json",
-        # Outcomes live in the state store; Celery's result backend would be a second truth.
-        "task_ignore_result": True,
-        "result_backend": None,
-        # One message reserved at a time: a worker that dies strands at most one step, and a
-        # long step does not hold others hostage in its prefetch buffer.
-        "worker_prefetch_multiplier": 1,
-        # A pool process that died is declared lost after this long (Celery waits 10 s by default
-        # for a result it might still have sent; ours go to the state store, never that pipe), so
-        # its step is reported to the Scheduler at once (see sas_app.agent.AgentRequest).
-        "worker_lost_wait": 1.0,
-        "task_acks_on_failure_or_timeout": True,
-        "task_default_queue": "sas.scheduler",
-        "task_create_missing_queues": True,
-        "broker_connection_retry_on_startup": True,
-        # A message is redelivered only if unacknowledged for longer than any step may take.
-        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout},
-        # Publishing is a hint (the Supervisor recovers a lost one): never block a worker long on it.
-        "task_publish_retry_policy": {
-            "max_retries": 3,
-            "interval_start": 0.1,
-            "interval_step": 0.5,
-            "interval_max": 1.0,
-        },
-        "worker_send_task_events": settings.task_events,
-        "task_send_sent_event": settings.task_events,
-        "enable_utc": True,
-        "timezone": "UTC",
-        "beat_schedule": {
-            "sas.supervisor.sweep": {
-                "task": "sas.supervisor.sweep",
-                "schedule": timedelta(seconds=settings.supervisor_interval),
-                # A sweep nobody ran in time is dropped: the next one does the same work.
-                "options": {"queue": "sas.supervisor", "expires": max(settings.supervisor_interval, 1.0)},
-            }
-        },
-    }
-    if settings.embedded_broker:
-        # kombu's filesystem transport: every process sharing SAS_HOME shares the queues. A
-        # consumer takes a message by renaming its file into ``processed`` (atomic on one file
-        # system, so two workers never both take it); it polls every 50 ms when idle.
-        folder = settings.home / "broker"
-        for sub in ("queue", "processed", "control"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
-        conf["broker_transport_options"] = {
-            **conf["broker_transport_options"],
-            "data_folder_in": str(folder / "queue"),
-            "data_folder_out": str(folder / "queue"),
-            "processed_folder": str(folder / "processed"),
-            "control_folder": str(folder / "control"),  # kombu's default is ./control
-            "store_processed": True,
-            "polling_interval": 0.05,
-        }
-    return conf
-
+# Seconds a worker waits for its tasks to finish on a warm shutdown before it gives up.
+# worker_soft_shutdown_timeout = 10.0

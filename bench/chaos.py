@@ -503,7 +503,7 @@ class Chaos:
         return self.report(started, healed_at, finished, restarted)
 
     def wait_for_the_end(self, bound: float) -> bool:
-        from sas_app.models import runs
+        from sas_app.store.tables import runs
 
         ids = list(self.accepted.values())
         deadline = time.monotonic() + bound
@@ -525,7 +525,7 @@ class Chaos:
     # the figures --------------------------------------------------------------------------------
 
     def report(self, started: float, healed_at: float, finished: bool, restarted: list[str]) -> dict[str, Any]:
-        from sas_app.models import events, runs, steps
+        from sas_app.store.tables import events, runs, steps
 
         ids = set(self.accepted.values())
         with self.sas.store.engine.connect() as conn:

@@ -79,7 +79,7 @@ def recovery_latency(args: argparse.Namespace) -> dict[str, Any]:
            "SAS_HOME": "/tmp/sas-bench/recovery", "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME")})
     from bench.app import sas
-    from sas_app.models import events
+    from sas_app.store.tables import events
 
     sas.migrate()
     procs = Procs(Path("/tmp/sas-bench/recovery"), env)

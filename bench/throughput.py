@@ -107,7 +107,7 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
            "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS")})
     from bench.app import sas  # after the environment names the stack
-    from sas_app.models import runs
+    from sas_app.store.tables import runs
 
     sas.migrate()
     procs = Procs(logs, env)

@@ -4,6 +4,10 @@ An action is a plain function ``fn(call: AgentCall) -> JSON``. The base around i
 transient faults with exponential back-off while the step's complete-by allows, passes the same
 idempotency key and the attempt's fencing token on every try, stops silently once complete-by has
 passed, and replies to the Scheduler with the result or with a non-transient error.
+
+Replies go to a :class:`Replies` the application wires in: the Scheduler's handlers run in this
+process (one message per step), or, failing that or with ``SAS_INLINE_REPLIES`` off, a message on
+the Scheduler's queue. The agent knows nothing else of the Scheduler.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 from billiard.exceptions import WorkerLostError
@@ -31,29 +35,35 @@ from .errors import (
     TransientError,
     WorkflowDefinitionError,
 )
+from .routing import (
+    SCHEDULER_QUEUE,
+    STEP_DEFERRED,
+    STEP_DONE,
+    STEP_FAILED,
+    STEP_LOST,
+    Reply,
+    Router,
+    agent_queue,
+    agent_task_name,
+)
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from .scheduler import Scheduler
-
 log = logging.getLogger("sas.agent")
 
-SCHEDULER_QUEUE = "sas.scheduler"
 
+class Replies(Protocol):
+    """Where an agent's replies go when they are handled in its own process: the Scheduler's
+    handlers, with the same names and arguments as its tasks. Any exception sends the reply to the
+    Scheduler's queue instead."""
 
-def agent_queue(agent: str) -> str:
-    return f"sas.agent.{agent}"
+    def step_done(self, run_id: str, position: int, attempt: int, result: Any = None,
+                  results: dict[str, Any] | None = None) -> None: ...
 
+    def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None: ...
 
-def agent_task_name(agent: str, action: str) -> str:
-    return f"sas.agent.{agent}.{action}"
-
-
-def dispatch_task_id(run_id: str, position: int, attempt: int) -> str:
-    """The Celery task id of one dispatch of a step: the same in the store's history, in Flower
-    and in the dashboard's links, with nothing stored."""
-    return f"{run_id}-{position}-{attempt}"
+    def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str) -> None: ...
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -172,7 +182,7 @@ class AgentRequest(Request):  # type: ignore[misc]
         except (KeyError, TypeError, ValueError):
             return False  # not a step we can name; Celery's default applies
         try:
-            self.task.app.send_task("sas.scheduler.step_lost", kwargs=report, queue=SCHEDULER_QUEUE)
+            self.task.app.send_task(STEP_LOST, kwargs=report, queue=SCHEDULER_QUEUE)
         except Exception:
             log.exception("could not report the lost worker of %s; the message goes back to the queue", report)
             return False
@@ -188,13 +198,14 @@ class Agent:
         celery: Celery,
         name: str,
         *,
+        router: Router,
         retry_initial: float = 0.1,
         retry_max: float = 2.0,
         breaker_fail_max: int = 5,
         breaker_reset: float = 10.0,
         breaker_url: str | None = None,
         rate_limit: str | None = None,
-        scheduler: Scheduler | None = None,
+        replies: Replies | None = None,
         db_clock: Callable[[], float | None] | None = None,
     ) -> None:
         """``breaker_fail_max`` transient failures in a row open this agent's circuit breaker for
@@ -202,9 +213,9 @@ class Agent:
         ``breaker_url``. ``rate_limit`` (Celery's, e.g. ``"10/s"``) caps each worker's calls of
         each action; concurrency is the ``-c`` of the workers consuming ``sas.agent.<name>``.
 
-        With a ``scheduler`` the agent hands its reply to the Scheduler's handler in its own
-        process (the same transaction and fencing as on the Scheduler's queue, one message fewer
-        per step); if that fails, the reply goes to the Scheduler's queue instead. With a
+        With ``replies`` the agent hands its reply to the Scheduler's handler in its own process
+        (the same transaction and fencing as on the Scheduler's queue, one message fewer per step);
+        if that fails, or without, the reply goes to the Scheduler's queue through ``router``. With a
         ``db_clock`` (the state store's clock) a step's time left is measured against its
         complete-by on the database's clock, so a worker whose own clock is off still stops in time
         and drops a message that waited past it."""
@@ -218,7 +229,8 @@ class Agent:
             Breaker(name, breaker_fail_max, breaker_reset, breaker_url, counts=is_transient)
             if breaker_fail_max > 0 else None
         )
-        self.scheduler = scheduler
+        self.router = router
+        self.replies = replies
         self.db_clock = db_clock
         self.actions: dict[str, AgentAction] = {}
 
@@ -272,23 +284,23 @@ class Agent:
             return
         except BreakerOpen as exc:
             log.warning("%s: %s; deferring the step", where, exc)
-            self._reply("sas.scheduler.step_deferred", call, delay=exc.delay, reason=str(exc))
+            self._reply(STEP_DEFERRED, call, delay=exc.delay, reason=str(exc))
             return
         except PermanentError as exc:
-            self._reply("sas.scheduler.step_failed", call, error=str(exc) or type(exc).__name__)
+            self._reply(STEP_FAILED, call, error=str(exc) or type(exc).__name__)
             return
         except Exception as exc:
             if is_transient(exc):
                 log.warning("%s: still failing when complete-by came (%s); no reply", where, exc)
                 return
             log.exception("%s: unexpected error, reported as a permanent failure", where)
-            self._reply("sas.scheduler.step_failed", call, error=f"{type(exc).__name__}: {exc}")
+            self._reply(STEP_FAILED, call, error=f"{type(exc).__name__}: {exc}")
             return
         faults.hit("agent.after_call")
         if call.remaining() <= 0:
             log.warning("%s: result came after complete-by; not replying", where)
             return
-        self._reply("sas.scheduler.step_done", call, result=result)
+        self._reply(STEP_DONE, call, result=result)
 
     def _call_with_retries(self, action: AgentAction, call: AgentCall) -> Any:
         if call.remaining() <= 0:
@@ -311,18 +323,13 @@ class Agent:
 
     def _reply(self, task: str, call: AgentCall, **outcome: Any) -> None:
         reply = {"run_id": call.run_id, "position": call.position, "attempt": call.attempt, **outcome}
-        if task == "sas.scheduler.step_done":
+        if task == STEP_DONE:
             reply["results"] = call.results
-        if self.scheduler is not None:
-            handlers: dict[str, Callable[..., None]] = {
-                "sas.scheduler.step_done": self.scheduler.step_done,
-                "sas.scheduler.step_failed": self.scheduler.step_failed,
-                "sas.scheduler.step_deferred": self.scheduler.step_deferred,
-            }
-            handler = handlers[task]
+        if self.replies is not None:
+            handler: Callable[..., None] = getattr(self.replies, task.rsplit(".", 1)[1])
             try:
                 handler(**reply)
                 return
             except Exception:
                 log.exception("replying in process failed; sending the reply to the Scheduler's queue")
-        self.celery.send_task(task, kwargs=reply, queue=SCHEDULER_QUEUE)
+        self.router.send(Reply(task, reply))

@@ -1,24 +1,32 @@
 """The factory: one :class:`SasApp` holds a Celery app, a state store, the registered agents and
-workflows, the Scheduler and the Supervisor. Build as many as you like in one process."""
+workflows, and wires the actors together — the router every message goes through, the Scheduler,
+the Supervisor, the client and the operators. Build as many as you like in one process."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import beat_init, worker_process_init, worker_ready
 from sqlalchemy import MetaData
 
-from . import faults, operator, tracing
+from . import faults, tracing
 from .agent import Agent
 from .alerts import Alerts, load_hook
-from .client import RunHandle, RunView, get_run, submit
+from .celery_config import celery_settings
+from .client import Client, RunHandle, RunView
 from .errors import WorkflowDefinitionError
 from .migrate import migrate
+from .operator import Operator
+from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, Router
 from .scheduler import Scheduler
 from .settings import Settings
 from .store import Store
+from .store.engine import Clock
 from .supervisor import Supervisor
 from .workflow import Step, Workflow, check_workflow
 
@@ -34,31 +42,46 @@ class SasApp:
     ... def charge(call): ...
     >>> sas.register(Workflow("order", [Step("charge", "payment.charge", timeout=10)]))
     >>> sas.submit("order", {"amount": 5}, business_key="order-1").wait()
+
+    ``celery_config`` names a module of your own Celery settings (``celeryconfig``, by Celery's
+    convention) applied over sas_app's; ``clock`` replaces an SQLite store's clock (tests).
     """
 
-    def __init__(self, settings: Settings | None = None, *, main: str = "sas") -> None:
-        from celeryconfig import celery_settings
-
+    def __init__(self, settings: Settings | None = None, *, main: str = "sas", celery_config: str | None = None,
+                 clock: Clock | None = None) -> None:
         self.settings = settings or Settings.from_env()
         if self.settings.faults:
             faults.arm(self.settings.faults, self.settings.home)
         tracing.setup(self.settings.tracing)
-        self.store = Store(self.settings.database_url)
+        self.store = Store(self.settings.database_url, clock)
         self.celery = Celery(main, set_as_current=False)
         self.celery.conf.update(celery_settings(self.settings))
+        if celery_config:
+            self.celery.conf.update(_own_settings(celery_config))
         self.celery.sas = self
         self.alerts = Alerts(load_hook(self.settings.alert_hook), self.settings.alert_webhook,
                              self.settings.alert_webhook_timeout)
         self.agents: dict[str, Agent] = {}
         self.workflows: dict[str, Workflow] = {}
         self.tables: list[MetaData] = []
-        self.scheduler = Scheduler(self.store, self.celery, self.settings, self.alerts)
-        self.supervisor = Supervisor(self.store, self.celery, self.settings, self.alerts)
+        self.router = Router(self.celery, self.settings, self.store.mark_sent)
+        self.scheduler = Scheduler(self.store, self.celery, self.settings, self.alerts, self.router)
+        self.supervisor = Supervisor(self.store, self.celery, self.settings, self.alerts, self.router)
+        inline = self.scheduler if self.settings.inline_replies else None
+        self.client = Client(self.store, self.settings, self.router, self.workflows, inline)
+        self.operator = Operator(self.store, self.settings, self.router)
         worker_process_init.connect(self._after_fork, weak=True)
+        worker_ready.connect(self._ready, weak=True)
+        beat_init.connect(self._ready, weak=True)
 
     def _after_fork(self, **_: Any) -> None:
         # A forked worker child must not share its parent's database connections.
         self.store.engine.dispose(close=False)
+
+    def _ready(self, sender: Any = None, **_: Any) -> None:
+        """A worker (or beat) of this app is consuming: say so in SAS_READY_FILE, if set."""
+        if self.settings.ready_file and getattr(sender, "app", None) is self.celery:
+            Path(self.settings.ready_file).write_text("ready\n")
 
     # -- declaring ----------------------------------------------------------------------------
 
@@ -71,8 +94,8 @@ class SasApp:
         s = self.settings
         redis_url = s.breaker_url or (s.broker_url if s.broker_url.startswith(("redis://", "rediss://")) else "")
         defaults: dict[str, Any] = {"breaker_fail_max": s.breaker_fail_max, "breaker_reset": s.breaker_reset,
-                                    "breaker_url": redis_url or None,
-                                    "scheduler": self.scheduler if s.inline_replies else None,
+                                    "breaker_url": redis_url or None, "router": self.router,
+                                    "replies": self.scheduler if s.inline_replies else None,
                                     "db_clock": self.store.db_clock if s.inline_replies else None,
                                     "rate_limit": s.rate_limit(name)}
         agent = Agent(self.celery, name, **{**defaults, **options})
@@ -106,44 +129,56 @@ class SasApp:
         """Declare and register a workflow in one call."""
         return self.register(Workflow(name, steps, **options))
 
-    # -- using --------------------------------------------------------------------------------
+    # -- using (sas_app.client) ---------------------------------------------------------------
 
-    def submit(
-        self, workflow: str, payload: Any, *, business_key: str, reply_to: str | None = None, priority: int = 5
-    ) -> RunHandle:
-        """Start a run (see :func:`sas_app.client.submit`). ``priority`` 0-9: a more urgent run's
-        steps overtake less urgent ones waiting on the same agent queue."""
-        return submit(self, workflow, payload, business_key=business_key, reply_to=reply_to, priority=priority)
+    def submit(self, workflow: str, payload: Any, *, business_key: str, reply_to: str | None = None,
+               priority: int = 5) -> RunHandle:
+        """Start a run (see :meth:`Client.submit`). ``priority`` 0-9: a more urgent run's steps
+        overtake less urgent ones waiting on the same agent queue."""
+        return self.client.submit(workflow, payload, business_key=business_key, reply_to=reply_to, priority=priority)
 
     def get_run(self, run_id: str) -> RunView:
-        return get_run(self, run_id)
+        return self.client.get_run(run_id)
 
-    # -- operating ----------------------------------------------------------------------------
+    def handle(self, run_id: str) -> RunHandle:
+        return self.client.handle(run_id)
+
+    # -- operating (sas_app.operator) -----------------------------------------------------------
     # Each is refused with InvalidOperation when the run's state does not allow it, and recorded
     # in the run's events with ``by`` and ``reason``.
 
     def resubmit(self, run_id: str, *, by: str, reason: str = "", step: str | None = None,
                  step_input: Any = None) -> None:
-        operator.resubmit(self, run_id, by=by, reason=reason, step=step, step_input=step_input)
+        self.operator.resubmit(run_id, by=by, reason=reason, step=step, step_input=step_input)
 
     def mark_done(self, run_id: str, step: str, *, by: str, reason: str = "", result: Any = None) -> None:
-        operator.mark_done(self, run_id, step, by=by, reason=reason, result=result)
+        self.operator.mark_done(run_id, step, by=by, reason=reason, result=result)
 
     def pause(self, run_id: str, *, by: str, reason: str = "") -> None:
-        operator.pause(self, run_id, by=by, reason=reason)
+        self.operator.pause(run_id, by=by, reason=reason)
 
     def resume(self, run_id: str, *, by: str, reason: str = "") -> None:
-        operator.resume(self, run_id, by=by, reason=reason)
+        self.operator.resume(run_id, by=by, reason=reason)
 
     def cancel(self, run_id: str, *, by: str, reason: str = "") -> str:
-        return operator.cancel(self, run_id, by=by, reason=reason)
+        return self.operator.cancel(run_id, by=by, reason=reason)
 
     def compensate(self, run_id: str, *, by: str, reason: str = "") -> None:
-        operator.compensate(self, run_id, by=by, reason=reason)
-
-    def handle(self, run_id: str) -> RunHandle:
-        return RunHandle(self, run_id, created=False)
+        self.operator.compensate(run_id, by=by, reason=reason)
 
     def queues(self) -> list[str]:
         """Every queue this app's workers may consume."""
-        return ["sas.scheduler", "sas.supervisor", *(a.queue for a in self.agents.values())]
+        return [SCHEDULER_QUEUE, SUPERVISOR_QUEUE, *(a.queue for a in self.agents.values())]
+
+
+def _own_settings(module_name: str) -> dict[str, Any]:
+    """The lowercase settings of a Celery config module; none if there is no such module."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        return {}
+    return {key: value for key, value in vars(module).items()
+            if key.islower() and not key.startswith("_") and not key == "annotations"
+            and not (inspect.ismodule(value) or inspect.isclass(value) or inspect.isroutine(value))}

@@ -1,16 +1,21 @@
-"""The ``sas`` command: migrate the store, run workers and beat, submit and inspect runs.
+"""The ``sas`` command: migrate the store, run workers and beat, submit, inspect and operate runs,
+serve the dashboard.
 
-The application is loaded from ``--app`` / SAS_APP (``module:attribute``, default the order
-example ``workers.app:sas``). Errors exit non-zero with one line, never a traceback.
+The application is loaded from ``--app`` / SAS_APP (``module:attribute``; by default the order
+example's ``workers.app:sas``, a name, not an import of this package). Other packages add commands
+through the ``sas_app.commands`` entry point group — the order example adds ``demo`` and its two
+simulated services that way. Errors exit non-zero with one line, never a traceback.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import sys
 from dataclasses import asdict
+from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 import click
@@ -20,11 +25,11 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from .app import SasApp
-from .client import when
 from .errors import SasError
 from .migrate import schema_problem
-from .models import RUN_STATES
 from .settings import mask_secrets, redact_url
+from .states import RUN_STATES
+from .web.formatting import when
 
 DEFAULT_APP = "workers.app:sas"
 # Piped or redirected output is not cut to 80 columns: every id and name stays whole.
@@ -320,31 +325,6 @@ def compensate(ctx: Context, run_id: str, by: str, reason: str) -> None:
 
 
 @main.command()
-@click.option("--orders", type=click.IntRange(1, 100_000), default=50, show_default=True,
-              help="How many orders to submit.")
-@click.option("--fault-rate", type=click.FloatRange(0, 1), default=0.2, show_default=True,
-              help="Share of orders given a fault (transient error, hang past complete-by, latency).")
-@click.option("--seed", type=int, default=1, show_default=True, help="Seed for the fault plan.")
-@click.option("--timeout", type=float, default=300, show_default=True, help="Give up after this many seconds.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-def demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: bool) -> None:
-    """Run the order example live: worker, beat and payment-service processes, faults injected,
-    one agent worker crash; ends with a summary (lost and duplicate charges must be 0)."""
-    from workers.demo import print_summary, run_demo
-
-    try:
-        summary = run_demo(orders, fault_rate, seed, timeout, as_json)
-    except KeyboardInterrupt:
-        fail("interrupted; every process the demo started has been stopped")
-    if as_json:
-        click.echo(json.dumps(summary))
-    else:
-        print_summary(summary)
-    if summary["lost"] or summary["duplicate_charges"] or summary["charges_not_undone"]:
-        sys.exit(1)
-
-
-@main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8080, show_default=True)
 @click.option("--basic-auth", "basic_auth", envvar="FLOWER_BASIC_AUTH", default="",
@@ -357,7 +337,7 @@ def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: s
     """Serve the read-only dashboard and the Prometheus metrics (/metrics) of the state store."""
     from waitress import serve
 
-    from .dashboard import create_dashboard, parse_basic_auth
+    from .web import create_dashboard, parse_basic_auth
 
     try:
         credentials = parse_basic_auth(basic_auth)
@@ -371,43 +351,22 @@ def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: s
     serve(app, host=host, port=port, threads=threads, ident="sas-dashboard")
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
-def chaos(argv: tuple[str, ...]) -> None:
-    """Run the order example under chaos (bench/chaos.py): its own Redis and PostgreSQL, workers
-    and Supervisors killed and restarted, servers restarted, Redis emptied, a poison step; checks
-    that nothing was lost or applied twice. Exits 1 if an invariant broke. `sas chaos --help`."""
-    from bench.chaos import main as chaos_main
-
-    sys.exit(chaos_main(list(argv)))
-
-
-def _service_command(name: str, port: int, what: str) -> None:
-    @main.command(f"{name}-service", help=f"Start the simulated remote {what} of the order example.")
-    @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-    @click.option("--port", type=int, default=port, show_default=True)
-    @click.option("--ledger", default=None, help="The service's ledger file (default under SAS_HOME).")
-    @click.option("--seed", type=int, default=None, help="Seed for the fault rates below.")
-    @click.option("--transient-rate", type=float, default=0.0, help="Share of requests answered 503 once.")
-    @click.option("--hang-rate", type=float, default=0.0, help="Share of first attempts that hang 30 s.")
-    @click.option("--permanent-rate", type=float, default=0.0, help="Share of requests refused for good.")
-    @click.option("--latency-rate", type=float, default=0.0, help="Share of requests delayed 0.2 s.")
-    @click.option("--crash-rate", type=float, default=0.0, help="Share of requests that crash the service.")
-    def command(host: str, port: int, ledger: str | None, seed: int | None, **rates: float) -> None:
-        from workers import remote_service
-
-        argv = ["--name", name, "--host", host, "--port", str(port)]
-        if ledger:
-            argv += ["--ledger", ledger]
-        if seed is not None:
-            argv += ["--seed", str(seed)]
-        for option, rate in rates.items():
-            argv += ["--" + option.replace("_", "-"), str(rate)]
-        remote_service.main(argv)
+def add_commands(group: click.Group) -> None:
+    """The commands other installed packages add to ``sas`` (entry point group ``sas_app.commands``).
+    One that fails to load is left out with a warning, so a broken add-on never breaks ``sas``."""
+    for point in entry_points(group="sas_app.commands"):
+        if point.name in group.commands:
+            continue
+        try:
+            command = point.load()
+        except Exception as exc:
+            logging.getLogger("sas.cli").warning("command %r (%s) not loaded: %s", point.name, point.value,
+                                                 one_line(exc))
+            continue
+        group.add_command(command, point.name)
 
 
-_service_command("payment", 8765, "payment service (charge, refund)")
-_service_command("warehouse", 8766, "warehouse (reserve and release stock, ship and cancel shipments)")
+add_commands(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

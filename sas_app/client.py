@@ -6,31 +6,24 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import faults, tracing
-from .agent import SCHEDULER_QUEUE
 from .errors import DuplicateBusinessKey, InvalidSubmission, UnknownRun, UnknownWorkflow
-from .notify import relay
-from .store import EventRow, NewStep, RunRow, StepRow, dumps_payload
+from .routing import Advance, Router, step_key
+from .scheduler import Scheduler
+from .settings import Settings
+from .states import TERMINAL_RUN_STATES
+from .store import EventRow, NewStep, RunRow, StepRow, Store, dumps_payload
 from .workflow import Workflow, action_name
-
-if TYPE_CHECKING:
-    from .app import SasApp
 
 log = logging.getLogger("sas.client")
 
-TERMINAL_STATES = frozenset({"processed", "error", "compensated", "cancelled"})
+#: run states a run never leaves (kept under this name for existing callers)
+TERMINAL_STATES = TERMINAL_RUN_STATES
 MAX_KEY_LENGTH = 200
-
-
-def when(epoch: float | None) -> str:
-    """An epoch time (the database's clock) as people read it: UTC, to the millisecond; ``-`` for none."""
-    if epoch is None:
-        return "-"
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 @dataclass(frozen=True)
@@ -63,8 +56,8 @@ class RunView:
 class RunHandle:
     """What :func:`submit` returns: the run's id, whether this call created it, and ways to watch it."""
 
-    def __init__(self, app: SasApp, run_id: str, created: bool) -> None:
-        self.app = app
+    def __init__(self, client: Client, run_id: str, created: bool) -> None:
+        self.client = client
         self.id = run_id
         self.created = created
 
@@ -72,7 +65,7 @@ class RunHandle:
         return f"<RunHandle {self.id} created={self.created}>"
 
     def status(self) -> RunView:
-        return get_run(self.app, self.id)
+        return self.client.get_run(self.id)
 
     def wait(self, timeout: float = 60.0) -> RunView:
         """Block until the run is terminal (processed, error, compensated, cancelled) and return it.
@@ -83,9 +76,10 @@ class RunHandle:
         the state the run was left in."""
         deadline = time.monotonic() + timeout
         delay = 0.02
-        with self.app.store.listen_for_finished_runs() as listen:
+        store = self.client.store
+        with store.listen_for_finished_runs() as listen:
             while True:
-                run = self.app.store.get_run(self.id)
+                run = store.get_run(self.id)
                 if run is not None and run.process_state in TERMINAL_STATES:
                     return self.status()
                 remaining = deadline - time.monotonic()
@@ -100,100 +94,99 @@ class RunHandle:
                     pass
 
 
-def get_run(app: SasApp, run_id: str) -> RunView:
-    run = app.store.get_run(run_id)
-    if run is None:
-        raise UnknownRun(f"no run with id {run_id!r}")
-    return RunView(run, app.store.get_steps(run_id), app.store.get_events(run_id))
+class Client:
+    """Submitting runs and looking at them: what :class:`SasApp` offers other Python code.
 
+    Built from the store, the settings, the router and the registered workflows; with a
+    ``scheduler`` (SAS_INLINE_REPLIES, the default) a new run's first move is made in this process."""
 
-def submit(
-    app: SasApp,
-    workflow: str,
-    payload: Any,
-    *,
-    business_key: str,
-    reply_to: str | None = None,
-    priority: int = 5,
-) -> RunHandle:
-    """Write the run, its steps and whatever the workflow's ``on_submit`` writes in one
-    transaction, then ask the Scheduler to start it.
+    def __init__(self, store: Store, settings: Settings, router: Router, workflows: Mapping[str, Workflow],
+                 scheduler: Scheduler | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.router = router
+        self.workflows = workflows
+        self.scheduler = scheduler
 
-    With SAS_INLINE_REPLIES (the default) the calling process then claims the run and dispatches
-    its first step itself, as the Scheduler would; otherwise it sends ``sas.scheduler.advance``.
-    The same business key submitted again returns the existing run (``handle.created`` is False);
-    with a different payload it raises :class:`DuplicateBusinessKey`. Bad input raises
-    :class:`InvalidSubmission` or :class:`UnknownWorkflow` and writes nothing.
-    """
-    wf = app.workflows.get(workflow) if isinstance(workflow, str) else None
-    if wf is None:
-        raise UnknownWorkflow(
-            f"unknown workflow {workflow!r}; registered: {sorted(app.workflows) or 'none'}"
-        )
-    if not isinstance(business_key, str) or not business_key.strip():
-        raise InvalidSubmission(f"business_key must be a non-empty string, got {business_key!r}")
-    if len(business_key) > MAX_KEY_LENGTH or not business_key.isprintable():
-        raise InvalidSubmission(
-            f"business_key must be printable and at most {MAX_KEY_LENGTH} characters"
-        )
-    if reply_to is not None and (not isinstance(reply_to, str) or not reply_to or len(reply_to) > 200):
-        raise InvalidSubmission(f"reply_to must be a queue name, got {reply_to!r}")
-    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
-        raise InvalidSubmission(f"priority must be an integer from 0 (least urgent) to 9, got {priority!r}")
-    if not isinstance(payload, dict):
-        raise InvalidSubmission(f"payload must be a JSON object (a dict), got {type(payload).__name__}")
-    try:
-        encoded = dumps_payload(payload)
-    except (TypeError, ValueError) as exc:
-        raise InvalidSubmission(f"payload is not JSON-serialisable: {exc}") from None
-    limit = app.settings.max_payload_bytes
-    if len(encoded.encode()) > limit:
-        raise InvalidSubmission(f"payload is {len(encoded.encode())} bytes, over the {limit}-byte limit")
-    payload = json.loads(encoded)
+    def handle(self, run_id: str) -> RunHandle:
+        return RunHandle(self, run_id, created=False)
 
-    run_id = uuid.uuid4().hex
-    with tracing.span("sas.submit", workflow=wf.name, business_key=business_key, run_id=run_id):
-        return _submit(app, wf, run_id, payload, business_key, reply_to, priority)
+    def get_run(self, run_id: str) -> RunView:
+        run = self.store.get_run(run_id)
+        if run is None:
+            raise UnknownRun(f"no run with id {run_id!r}")
+        return RunView(run, self.store.get_steps(run_id), self.store.get_events(run_id))
 
+    def submit(self, workflow: str, payload: Any, *, business_key: str, reply_to: str | None = None,
+               priority: int = 5) -> RunHandle:
+        """Write the run, its steps and whatever the workflow's ``on_submit`` writes in one
+        transaction, then ask the Scheduler to start it.
 
-def _submit(app: SasApp, wf: Workflow, run_id: str, payload: Any, business_key: str, reply_to: str | None,
-            priority: int) -> RunHandle:
-    new_steps = [
-        NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, f"{run_id}:{s.name}",
-                undo=None if s.compensate is None else action_name(s.compensate))
-        for s in wf.steps
-    ]
-    run, created, notes = app.store.create_run(
-        run_id=run_id,
-        workflow=wf.name,
-        business_key=business_key,
-        payload=payload,
-        reply_to=reply_to,
-        priority=priority,
-        new_steps=new_steps,
-        pickup_timeout=app.settings.pickup_timeout,
-        on_insert=wf.on_submit,
-    )
-    if not created:
-        if run.payload != payload:
-            raise DuplicateBusinessKey(
-                f"business key {business_key!r} already names run {run.id} of workflow "
-                f"{wf.name!r} with a different payload"
-            )
-        return RunHandle(app, run.id, created=False)
-    faults.hit("submit.after_commit")
-    relay(app.celery, app.store, notes)
-    if app.settings.inline_replies:
-        # The submitting process runs the Scheduler's first move itself (claim the run, dispatch
-        # its first step): one message and one hop fewer per run. Failing that, the message.
+        With a scheduler (SAS_INLINE_REPLIES, the default) the calling process then claims the run
+        and dispatches its first step itself, as the Scheduler would; otherwise it sends
+        ``sas.scheduler.advance``. The same business key submitted again returns the existing run
+        (``handle.created`` is False); with a different payload it raises
+        :class:`DuplicateBusinessKey`. Bad input raises :class:`InvalidSubmission` or
+        :class:`UnknownWorkflow` and writes nothing.
+        """
+        wf = self.workflows.get(workflow) if isinstance(workflow, str) else None
+        if wf is None:
+            raise UnknownWorkflow(f"unknown workflow {workflow!r}; registered: {sorted(self.workflows) or 'none'}")
+        payload = self._check(payload, business_key, reply_to, priority)
+        run_id = uuid.uuid4().hex
+        with tracing.span("sas.submit", workflow=wf.name, business_key=business_key, run_id=run_id):
+            return self._submit(wf, run_id, payload, business_key, reply_to, priority)
+
+    def _check(self, payload: Any, business_key: Any, reply_to: Any, priority: Any) -> Any:
+        """The payload as the store will hold it; :class:`InvalidSubmission` naming the first problem."""
+        if not isinstance(business_key, str) or not business_key.strip():
+            raise InvalidSubmission(f"business_key must be a non-empty string, got {business_key!r}")
+        if len(business_key) > MAX_KEY_LENGTH or not business_key.isprintable():
+            raise InvalidSubmission(f"business_key must be printable and at most {MAX_KEY_LENGTH} characters")
+        if reply_to is not None and (not isinstance(reply_to, str) or not reply_to or len(reply_to) > 200):
+            raise InvalidSubmission(f"reply_to must be a queue name, got {reply_to!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+            raise InvalidSubmission(f"priority must be an integer from 0 (least urgent) to 9, got {priority!r}")
+        if not isinstance(payload, dict):
+            raise InvalidSubmission(f"payload must be a JSON object (a dict), got {type(payload).__name__}")
         try:
-            app.scheduler.advance(run.id)
-            return RunHandle(app, run.id, created=True)
-        except Exception:
-            log.warning("starting run %s in process failed; asking the Scheduler", run.id, exc_info=True)
-    try:
-        app.celery.send_task("sas.scheduler.advance", args=[run.id], queue=SCHEDULER_QUEUE)
-    except Exception:
-        log.warning("run %s is stored but the broker refused the message; the Supervisor will "
-                    "start it after %ss", run.id, app.settings.pickup_timeout, exc_info=True)
-    return RunHandle(app, run.id, created=True)
+            encoded = dumps_payload(payload)
+        except (TypeError, ValueError) as exc:
+            raise InvalidSubmission(f"payload is not JSON-serialisable: {exc}") from None
+        limit = self.settings.max_payload_bytes
+        if len(encoded.encode()) > limit:
+            raise InvalidSubmission(f"payload is {len(encoded.encode())} bytes, over the {limit}-byte limit")
+        return json.loads(encoded)
+
+    def _submit(self, wf: Workflow, run_id: str, payload: Any, business_key: str, reply_to: str | None,
+                priority: int) -> RunHandle:
+        new_steps = [
+            NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, step_key(run_id, s.name),
+                    undo=None if s.compensate is None else action_name(s.compensate))
+            for s in wf.steps
+        ]
+        run, created, notes = self.store.create_run(
+            run_id=run_id, workflow=wf.name, business_key=business_key, payload=payload, reply_to=reply_to,
+            priority=priority, new_steps=new_steps, pickup_timeout=self.settings.pickup_timeout,
+            on_insert=wf.on_submit,
+        )
+        if not created:
+            if run.payload != payload:
+                raise DuplicateBusinessKey(
+                    f"business key {business_key!r} already names run {run.id} of workflow "
+                    f"{wf.name!r} with a different payload"
+                )
+            return RunHandle(self, run.id, created=False)
+        faults.hit("submit.after_commit")
+        self.router.relay(notes)
+        if self.scheduler is not None:
+            # The submitting process runs the Scheduler's first move itself (claim the run, dispatch
+            # its first step): one message and one hop fewer per run. Failing that, the message.
+            try:
+                self.scheduler.advance(run.id)
+                return RunHandle(self, run.id, created=True)
+            except Exception:
+                log.warning("starting run %s in process failed; asking the Scheduler", run.id, exc_info=True)
+        # Refused by the broker: the run is stored, and the Supervisor starts it after SAS_PICKUP_TIMEOUT.
+        self.router.send(Advance(run.id))
+        return RunHandle(self, run.id, created=True)

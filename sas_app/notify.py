@@ -1,47 +1,23 @@
-"""Progress notifications to a submitter's ``reply_to`` queue, and the helper that reads them.
+"""Reading the progress notifications sent to a submitter's ``reply_to`` queue.
 
 Each notification is written to the ``outbox`` table in the same transaction as the state change
-it reports, then relayed to the broker once that transaction has committed: a crash between commit
-and publish neither loses a notification (the Supervisor relays what is left) nor invents one (a
-rolled-back change leaves no row). A notification relayed twice carries the same ``id``;
-:class:`Notifications` drops such duplicates.
+it reports, then relayed to the broker once that transaction has committed (:meth:`Router.relay`):
+a crash between commit and publish neither loses a notification (the Supervisor relays what is
+left) nor invents one (a rolled-back change leaves no row). A notification relayed twice carries
+the same ``id``; :class:`Notifications` drops such duplicates.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
-from kombu.entity import Exchange, Queue
-
-from .store import Notification, Store
+from .routing import reply_queue
 
 if TYPE_CHECKING:
     from celery import Celery
-
-log = logging.getLogger("sas.notify")
-
-
-def reply_queue(name: str) -> Queue:
-    return Queue(name, Exchange(name, type="direct"), routing_key=name, durable=True)
-
-
-def relay(celery: Celery, store: Store, notes: Sequence[Notification]) -> None:
-    """Publish committed notifications, then mark them sent. Failures are left to the Supervisor."""
-    if not notes:
-        return
-    try:
-        with celery.producer_pool.acquire(block=True) as producer:
-            for note in notes:
-                queue = reply_queue(note.reply_to)
-                producer.publish(note.body, exchange=queue.exchange, routing_key=note.reply_to,
-                                 declare=[queue], serializer="json", retry=True)
-        store.mark_sent([n.id for n in notes])
-    except Exception:
-        log.exception("could not relay %d notification(s); the Supervisor will", len(notes))
 
 
 class Notifications:

@@ -2,20 +2,117 @@
 step done by hand, pause, resume, cancel, compensate now.
 
 Each action is one transaction, refused with :class:`InvalidOperation` (nothing changed) when the
-run's state does not allow it, and recorded in the run's events with who did it and why.
+run's state does not allow it, and recorded in the run's events with who did it and why. Once it
+has committed, the Scheduler is asked to go on through the router: a broker that refuses that
+message does not undo the action (it is committed) and is not reported as its failure; the
+Supervisor asks the Scheduler again once the step's or run's complete-by passes.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .agent import SCHEDULER_QUEUE
 from .errors import InvalidOperation, UnknownRun
-from .notify import relay
-from .store import RunRow, StepRow, Tx, dumps_payload
+from .recovery import undo_run
+from .routing import Advance, Router
+from .settings import Settings
+from .states import RunState, StepState
+from .store import RunRow, StepRow, Store, Tx, dumps_payload
 
-if TYPE_CHECKING:
-    from .app import SasApp
+
+class Operator:
+    def __init__(self, store: Store, settings: Settings, router: Router) -> None:
+        self.store = store
+        self.settings = settings
+        self.router = router
+
+    def resubmit(self, run_id: str, *, by: str, reason: str = "", step: str | None = None,
+                 step_input: Any = None) -> None:
+        """Put a run in ``error`` back to work from its failed step (not from the start): that step
+        goes to pending with its failure count reset, optionally with an edited input."""
+        _check_reason(by, reason)
+        if step_input is not None:
+            try:
+                dumps_payload(step_input)
+            except (TypeError, ValueError) as exc:
+                raise InvalidOperation(f"the edited step input is not JSON-serialisable: {exc}") from None
+        with self.store.begin() as tx:
+            run = _locked(tx, run_id)
+            if run.process_state != RunState.ERROR:
+                raise InvalidOperation(f"cannot resubmit run {run_id}: it is {run.process_state}, not error")
+            failed = _step(tx, run, step, (StepState.FAILED,), "resubmit")
+            tx.operator_event(run_id, failed.position, "resubmit", by, reason)
+            tx.resubmit_step(failed, self.settings.pickup_timeout, by, step_input)
+            tx.reopen_run(run, RunState.COMPENSATING if failed.is_undo else RunState.PROCESSING, by)
+        self.router.after_commit(tx.outbox, Advance(run_id))
+
+    def mark_done(self, run_id: str, step: str, *, by: str, reason: str = "", result: Any = None) -> None:
+        """Record a step an operator completed by hand (or decided to skip) as completed; the run
+        goes on with the next one."""
+        _check_reason(by, reason)
+        with self.store.begin() as tx:
+            run = _locked(tx, run_id)
+            if run.process_state not in (RunState.PROCESSING, RunState.ERROR, RunState.COMPENSATING):
+                raise InvalidOperation(f"cannot mark a step of run {run_id} done: it is {run.process_state}")
+            target = _step(tx, run, step, (StepState.NOT_STARTED, StepState.PENDING, StepState.FAILED), "mark done")
+            tx.operator_event(run_id, target.position, "mark_done", by, reason)
+            tx.complete_by_hand(target, result, by)
+            if target.compensates is not None:
+                tx.mark_compensated(run_id, target.compensates, by)
+            if run.process_state == RunState.ERROR:
+                tx.reopen_run(run, RunState.COMPENSATING if target.is_undo else RunState.PROCESSING, by)
+        self.router.after_commit(tx.outbox, Advance(run_id))
+
+    def pause(self, run_id: str, *, by: str, reason: str = "") -> None:
+        """Dispatch no further step of this run until :meth:`resume` (a running step finishes)."""
+        _check_reason(by, reason)
+        with self.store.begin() as tx:
+            run = _locked(tx, run_id)
+            if not tx.set_paused(run, by):
+                state = "already paused" if run.paused_by else run.process_state
+                raise InvalidOperation(f"cannot pause run {run_id}: it is {state}")
+            tx.operator_event(run_id, None, "pause", by, reason)
+
+    def resume(self, run_id: str, *, by: str, reason: str = "") -> None:
+        _check_reason(by, reason)
+        with self.store.begin() as tx:
+            run = _locked(tx, run_id)
+            if not tx.set_paused(run, None):
+                raise InvalidOperation(f"cannot resume run {run_id}: it is {run.process_state} and not paused")
+            tx.operator_event(run_id, None, "resume", by, reason)
+        self.router.after_commit(tx.outbox, Advance(run_id))
+
+    def cancel(self, run_id: str, *, by: str, reason: str = "") -> str:
+        """Stop a pending or processing run: no further step starts, and whatever may have been done
+        is undone; the run ends ``cancelled``. Returns the state it is in now."""
+        _check_reason(by, reason)
+        with self.store.begin() as tx:
+            run = _locked(tx, run_id)
+            if run.process_state not in (RunState.PENDING, RunState.PROCESSING):
+                raise InvalidOperation(f"cannot cancel run {run_id}: it is {run.process_state}")
+            tx.operator_event(run_id, None, "cancel", by, reason)
+            why = f"cancelled by {by}" + (f": {reason}" if reason else "")
+            if undo_run(tx, run, why, self.settings, actor=by, cancelled_by=by):
+                state = RunState.COMPENSATING
+            else:
+                tx.finish_run(run_id, RunState.CANCELLED, from_state=run.process_state, actor=by, error=why,
+                              cancelled_by=by)
+                state = RunState.CANCELLED
+        self.router.after_commit(tx.outbox, Advance(run_id) if state == RunState.COMPENSATING else None)
+        return state.value
+
+    def compensate(self, run_id: str, *, by: str, reason: str = "") -> None:
+        """Undo a processing run, or a run in ``error``, now; it ends ``compensated``."""
+        _check_reason(by, reason)
+        with self.store.begin() as tx:
+            run = _locked(tx, run_id)
+            if run.process_state not in (RunState.PROCESSING, RunState.ERROR):
+                raise InvalidOperation(f"cannot compensate run {run_id}: it is {run.process_state}")
+            tx.operator_event(run_id, None, "compensate", by, reason)
+            why = f"compensated by {by}" + (f": {reason}" if reason else "")
+            if not undo_run(tx, run, why, self.settings, actor=by):
+                raise InvalidOperation(f"cannot compensate run {run_id}: none of its steps has anything to undo")
+        self.router.after_commit(tx.outbox, Advance(run_id))
 
 
 def _locked(tx: Tx, run_id: str) -> RunRow:
@@ -28,23 +125,14 @@ def _locked(tx: Tx, run_id: str) -> RunRow:
 def _step(tx: Tx, run: RunRow, name: str | None, states: tuple[str, ...], action: str) -> StepRow:
     """The step an action applies to: the one named, or else the single one in ``states``."""
     candidates = [s for s in tx.steps_of(run.id) if (s.name == name if name else s.state in states)]
+    wanted = " or ".join(str(state) for state in states)
     if not candidates:
-        what = f"no step {name!r}" if name else f"no step in state {' or '.join(states)}"
+        what = f"no step {name!r}" if name else f"no step in state {wanted}"
         raise InvalidOperation(f"cannot {action} run {run.id}: it has {what}")
     step = candidates[-1] if not name else candidates[0]
     if step.state not in states:
-        raise InvalidOperation(
-            f"cannot {action} step {step.name!r} of run {run.id}: it is {step.state}, not {' or '.join(states)}"
-        )
+        raise InvalidOperation(f"cannot {action} step {step.name!r} of run {run.id}: it is {step.state}, not {wanted}")
     return step
-
-
-def _advance(app: SasApp, run_id: str) -> None:
-    app.celery.send_task("sas.scheduler.advance", args=[run_id], queue=SCHEDULER_QUEUE)
-
-
-def _relay(app: SasApp, tx: Tx) -> None:
-    relay(app.celery, app.store, tx.outbox)
 
 
 def _check_reason(by: str, reason: str) -> None:
@@ -52,102 +140,3 @@ def _check_reason(by: str, reason: str) -> None:
         raise InvalidOperation("say who is acting (by=...)")
     if reason is None:
         raise InvalidOperation("say why (reason=...)")
-
-
-def resubmit(
-    app: SasApp, run_id: str, *, by: str, reason: str = "", step: str | None = None, step_input: Any = None
-) -> None:
-    """Put a run in ``error`` back to work from its failed step (not from the start): that step
-    goes to pending with its failure count reset, optionally with an edited input."""
-    _check_reason(by, reason)
-    if step_input is not None:
-        try:
-            dumps_payload(step_input)
-        except (TypeError, ValueError) as exc:
-            raise InvalidOperation(f"the edited step input is not JSON-serialisable: {exc}") from None
-    with app.store.begin() as tx:
-        run = _locked(tx, run_id)
-        if run.process_state != "error":
-            raise InvalidOperation(f"cannot resubmit run {run_id}: it is {run.process_state}, not error")
-        failed = _step(tx, run, step, ("failed",), "resubmit")
-        tx.operator_event(run_id, failed.position, "resubmit", by, reason)
-        tx.resubmit_step(failed, app.settings.pickup_timeout, by, step_input)
-        tx.reopen_run(run, "compensating" if failed.is_undo else "processing", by)
-    _relay(app, tx)
-    _advance(app, run_id)
-
-
-def mark_done(app: SasApp, run_id: str, step: str, *, by: str, reason: str = "", result: Any = None) -> None:
-    """Record a step an operator completed by hand (or decided to skip) as completed; the run goes
-    on with the next one."""
-    _check_reason(by, reason)
-    with app.store.begin() as tx:
-        run = _locked(tx, run_id)
-        if run.process_state not in ("processing", "error", "compensating"):
-            raise InvalidOperation(f"cannot mark a step of run {run_id} done: it is {run.process_state}")
-        target = _step(tx, run, step, ("not_started", "pending", "failed"), "mark done")
-        tx.operator_event(run_id, target.position, "mark_done", by, reason)
-        tx.complete_by_hand(target, result, by)
-        if target.compensates is not None:
-            tx.mark_compensated(run_id, target.compensates, by)
-        if run.process_state == "error":
-            tx.reopen_run(run, "compensating" if target.is_undo else "processing", by)
-    _relay(app, tx)
-    _advance(app, run_id)
-
-
-def pause(app: SasApp, run_id: str, *, by: str, reason: str = "") -> None:
-    """Dispatch no further step of this run until :func:`resume` (a running step finishes)."""
-    _check_reason(by, reason)
-    with app.store.begin() as tx:
-        run = _locked(tx, run_id)
-        if not tx.set_paused(run, by):
-            state = "already paused" if run.paused_by else run.process_state
-            raise InvalidOperation(f"cannot pause run {run_id}: it is {state}")
-        tx.operator_event(run_id, None, "pause", by, reason)
-
-
-def resume(app: SasApp, run_id: str, *, by: str, reason: str = "") -> None:
-    _check_reason(by, reason)
-    with app.store.begin() as tx:
-        run = _locked(tx, run_id)
-        if not tx.set_paused(run, None):
-            raise InvalidOperation(f"cannot resume run {run_id}: it is {run.process_state} and not paused")
-        tx.operator_event(run_id, None, "resume", by, reason)
-    _advance(app, run_id)
-
-
-def cancel(app: SasApp, run_id: str, *, by: str, reason: str = "") -> str:
-    """Stop a pending or processing run: no further step starts, and whatever may have been done
-    is undone; the run ends ``cancelled``. Returns the state it is in now."""
-    _check_reason(by, reason)
-    with app.store.begin() as tx:
-        run = _locked(tx, run_id)
-        if run.process_state not in ("pending", "processing"):
-            raise InvalidOperation(f"cannot cancel run {run_id}: it is {run.process_state}")
-        tx.operator_event(run_id, None, "cancel", by, reason)
-        why = f"cancelled by {by}" + (f": {reason}" if reason else "")
-        if tx.start_compensation(run, why, app.settings.pickup_timeout, actor=by, cancelled_by=by):
-            state = "compensating"
-        else:
-            tx.finish_run(run_id, "cancelled", from_state=run.process_state, actor=by, error=why, cancelled_by=by)
-            state = "cancelled"
-    _relay(app, tx)
-    if state == "compensating":
-        _advance(app, run_id)
-    return state
-
-
-def compensate(app: SasApp, run_id: str, *, by: str, reason: str = "") -> None:
-    """Undo a processing run, or a run in ``error``, now; it ends ``compensated``."""
-    _check_reason(by, reason)
-    with app.store.begin() as tx:
-        run = _locked(tx, run_id)
-        if run.process_state not in ("processing", "error"):
-            raise InvalidOperation(f"cannot compensate run {run_id}: it is {run.process_state}")
-        tx.operator_event(run_id, None, "compensate", by, reason)
-        why = f"compensated by {by}" + (f": {reason}" if reason else "")
-        if not tx.start_compensation(run, why, app.settings.pickup_timeout, actor=by):
-            raise InvalidOperation(f"cannot compensate run {run_id}: none of its steps has anything to undo")
-    _relay(app, tx)
-    _advance(app, run_id)

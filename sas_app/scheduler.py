@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import faults
-from .agent import SCHEDULER_QUEUE, agent_queue, agent_task_name, dispatch_task_id
-from .alerts import COMPENSATION_FAILED, FAILED, Alert, Alerts
-from .notify import relay
+from .alerts import Alerts
+from .recovery import fail_run, recover_step
+from .routing import ADVANCE, STEP_DEFERRED, STEP_DONE, STEP_FAILED, STEP_LOST, Advance, AgentMessage, Router
 from .settings import Settings, instance_id
-from .store import EXPIRED, EXPIRED_REASON, LIVE_RUN_STATES, WORKER_LOST, RunRow, StepRow, Store, Tx
+from .states import LIVE_RUN_STATES, Cause, EventKind, RunState, StepState
+from .store import RunRow, StepRow, Store, Tx
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -51,7 +52,12 @@ class Dispatch:
     results: dict[str, Any]
     undoes: StepRow | None = None
 
-    def message(self) -> dict[str, Any]:
+    def message(self) -> AgentMessage:
+        step = self.step
+        return AgentMessage(step.agent, step.action, step.run_id, step.position, step.attempt, step.timeout,
+                            self.run.priority, self.kwargs())
+
+    def kwargs(self) -> dict[str, Any]:
         return {
             "run_id": self.run.id,
             "business_key": self.run.business_key,
@@ -70,24 +76,17 @@ class Dispatch:
         }
 
 
-@dataclass(frozen=True)
-class Later:
-    """Ask the Scheduler again for this run after ``delay`` seconds (a back-off not yet over)."""
-
-    run_id: str
-    delay: float
-
-
 class Scheduler:
     @property
     def instance_id(self) -> str:
         return instance_id()
 
-    def __init__(self, store: Store, celery: Celery, settings: Settings, alerts: Alerts) -> None:
+    def __init__(self, store: Store, celery: Celery, settings: Settings, alerts: Alerts, router: Router) -> None:
         self.store = store
         self.celery = celery
         self.settings = settings
         self.alerts = alerts
+        self.router = router
         self._register_tasks()
 
     def _register_tasks(self) -> None:
@@ -97,28 +96,28 @@ class Scheduler:
             "shared": False, "acks_late": True, "reject_on_worker_lost": True, "ignore_result": True,
         }
 
-        @self.celery.task(name="sas.scheduler.advance", **options)
+        @self.celery.task(name=ADVANCE, **options)
         def advance(run_id: str) -> None:
             if well_formed("advance", run_id):
                 self.advance(run_id)
 
-        @self.celery.task(name="sas.scheduler.step_done", **options)
+        @self.celery.task(name=STEP_DONE, **options)
         def step_done(run_id: str, position: int, attempt: int, result: Any = None,
                       results: dict[str, Any] | None = None) -> None:
             if well_formed("step_done", run_id, position, attempt) and (results is None or isinstance(results, dict)):
                 self.step_done(run_id, position, attempt, result, results)
 
-        @self.celery.task(name="sas.scheduler.step_failed", **options)
+        @self.celery.task(name=STEP_FAILED, **options)
         def step_failed(run_id: str, position: int, attempt: int, error: str = "") -> None:
             if well_formed("step_failed", run_id, position, attempt):
                 self.step_failed(run_id, position, attempt, str(error))
 
-        @self.celery.task(name="sas.scheduler.step_deferred", **options)
+        @self.celery.task(name=STEP_DEFERRED, **options)
         def step_deferred(run_id: str, position: int, attempt: int, delay: float = 1.0, reason: str = "") -> None:
             if well_formed("step_deferred", run_id, position, attempt) and isinstance(delay, (int, float)):
                 self.step_deferred(run_id, position, attempt, delay, str(reason))
 
-        @self.celery.task(name="sas.scheduler.step_lost", **options)
+        @self.celery.task(name=STEP_LOST, **options)
         def step_lost(run_id: str, position: int, attempt: int, reason: str = "") -> None:
             if well_formed("step_lost", run_id, position, attempt):
                 self.step_lost(run_id, position, attempt, str(reason))
@@ -149,52 +148,24 @@ class Scheduler:
     ) -> None:
         """An agent's success reply: record it if that attempt still runs, then go on.
 
-        ``results`` (the earlier steps' results, as the agent received them) lets the common case
-        dispatch the next step without reading the run's steps: lock the run, complete this step,
-        mark the next one running, write their events, commit — on PostgreSQL as one statement."""
-        if results is not None and self.store.is_postgresql and self._step_done_fast(
-            run_id, position, attempt, result, results
-        ):
-            return
+        The store completes the step and starts what follows on the hot path in one call
+        (:meth:`Tx.complete_and_advance`: on PostgreSQL one statement); ``results`` (the earlier
+        steps' results, as the agent received them) then let the next step be dispatched without
+        reading the run's steps."""
         with self.store.begin() as tx:
-            run = tx.lock_run(run_id)
-            done = None
-            if run is not None and run.process_state in LIVE_RUN_STATES:
-                done = tx.complete_step(run_id, position, attempt, result, actor=self.instance_id)
-            if run is None or done is None:
-                self._stale(tx, run, position, attempt, "step_done")
+            done = tx.complete_and_advance(run_id, position, attempt, result, self.instance_id)
+            if done.step is None or done.run is None:
+                self._stale(tx, done.run, position, attempt, "step_done")
                 return
-            if done.compensates is not None:
-                tx.mark_compensated(run_id, done.compensates, self.instance_id)
-            if run.reply_to is not None:
-                kind = "step_undone" if done.is_undo else "step_completed"
-                tx.notify(run_id, run.reply_to, run.business_key, run.workflow, kind,
-                          step=done.name, position=done.position, attempt=done.attempt)
-            following = None
-            if results is not None and not done.is_undo and run.process_state == "processing" and not run.paused_by:
-                following = tx.mark_next_running(run_id, position + 1, self.instance_id)
-            if following is not None and results is not None:
-                next_message: Dispatch | Later | None = Dispatch(run, following, {**results, done.name: result})
-            else:
-                next_message = self._next(tx, run)
+            next_message: Dispatch | Advance | None = None
+            if done.following is not None:
+                earlier = self._results(tx.steps_of(run_id)) if results is None else {**results, done.step: result}
+                next_message = Dispatch(done.run, done.following, earlier)
+            elif done.finished:
+                log.info("run %s (%s %s) processed", run_id, done.run.workflow, done.run.business_key)
+            else:  # the run row is as locked: completing a step changed only steps
+                next_message = self._next(tx, done.run)
         self._after_commit(tx, next_message)
-
-    def _step_done_fast(
-        self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any]
-    ) -> bool:
-        """The common reply on PostgreSQL, in one statement; False if it needs the general path."""
-        with self.store.begin() as tx:
-            fast = tx.complete_and_advance(run_id, position, attempt, result, self.instance_id)
-            if fast is None:
-                return False
-            run, name, following, finished = fast
-            next_message: Dispatch | Later | None = None
-            if following is not None:
-                next_message = Dispatch(run, following, {**results, name: result})
-            elif not finished:
-                next_message = self._next(tx, run)
-        self._after_commit(tx, next_message)
-        return True
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None:
         """An agent's non-transient fault: the step fails with one alert, and the run is undone
@@ -226,7 +197,7 @@ class Scheduler:
             if run is None or not deferred:
                 self._stale(tx, run, position, attempt, "step_deferred")
                 return
-        self._after_commit(tx, Later(run_id, max(float(delay), 0.0)))
+        self._after_commit(tx, Advance(run_id, max(float(delay), 0.0)))
 
     def step_lost(self, run_id: str, position: int, attempt: int, reason: str) -> None:
         """The worker process running this attempt died (reported by its worker's main process).
@@ -241,147 +212,62 @@ class Scheduler:
             if run is None or step is None or run.process_state not in LIVE_RUN_STATES:
                 self._stale(tx, run, position, attempt, "step_lost")
                 return
-            outcome = recover_step(tx, self.alerts, self.settings, step, WORKER_LOST, reason, actor=self.instance_id)
+            outcome = recover_step(tx, self.alerts, self.settings, step, Cause.WORKER_LOST, reason,
+                                   actor=self.instance_id)
         self.alerts.emit(outcome.alert)
         log.warning("run %s step %s attempt %s: worker lost (%s); %s", run_id, position, attempt, reason,
                     "failed for good" if outcome.failed else f"retry in {outcome.backoff:.1f}s")
-        self._after_commit(tx, Later(run_id, outcome.backoff))
+        self._after_commit(tx, Advance(run_id, outcome.backoff))
 
     # -- internals --------------------------------------------------------------------------
 
-    def _next(self, tx: Tx, run: RunRow) -> Dispatch | Later | None:
+    def _next(self, tx: Tx, run: RunRow) -> Dispatch | Advance | None:
         """Within the run's transaction: dispatch the first unfinished step (or undo, while
         compensating), or finish the run when there is none."""
         steps = tx.steps_of(run.id)
-        if run.process_state == "processing" and run.paused_by is None:
-            chain, final = [s for s in steps if not s.is_undo], "processed"
-        elif run.process_state == "compensating":
-            chain, final = [s for s in steps if s.is_undo], "cancelled" if run.cancelled_by else "compensated"
+        if run.process_state == RunState.PROCESSING and run.paused_by is None:
+            chain, final = [s for s in steps if not s.is_undo], RunState.PROCESSED
+        elif run.process_state == RunState.COMPENSATING:
+            chain = [s for s in steps if s.is_undo]
+            final = RunState.CANCELLED if run.cancelled_by else RunState.COMPENSATED
         else:
             return None
         for step in chain:
-            if step.state == "completed":
+            if step.state == StepState.COMPLETED:
                 continue
-            if step.state not in ("not_started", "pending"):
+            if step.state not in (StepState.NOT_STARTED, StepState.PENDING):
                 return None  # running or failed: an agent or the Supervisor owns it
             running = tx.mark_step_running(step, self.instance_id)
             if running is not None:
-                results = {s.name: s.result for s in steps if not s.is_undo and s.result is not None}
+                results = self._results(steps)
                 undoes = None if running.compensates is None else steps[running.compensates]
                 return Dispatch(run, running, results, undoes)
             if step.not_before is not None:
                 delay = step.not_before - tx.now()
                 if delay > 0:
-                    return Later(run.id, delay)
+                    return Advance(run.id, delay)
             return None
         tx.finish_run(run.id, final, from_state=run.process_state, actor=self.instance_id)
         log.info("run %s (%s %s) %s", run.id, run.workflow, run.business_key, final)
         return None
+
+    @staticmethod
+    def _results(steps: list[StepRow]) -> dict[str, Any]:
+        """The results of a run's workflow steps, as the next step's agent receives them."""
+        return {s.name: s.result for s in steps if not s.is_undo and s.result is not None}
 
     def _stale(self, tx: Tx, run: RunRow | None, position: int, attempt: int, kind: str) -> None:
         if run is None:
             log.warning("%s for unknown run; ignored", kind)
             return
         log.info("%s for run %s step %s attempt %s is stale; ignored", kind, run.id, position, attempt)
-        tx.event(run.id, position, "stale_reply", None, None, attempt=attempt, actor=self.instance_id,
+        tx.event(run.id, position, EventKind.STALE_REPLY, None, None, attempt=attempt, actor=self.instance_id,
                  detail={"message": kind})
 
-    def _broker_priority(self, urgency: int) -> int:
-        """Our 0-9 urgency as the broker counts it: Redis serves 0 first, AMQP serves 9 first."""
-        return 9 - urgency if self.settings.broker_url.startswith(("redis", "rediss")) else urgency
-
-    def _after_commit(self, tx: Tx, next_message: Dispatch | Later | None) -> None:
-        """Once the transaction has committed: its notifications, then the next message. In that
-        order, so a submitter hears of a step before anything that follows it."""
+    def _after_commit(self, tx: Tx, next_message: Dispatch | Advance | None) -> None:
+        """Once the transaction has committed: its notifications, then the next message."""
         if next_message is None and not tx.outbox:
             return
         faults.hit("scheduler.after_commit")
-        relay(self.celery, self.store, tx.outbox)
-        self._send(next_message)
-
-    def _send(self, next_message: Dispatch | Later | None) -> None:
-        if next_message is None:
-            return
-        try:
-            if isinstance(next_message, Later):
-                self.celery.send_task(
-                    "sas.scheduler.advance", args=[next_message.run_id], queue=SCHEDULER_QUEUE,
-                    countdown=next_message.delay,
-                )
-                return
-            step = next_message.step
-            self.celery.send_task(
-                agent_task_name(step.agent, step.action),
-                task_id=dispatch_task_id(step.run_id, step.position, step.attempt),
-                kwargs=next_message.message(),
-                queue=agent_queue(step.agent),
-                priority=self._broker_priority(next_message.run.priority),
-                # a backstop checked on the consuming worker's clock (see Settings.clock_skew)
-                expires=step.timeout + self.settings.clock_skew,
-                soft_time_limit=step.timeout + 1,
-                time_limit=step.timeout + 5,
-            )
-        except Exception:
-            # The transition is committed; the Supervisor re-dispatches after complete-by.
-            what = (f"run {next_message.run_id}" if isinstance(next_message, Later) else
-                    f"run {next_message.run.id} step {next_message.step.name} attempt {next_message.step.attempt}")
-            log.exception("could not publish for %s; the Supervisor will recover it", what)
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """What :func:`recover_step` decided for an attempt given up."""
-
-    retried: bool
-    failed: bool
-    backoff: float
-    alert: Alert | None = None
-
-
-def backoff(settings: Settings, failure_count: int) -> float:
-    """Seconds to wait before retry number ``failure_count``: doubling, capped."""
-    return float(min(settings.retry_backoff * 2 ** (failure_count - 1), settings.retry_backoff_max))
-
-
-def recover_step(
-    tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: str, detail: str, *, actor: str
-) -> Recovery:
-    """In the caller's transaction (the step's row locked), for a ``running`` attempt that will never
-    reply: count one failure; under the step's threshold, back to pending after a back-off (the
-    caller asks the Scheduler again after it); at the threshold, the step fails for good and the
-    run is undone (or goes to ``error``) with one alert. Fenced on the attempt: nothing happens if
-    the step moved on meanwhile."""
-    failures = step.failure_count + 1
-    if failures < step.max_failures:
-        wait = backoff(settings, failures)
-        won = tx.retry_step(step, wait, settings.pickup_timeout, actor, reason=why)
-        return Recovery(retried=won is not None, failed=False, backoff=wait)
-    what = "passed its complete-by" if why == EXPIRED_REASON else "lost its worker"
-    reason = f"step {step.name!r} {what} {failures} times (threshold {step.max_failures})"
-    if detail:
-        reason += f": {detail}"
-    failed = tx.fail_step(step.run_id, step.position, step.attempt, EXPIRED, actor=actor, count_failure=True)
-    run = tx.lock_run(step.run_id) if failed is not None else None
-    if failed is None or run is None:
-        return Recovery(retried=False, failed=False, backoff=0.0)
-    return Recovery(retried=False, failed=True, backoff=0.0,
-                    alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor))
-
-
-def fail_run(
-    tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, step: StepRow, reason: str, *, actor: str
-) -> Alert | None:
-    """In the caller's transaction, once ``step`` has failed for good: raise its alert, then
-    start undoing the run, or put it in ``error`` if there is nothing to undo or an undo failed."""
-    kind = COMPENSATION_FAILED if step.is_undo else FAILED
-    alert = alerts.record(
-        tx, Alert(run.id, run.workflow, run.business_key, step.name, step.position, step.attempt, reason, kind),
-        actor,
-    )
-    tx.count_run_failure(run.id)
-    if step.is_undo:
-        tx.finish_run(run.id, "error", from_state=run.process_state, actor=actor,
-                      error=f"compensation failed: {reason}")
-    elif not tx.start_compensation(run, reason, settings.pickup_timeout, actor=actor):
-        tx.finish_run(run.id, "error", from_state=run.process_state, actor=actor, error=reason)
-    return alert
+        self.router.after_commit(tx.outbox, next_message.message() if isinstance(next_message, Dispatch)
+                                 else next_message)

@@ -86,6 +86,10 @@ class Settings:
     task_events: bool = True
     #: SAS_AGENT_CONCURRENCY — default worker concurrency for ``sas worker``. Default 4.
     agent_concurrency: int = 4
+    #: SAS_READY_FILE — a file a worker (or beat) writes once it consumes, so that whatever started
+    #: it (a process supervisor, the tests' and the demo's process harness) knows it is ready
+    #: without reading its log. Default none.
+    ready_file: str = ""
 
     def __post_init__(self) -> None:
         home = Path(self.home)

@@ -4,7 +4,8 @@ It only decides and asks; the Scheduler and the agents do the work. Each sweep, 
 
 * every step still ``running`` past its complete-by counts one failure; under the step's threshold
   it goes back to ``pending`` with a back-off and a new complete-by, and the Scheduler is asked to
-  retry it; at the threshold the step fails, the run goes to ``error`` and one alert is raised;
+  retry it; at the threshold the step fails with one alert and the run is undone — or goes to
+  ``error`` when there is nothing to undo (:mod:`sas_app.recovery` decides);
 * every run or step left ``pending`` past its complete-by (the Scheduler's message was lost) gets a
   new complete-by and the Scheduler is asked again.
 
@@ -22,19 +23,19 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
-from .agent import SCHEDULER_QUEUE
 from .alerts import AT_RISK, Alert, Alerts
-from .notify import relay
-from .scheduler import recover_step
+from .recovery import recover_step
+from .routing import SUPERVISOR_QUEUE, SWEEP, Advance, Router, agent_queue
 from .settings import Settings, instance_id
-from .store import EXPIRED_REASON, Store
+from .states import Cause
+from .store import Store
 
 if TYPE_CHECKING:
     from celery import Celery
 
 log = logging.getLogger("sas.supervisor")
 
-SUPERVISOR_QUEUE = "sas.supervisor"
+__all__ = ["SUPERVISOR_QUEUE", "Supervisor", "SweepReport"]
 #: At most this many batches per sweep, so one sweep never runs unbounded; the next takes the rest.
 MAX_BATCHES = 20
 
@@ -54,15 +55,14 @@ class Supervisor:
     def instance_id(self) -> str:
         return instance_id()
 
-    def __init__(
-        self, store: Store, celery: Celery, settings: Settings, alerts: Alerts
-    ) -> None:
+    def __init__(self, store: Store, celery: Celery, settings: Settings, alerts: Alerts, router: Router) -> None:
         self.store = store
         self.celery = celery
         self.settings = settings
         self.alerts = alerts
+        self.router = router
 
-        @celery.task(name="sas.supervisor.sweep", ignore_result=True, shared=False)
+        @celery.task(name=SWEEP, ignore_result=True, shared=False)
         def sweep() -> dict[str, int]:
             report = self.sweep()
             return {"retried": len(report.retried), "failed": len(report.failed),
@@ -85,7 +85,7 @@ class Supervisor:
         report.at_risk = self._warn_at_risk()
         # Notifications whose relayer died after its commit: sent now, under their own ids.
         stranded = self.store.unsent(older_than=self.settings.pickup_timeout, limit=self.settings.sweep_batch)
-        relay(self.celery, self.store, stranded)
+        self.router.relay(stranded)
         report.relayed = len(stranded)
         try:
             self.store.record_sweep(self.instance_id,
@@ -104,7 +104,7 @@ class Supervisor:
         with self.store.begin() as tx:
             expired = tx.expired_steps(s.sweep_batch)
             for step in expired:
-                outcome = recover_step(tx, self.alerts, s, step, EXPIRED_REASON, "", actor=self.instance_id)
+                outcome = recover_step(tx, self.alerts, s, step, Cause.EXPIRED, "", actor=self.instance_id)
                 if outcome.retried:
                     retried.append((step.run_id, step.position, outcome.backoff))
                 elif outcome.failed:
@@ -112,17 +112,19 @@ class Supervisor:
                     failed.append(step.run_id)
             requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
         faults.hit("supervisor.after_commit")
-        relay(self.celery, self.store, tx.outbox)
         for run_id, position, backoff in retried:
             log.warning("run %s step %s passed complete-by; retry in %.1fs", run_id, position, backoff)
-            self._ask_scheduler(run_id, backoff)
         for run_id in requeued:
             log.warning("run %s waited past complete-by for the Scheduler; asking again", run_id)
-            self._ask_scheduler(run_id, 0.0)
         for alert in raised:
             self.alerts.emit(alert)
-        for run_id in failed:
-            self._ask_scheduler(run_id, 0.0)  # to undo it, if it is being compensated
+        # A message the broker refuses is asked again by the next sweep: the state is committed.
+        self.router.after_commit(
+            tx.outbox,
+            *(Advance(run_id, backoff) for run_id, _, backoff in retried),
+            *(Advance(run_id) for run_id in requeued),
+            *(Advance(run_id) for run_id in failed),  # to undo it, if it is being compensated
+        )
         report.retried += retried
         report.failed += failed
         report.requeued += requeued
@@ -141,7 +143,7 @@ class Supervisor:
             now = tx.now()
             for step in tx.at_risk_candidates(s.sweep_batch):
                 if step.agent not in depth:
-                    depth[step.agent] = self._queue_depth(f"sas.agent.{step.agent}")
+                    depth[step.agent] = self._queue_depth(agent_queue(step.agent))
                 waiting = depth[step.agent]
                 remaining = (step.complete_by or now) - now
                 if waiting == 0:
@@ -156,7 +158,7 @@ class Supervisor:
                 if run is None:
                     continue
                 reason = (f"step {step.name!r} is likely to miss its complete-by in {remaining:.1f}s: "
-                          f"{waiting} message(s) wait on sas.agent.{step.agent}")
+                          f"{waiting} message(s) wait on {agent_queue(step.agent)}")
                 alert = self.alerts.record(tx, Alert(run.id, run.workflow, run.business_key, step.name,
                                                      step.position, step.attempt, reason, AT_RISK), self.instance_id)
                 if alert is not None:
@@ -171,14 +173,3 @@ class Supervisor:
                 return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
         except Exception:  # a queue nobody declared yet, or a broker hiccup: nothing to judge by
             return 0
-
-    def _ask_scheduler(self, run_id: str, delay: float) -> None:
-        try:
-            self.celery.send_task(
-                "sas.scheduler.advance", args=[run_id], queue=SCHEDULER_QUEUE,
-                countdown=delay or None,
-            )
-        except Exception:
-            # The state is committed: the step is pending with a complete-by, so the next sweep
-            # asks again.
-            log.exception("could not ask the Scheduler about run %s; next sweep retries", run_id)

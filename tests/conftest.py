@@ -1,17 +1,62 @@
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
+from sqlalchemy import Engine, create_engine, text
 
 from sas_app import SasApp, Settings
-from tests.support import Pump
+from tests.support import FakeClock, Pump
 from tests.testapp import install_test_workflows
+
+POSTGRES = os.environ.get("SAS_TEST_POSTGRES", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``both_stores`` runs on SQLite and, as an integration test, on PostgreSQL
+    (row locks, SKIP LOCKED, the one-statement hot path): the same assertions on both."""
+    if metafunc.definition.get_closest_marker("both_stores") and "db_url" in metafunc.fixturenames:
+        metafunc.parametrize("db_url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)],
+                             indirect=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_admin() -> Iterator[Engine]:
+    engine = create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:
+        pytest.fail(f"PostgreSQL at {POSTGRES} is not answering ({exc}); scripts/test starts it", pytrace=False)
+    yield engine
+    engine.dispose()
+
+
+@contextmanager
+def fresh_postgres_database(admin: Engine) -> Iterator[str]:
+    """A PostgreSQL database of this test's own, dropped afterwards."""
+    name = f"sas_t_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield POSTGRES.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture
-def db_url(tmp_path) -> str:
-    """The state store under test. Unit tests use SQLite; tests/integration overrides it with a
-    fresh PostgreSQL database per test."""
-    return f"sqlite:///{tmp_path / 'state.db'}"
+def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
+    """The state store under test: SQLite, unless the test runs on both stores and this is its
+    PostgreSQL turn (tests/integration overrides it with PostgreSQL for every test)."""
+    if getattr(request, "param", "sqlite") == "postgresql":
+        with fresh_postgres_database(request.getfixturevalue("postgres_admin")) as url:
+            yield url
+    else:
+        yield f"sqlite:///{tmp_path / 'state.db'}"
 
 
 @pytest.fixture
@@ -33,7 +78,10 @@ def settings(db_url, tmp_path) -> Settings:
 
 @pytest.fixture
 def sas(settings):
-    app = SasApp(settings)
+    # On SQLite the store's clock is injected: expiries are a step forward (tests.support.expire).
+    clock = FakeClock() if settings.database_url.startswith("sqlite") else None
+    app = SasApp(settings, clock=clock)
+    app.test_clock = clock
     install_test_workflows(app)
     app.migrate()
     Pump(app).purge()  # the memory transport is shared by every app in this process

@@ -13,6 +13,55 @@ from sas_app import SasApp
 T = TypeVar("T")
 
 
+class FakeClock:
+    """The state store's clock in unit tests (SQLite, injected through ``SasApp(clock=...)``): it
+    stands still until a test moves it, so an expiry is a step forward, never a wait."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def move_past(self, moment: float) -> None:
+        self.now = max(self.now, moment + 0.001)
+
+
+def pass_time(sas: SasApp, moment: float, what: str) -> None:
+    """Make the store's clock read later than ``moment``: at once on an injected clock; on a
+    server database (whose clock is its own) by waiting for it, bounded."""
+    clock = getattr(sas, "test_clock", None)
+    if clock is not None:
+        clock.move_past(moment)
+    else:
+        wait_for(lambda: sas.store.now() > moment, 5, what)
+
+
+def expire(sas: SasApp, run_id: str) -> None:
+    """Every live step of the run past its complete-by on the store's clock."""
+    live = [s.complete_by for s in sas.store.get_steps(run_id) if s.state in ("running", "pending")]
+    pass_time(sas, max(filter(None, live), default=0.0), "complete-by to pass")
+
+
+def backoff_over(sas: SasApp, run_id: str) -> None:
+    """Every back-off of the run's steps over on the store's clock."""
+    pass_time(sas, max((s.not_before or 0.0 for s in sas.store.get_steps(run_id)), default=0.0),
+              "the back-off to end")
+
+
+def sweep_after_expiry(sas: SasApp, pump: Pump, run_id: str, times: int = 1) -> None:
+    """``times`` rounds of: run every message, let the live steps expire, sweep, let the back-off end."""
+    for _ in range(times):
+        pump.run()
+        expire(sas, run_id)
+        sas.supervisor.sweep()
+        backoff_over(sas, run_id)
+    pump.run()
+
+
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
     """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -1,7 +1,8 @@
 """The example deployment's app: ``celery -A workers.app worker`` / ``beat`` point here.
 
 Settings come from the environment (SAS_BROKER_URL, SAS_DATABASE_URL, …); with none set it runs
-on the embedded defaults.
+on the embedded defaults. A ``celeryconfig.py`` in the folder the process starts in (the
+repository's, or the image's /app) adds this deployment's own Celery settings.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from sas_app import SasApp
 
 from .orders import install
 
-sas = SasApp()
+sas = SasApp(celery_config="celeryconfig")
 install(
     sas,
     charge_timeout=float(os.environ.get("ORDER_CHARGE_TIMEOUT", "10")),

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sas_app import SasApp, Settings
-from sas_app.client import TERMINAL_STATES
+from sas_app.states import TERMINAL_RUN_STATES as TERMINAL_STATES
 
 from .orders import ORDER_WORKFLOW, install
 

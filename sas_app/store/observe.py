@@ -1,6 +1,7 @@
 """Read-only queries for people and monitoring: the dashboard's pages and the Prometheus metrics.
 
-Nothing here writes. The runs list is :meth:`Store.list_runs`. Queries walk an index where one
+Nothing here writes. The runs list is :meth:`Store.list_runs`; an alert is current while its run is in one of
+:data:`sas_app.states.OPEN_RUN_STATES`. Queries walk an index where one
 serves: runs by creation time (the chart), workflows by the workflow/key index, events by their
 primary key (the metrics follow the append-only history, so every process on every host is counted
 without counters of their own), alerts by id; the counts of runs by state read every run
@@ -14,12 +15,10 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import func, select
 
-from ..models import alerts, events, runs, steps, supervisors
-from . import Store, _as
-
-#: An alert is current while its run is in one of these: in error (an operator's turn) or not
-#: finished yet; once the run is processed, compensated or cancelled it is history.
-OPEN_RUN_STATES = ("error", "pending", "processing", "compensating")
+from ..states import OPEN_RUN_STATES
+from .database import Store
+from .rows import as_row
+from .tables import alerts, events, runs, steps, supervisors
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ class Observer:
             is_open = runs.c.process_state.in_(OPEN_RUN_STATES)
             query = query.where(is_open if current else ~is_open)
         with self.engine.connect() as conn:
-            return [_as(AlertView, r) for r in conn.execute(query)]
+            return [as_row(AlertView, r) for r in conn.execute(query)]
 
     def current_alerts_by_kind(self) -> list[tuple[str, int]]:
         """How many alerts are current (see :meth:`alerts`), by kind."""
@@ -116,7 +115,7 @@ class Observer:
     def supervisors(self) -> list[SupervisorView]:
         query = select(supervisors).order_by(supervisors.c.last_sweep_at.desc())
         with self.engine.connect() as conn:
-            return [_as(SupervisorView, r) for r in conn.execute(query)]
+            return [as_row(SupervisorView, r) for r in conn.execute(query)]
 
     def history_after(self, last_id: int, limit: int) -> list[HistoryEvent]:
         """Up to ``limit`` events with an id above ``last_id``, in id order."""

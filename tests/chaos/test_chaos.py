@@ -14,7 +14,7 @@ import pytest
 from bench.chaos import KINDS
 from tests.integration.stack import REPO
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
 
 @pytest.mark.timeout(480)

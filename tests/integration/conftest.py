@@ -5,42 +5,24 @@ from __future__ import annotations
 
 import itertools
 import os
-import uuid
 
 import pytest
 import redis
-from sqlalchemy import create_engine, text
 
 from sas_app import SasApp, Settings
+from tests.conftest import fresh_postgres_database
 from tests.integration.stack import Stack, free_port
 from workers.orders import install
 
-POSTGRES = os.environ.get("SAS_TEST_POSTGRES", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379")
 _redis_numbers = itertools.cycle(range(1, 16))
-
-
-@pytest.fixture(scope="session")
-def postgres_admin():
-    engine = create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except Exception as exc:
-        pytest.fail(f"PostgreSQL at {POSTGRES} is not answering ({exc}); scripts/test starts it", pytrace=False)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture
 def db_url(postgres_admin):
     """A fresh PostgreSQL database for this test (overrides the unit tests' SQLite)."""
-    name = f"sas_t_{uuid.uuid4().hex[:12]}"
-    with postgres_admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield POSTGRES.rsplit("/", 1)[0] + f"/{name}"
-    with postgres_admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_postgres_database(postgres_admin) as url:
+        yield url
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from sqlalchemy import func, select
 
-from sas_app.models import alerts
+from sas_app.store.tables import alerts
 from tests.integration.conftest import shop_app
 from tests.support import wait_for
 

@@ -3,8 +3,13 @@ each undo supervised like a step. Runs on SQLite here and on PostgreSQL in tests
 
 from __future__ import annotations
 
+import pytest
+
+from tests.support import sweep_after_expiry
 from tests.testapp import CALLS
-from tests.unit.test_engine import sweep_after_expiry
+
+# On SQLite here and, as integration tests, on PostgreSQL (tests/conftest.py).
+pytestmark = pytest.mark.both_stores
 
 
 def undo_calls(handle) -> list[str]:

@@ -9,8 +9,8 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sas_app.dashboard import create_dashboard, parse_basic_auth
-from tests.unit.test_engine import sweep_after_expiry
+from sas_app.web import create_dashboard, parse_basic_auth
+from tests.support import sweep_after_expiry
 
 
 @pytest.fixture
@@ -25,6 +25,7 @@ def filled(sas, pump):
     sas.supervisor.sweep()  # a heartbeat
     assert [h.status().process_state for h in (*done, recovered, undone)] == \
         ["processed"] * 4 + ["compensated"]
+    sas.test_clock.advance(0.01)  # the store's clock stands still: let the history be in the past
     return {"recovered": recovered.id, "undone": undone.id}
 
 
@@ -127,7 +128,7 @@ def samples_of(registry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
 def test_counters_appear_only_once_they_hold_the_whole_history(sas, filled):
     from prometheus_client import CollectorRegistry
 
-    from sas_app.metrics import StoreCollector
+    from sas_app.web.metrics import StoreCollector
 
     registry = CollectorRegistry()
     registry.register(StoreCollector(sas, margin=0.0, batch=3, max_batches=2))  # 6 events a scrape
@@ -153,8 +154,8 @@ def test_an_event_still_too_young_holds_back_the_ones_after_it(sas):
     from prometheus_client import CollectorRegistry
     from sqlalchemy import insert, update
 
-    from sas_app.metrics import StoreCollector
-    from sas_app.models import events
+    from sas_app.store.tables import events
+    from sas_app.web.metrics import StoreCollector
 
     now = sas.store.now()
     with sas.store.engine.begin() as conn:
@@ -172,7 +173,7 @@ def test_an_event_still_too_young_holds_back_the_ones_after_it(sas):
 
 def test_each_supervisor_process_counts_its_sweeps_and_recoveries(sas, pump):
     from sas_app.store.observe import Observer
-    from tests.unit.test_engine import sweep_after_expiry
+    from tests.support import sweep_after_expiry
 
     handle = sas.submit("saga", {"script": {"second": ["hang", "ok"]}}, business_key="hung-2")
     sweep_after_expiry(sas, pump, handle.id)

@@ -10,39 +10,14 @@ import threading
 import pytest
 
 from sas_app import SasApp
-from tests.support import wait_for
+from tests.support import backoff_over, expire, pass_time, sweep_after_expiry
 from tests.testapp import install_test_workflows
+
+# On SQLite here and, as integration tests, on PostgreSQL (tests/conftest.py).
+pytestmark = pytest.mark.both_stores
 
 SCHEDULER = ["sas.scheduler"]
 AGENT = ["sas.agent.svc"]
-
-
-def expire(sas: SasApp, run_id: str) -> None:
-    """Wait (bounded) until every live step of the run is past its complete-by on the DB clock."""
-
-    def passed() -> bool:
-        now = sas.store.now()
-        live = [s for s in sas.store.get_steps(run_id) if s.state in ("running", "pending")]
-        return all(s.complete_by is not None and s.complete_by < now for s in live)
-
-    wait_for(passed, 5, "complete-by to pass")
-
-
-def backoff_over(sas: SasApp, run_id: str) -> None:
-    wait_for(
-        lambda: all(s.not_before is None or s.not_before <= sas.store.now() for s in sas.store.get_steps(run_id)),
-        5, "the back-off to end",
-    )
-
-
-def sweep_after_expiry(sas: SasApp, pump, run_id: str, times: int = 1) -> None:
-    """``times`` rounds of: run every message, let the live steps expire, sweep, wait out the back-off."""
-    for _ in range(times):
-        pump.run()
-        expire(sas, run_id)
-        sas.supervisor.sweep()
-        backoff_over(sas, run_id)
-    pump.run()
 
 
 def transitions(sas: SasApp, run_id: str, position: int | None) -> list[tuple[str | None, str | None, int | None]]:
@@ -212,8 +187,7 @@ def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(sas, pump):
     handle = sas.submit("three", {}, business_key="lost-submit")
     pump.take("sas.scheduler")  # the message never arrives
     assert sas.supervisor.sweep().requeued == []  # not yet past its pick-up complete-by
-    wait_for(lambda: sas.store.get_run(handle.id).complete_by < sas.store.now(), 5,
-             "the pending run's complete-by")
+    pass_time(sas, sas.store.get_run(handle.id).complete_by, "the pending run's complete-by")
 
     assert sas.supervisor.sweep().requeued == [handle.id]
     assert sas.supervisor.sweep().requeued == []  # its complete-by moved on: asked once

@@ -8,6 +8,9 @@ import pytest
 from sas_app import InvalidOperation, UnknownRun
 from tests.testapp import CALLS
 
+# On SQLite here and, as integration tests, on PostgreSQL (tests/conftest.py).
+pytestmark = pytest.mark.both_stores
+
 
 def operator_events(sas, run_id):
     return [(e.detail["action"], e.detail["by"], e.detail["reason"]) for e in sas.store.get_events(run_id)

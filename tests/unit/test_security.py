@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 
+import pytest
 from sqlalchemy import event, inspect
 
 from sas_app.alerts import WebhookSender
@@ -16,6 +17,7 @@ MARK = "Zq9-hostile"
 KEY = MARK + "'); DROP TABLE runs; --\"%_\\"
 
 
+@pytest.mark.both_stores
 def test_every_value_reaches_the_store_as_a_bound_parameter(sas, pump):
     statements: list[tuple[str, object]] = []
 

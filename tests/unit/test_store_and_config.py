@@ -7,8 +7,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from sas_app import Settings, faults, migrate
-from sas_app.models import metadata
 from sas_app.store import Store
+from sas_app.store.tables import metadata
 
 
 def test_migrations_build_exactly_the_models_schema_and_can_run_again(db_url):

@@ -6,8 +6,11 @@ import pytest
 from sqlalchemy import func, select
 
 from sas_app import DuplicateBusinessKey, InvalidSubmission, SasApp, UnknownRun, UnknownWorkflow
-from sas_app.models import events, runs, steps
+from sas_app.store.tables import events, runs, steps
 from workers.orders import install, orders
+
+# On SQLite here and, as integration tests, on PostgreSQL (tests/conftest.py).
+pytestmark = pytest.mark.both_stores
 
 
 @pytest.fixture

@@ -1,13 +1,13 @@
-"""The state store's tables: ``runs``, ``steps`` and ``events``, named as the pattern names them.
+"""The state store's tables, named as the pattern names them: ``runs``, ``steps``, ``events``,
+``outbox``, ``alerts`` and ``supervisors``.
 
 Times are seconds since the epoch (``DOUBLE PRECISION``), always taken from the database's clock
-(:class:`db_now`), so hosts whose clocks disagree still agree on whether a complete-by has passed.
-In psql, ``to_timestamp(complete_by)`` shows one as a date.
+(:class:`sas_app.store.engine.db_now`), so hosts whose clocks disagree still agree on whether a
+complete-by has passed. In psql, ``to_timestamp(complete_by)`` shows one as a date. The values of
+the state and kind columns are the enums of :mod:`sas_app.states`.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -25,32 +25,11 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.functions import FunctionElement
+
+from ..states import RUN_STATES, STEP_STATES
 
 metadata = MetaData()
 
-#: ``runs.process_state`` values (the pattern's ProcessState, plus compensation and cancel).
-RUN_STATES = (
-    "pending",
-    "processing",
-    "processed",
-    "error",
-    "compensating",
-    "compensated",
-    "cancelled",
-)
-#: ``steps.state`` values.
-STEP_STATES = (
-    "not_started",
-    "pending",
-    "running",
-    "completed",
-    "failed",
-    "compensating",
-    "compensated",
-)
 
 _json = JSON().with_variant(JSONB(), "postgresql")
 _event_id = BigInteger().with_variant(Integer(), "sqlite")
@@ -139,7 +118,7 @@ events = Table(
     Column("id", _event_id, primary_key=True, autoincrement=True),
     Column("run_id", String(32), nullable=False),
     Column("position", Integer),
-    # transition | alert | stale_reply | requeue
+    # an EventKind (sas_app.states)
     Column("kind", String(30), nullable=False),
     Column("from_state", String(20)),
     Column("to_state", String(20)),
@@ -200,19 +179,4 @@ supervisors = Table(
     Column("last_sweep_at", Double, nullable=False),
 )
 
-
-class db_now(FunctionElement[float]):
-    """The database's clock, in epoch seconds: every deadline is compared against this."""
-
-    type = Double()
-    inherit_cache = True
-
-
-@compiles(db_now)
-def _db_now_sqlite(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
-    return "((julianday('now') - 2440587.5) * 86400.0)"
-
-
-@compiles(db_now, "postgresql")
-def _db_now_postgresql(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
-    return "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
+__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "events", "metadata", "outbox", "runs", "steps", "supervisors"]

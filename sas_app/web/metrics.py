@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .store import TERMINAL_RUN_STATES
-from .store.observe import HistoryEvent, Observer
+from ..states import TERMINAL_RUN_STATES, EventKind, RunState, StepState
+from ..store.observe import HistoryEvent, Observer
 
 if TYPE_CHECKING:
-    from .app import SasApp
+    from ..app import SasApp
 
 #: step duration buckets, seconds
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -85,25 +85,25 @@ class StoreCollector(Collector):
 
     def _count(self, e: HistoryEvent) -> None:
         detail = e.detail if isinstance(e.detail, dict) else {}
-        if e.kind == "alert":
+        if e.kind == EventKind.ALERT:
             self.alerts[(str(detail.get("kind", "unknown")),)] += 1
-        elif e.kind == "stale_reply":
+        elif e.kind == EventKind.STALE_REPLY:
             self.stale += 1
-        elif e.kind != "transition":
+        elif e.kind != EventKind.TRANSITION:
             return
         elif e.position is None:
             workflow = e.workflow or "unknown"
             if e.to_state in TERMINAL_RUN_STATES:
                 self.finished[(workflow, e.to_state)] += 1
-            elif e.to_state == "compensating":
+            elif e.to_state == RunState.COMPENSATING:
                 self.compensations[(workflow,)] += 1
         else:
             agent = e.agent or "unknown"
-            if (e.from_state, e.to_state) == ("running", "completed") and e.dispatched_at is not None:
+            if (e.from_state, e.to_state) == (StepState.RUNNING, StepState.COMPLETED) and e.dispatched_at is not None:
                 self._observe(agent, max(e.at - e.dispatched_at, 0.0))
-            elif (e.from_state, e.to_state) == ("running", "pending") and "reason" in detail:
+            elif (e.from_state, e.to_state) == (StepState.RUNNING, StepState.PENDING) and "reason" in detail:
                 self.recoveries[(agent, str(detail["reason"]))] += 1
-            elif e.to_state == "failed":
+            elif e.to_state == StepState.FAILED:
                 self.failures[(agent,)] += 1
 
     def _observe(self, agent: str, seconds: float) -> None:

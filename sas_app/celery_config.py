@@ -1,0 +1,79 @@
+"""The Celery settings sas_app's reliability rests on, derived from :class:`sas_app.settings.Settings`
+(so every one of them can be set from the environment: SAS_BROKER_URL, SAS_VISIBILITY_TIMEOUT, …).
+
+``SasApp`` applies :func:`celery_settings` to the Celery app it builds, so two apps with
+different settings can live in one process (tests do this). A deployment's own Celery settings
+(the repository's ``celeryconfig.py``, or any module named by ``SasApp(celery_config=...)``) are
+applied on top.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP
+from .settings import Settings
+
+
+def celery_settings(settings: Settings) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "broker_url": settings.broker_url,
+        # JSON only: a pickle body on any queue is refused, never executed.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "event_serializer": "json",
+        # Outcomes live in the state store; Celery's result backend would be a second truth.
+        "task_ignore_result": True,
+        "result_backend": None,
+        # One message reserved at a time: a worker that dies strands at most one step, and a
+        # long step does not hold others hostage in its prefetch buffer.
+        "worker_prefetch_multiplier": 1,
+        # A pool process that died is declared lost after this long (Celery waits 10 s by default
+        # for a result it might still have sent; ours go to the state store, never that pipe), so
+        # its step is reported to the Scheduler at once (see sas_app.agent.AgentRequest).
+        "worker_lost_wait": 1.0,
+        "task_acks_on_failure_or_timeout": True,
+        "task_default_queue": SCHEDULER_QUEUE,
+        "task_create_missing_queues": True,
+        "broker_connection_retry_on_startup": True,
+        # A message is redelivered only if unacknowledged for longer than any step may take.
+        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout},
+        # Publishing is a hint (the Supervisor recovers a lost one): never block a worker long on it.
+        "task_publish_retry_policy": {
+            "max_retries": 3,
+            "interval_start": 0.1,
+            "interval_step": 0.5,
+            "interval_max": 1.0,
+        },
+        "worker_send_task_events": settings.task_events,
+        "task_send_sent_event": settings.task_events,
+        "enable_utc": True,
+        "timezone": "UTC",
+        "beat_schedule": {
+            SWEEP: {
+                "task": SWEEP,
+                "schedule": timedelta(seconds=settings.supervisor_interval),
+                # A sweep nobody ran in time is dropped: the next one does the same work.
+                "options": {"queue": SUPERVISOR_QUEUE, "expires": max(settings.supervisor_interval, 1.0)},
+            }
+        },
+    }
+    if settings.embedded_broker:
+        # kombu's filesystem transport: every process sharing SAS_HOME shares the queues. A
+        # consumer takes a message by renaming its file into ``processed`` (atomic on one file
+        # system, so two workers never both take it); it polls every 50 ms when idle.
+        folder = settings.home / "broker"
+        for sub in ("queue", "processed", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        conf["broker_transport_options"] = {
+            **conf["broker_transport_options"],
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),  # kombu's default is ./control
+            "store_processed": True,
+            "polling_interval": 0.05,
+        }
+    return conf

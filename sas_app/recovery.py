@@ -1,0 +1,104 @@
+"""The recovery policy: what happens to an attempt that will never reply, to a step that failed
+for good, and which steps of a run get undone.
+
+* An attempt given up (its complete-by passed, or its worker died) counts one failure. Under the
+  step's ``max_failures`` it goes back to pending after a back-off that doubles with each failure
+  (``SAS_RETRY_BACKOFF``, capped at ``SAS_RETRY_BACKOFF_MAX``); at the threshold the step fails.
+* A step that failed for good raises one alert and the run is undone — its steps whose effect may
+  have happened, last first — or goes to ``error`` when there is nothing to undo. An undo that
+  fails for good sends the run to ``error`` with a second alert.
+
+Each function works inside the caller's transaction, fenced on the step's attempt: nothing happens
+if the step moved on meanwhile. The Scheduler (a lost worker, an agent's permanent fault), the
+Supervisor (an expired attempt) and the operators (cancel, compensate) all decide through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .alerts import COMPENSATION_FAILED, FAILED, Alert, Alerts
+from .settings import Settings
+from .states import EXPIRED_ERROR, Cause, RunState, StepState
+from .store import RunRow, StepRow, Tx
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What :func:`recover_step` decided for an attempt given up."""
+
+    retried: bool
+    failed: bool
+    backoff: float
+    alert: Alert | None = None
+
+
+def backoff(settings: Settings, failure_count: int) -> float:
+    """Seconds to wait before retry number ``failure_count``: doubling, capped."""
+    return float(min(settings.retry_backoff * 2 ** (failure_count - 1), settings.retry_backoff_max))
+
+
+def undoable(steps: Sequence[StepRow]) -> list[StepRow]:
+    """The steps to undo, last first: those with an undo action whose effect may have happened —
+    completed, still running or waiting for a retry (a late reply is fenced out), or failed by the
+    Supervisor on expiry. A step whose agent reported a permanent fault did nothing and is not undone."""
+    return [
+        s for s in reversed(steps)
+        if not s.is_undo and s.undo is not None
+        and (s.state in (StepState.COMPLETED, StepState.RUNNING)
+             or (s.state == StepState.PENDING and s.attempt > 0)
+             or (s.state == StepState.FAILED and s.error == EXPIRED_ERROR))
+    ]
+
+
+def undo_run(tx: Tx, run: RunRow, reason: str, settings: Settings, *, actor: str,
+             cancelled_by: str | None = None) -> list[StepRow]:
+    """Start undoing ``run``: it goes to ``compensating`` with a compensation row for each step
+    :func:`undoable` names. Returns those steps; none means nothing changed."""
+    steps = tx.steps_of(run.id)
+    undo = undoable(steps)
+    if not tx.start_compensation(run, undo, reason, settings.pickup_timeout, actor=actor, first_free=len(steps),
+                                 cancelled_by=cancelled_by):
+        return []
+    return undo
+
+
+def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: Cause, detail: str, *,
+                 actor: str) -> Recovery:
+    """For a ``running`` attempt that will never reply (its row locked by the caller): one failure
+    counted; under the step's threshold, back to pending after a back-off (the caller asks the
+    Scheduler again after it); at the threshold, the step fails for good (:func:`fail_run`)."""
+    failures = step.failure_count + 1
+    if failures < step.max_failures:
+        wait = backoff(settings, failures)
+        won = tx.retry_step(step, wait, settings.pickup_timeout, actor, reason=str(why))
+        return Recovery(retried=won is not None, failed=False, backoff=wait)
+    what = "passed its complete-by" if why == Cause.EXPIRED else "lost its worker"
+    reason = f"step {step.name!r} {what} {failures} times (threshold {step.max_failures})"
+    if detail:
+        reason += f": {detail}"
+    failed = tx.fail_step(step.run_id, step.position, step.attempt, EXPIRED_ERROR, actor=actor, count_failure=True)
+    run = tx.lock_run(step.run_id) if failed is not None else None
+    if failed is None or run is None:
+        return Recovery(retried=False, failed=False, backoff=0.0)
+    return Recovery(retried=False, failed=True, backoff=0.0,
+                    alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor))
+
+
+def fail_run(tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, step: StepRow, reason: str, *,
+             actor: str) -> Alert | None:
+    """Once ``step`` has failed for good: raise its alert, then start undoing the run, or put it in
+    ``error`` if there is nothing to undo or an undo itself failed."""
+    kind = COMPENSATION_FAILED if step.is_undo else FAILED
+    alert = alerts.record(
+        tx, Alert(run.id, run.workflow, run.business_key, step.name, step.position, step.attempt, reason, kind),
+        actor,
+    )
+    tx.count_run_failure(run.id)
+    if step.is_undo:
+        tx.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor,
+                      error=f"compensation failed: {reason}")
+    elif not undo_run(tx, run, reason, settings, actor=actor):
+        tx.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor, error=reason)
+    return alert

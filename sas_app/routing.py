@@ -1,0 +1,175 @@
+"""Where every message goes, and the one policy for sending it after a commit.
+
+Queue and task names, the task id of each dispatch, the idempotency keys, and :class:`Router`,
+through which the client, the operators, the Scheduler and the Supervisor all publish. Publishing
+always follows a commit, so a message is only ever a hint: when the broker refuses one the state
+is already in the store, and the Supervisor finds it past its complete-by and asks again. The
+policy is therefore the same everywhere: publish; on failure, log and leave the recovery to the
+Supervisor — never report a committed change as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kombu.entity import Exchange, Queue
+
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+log = logging.getLogger("sas.routing")
+
+SCHEDULER_QUEUE = "sas.scheduler"
+SUPERVISOR_QUEUE = "sas.supervisor"
+
+ADVANCE = "sas.scheduler.advance"
+STEP_DONE = "sas.scheduler.step_done"
+STEP_FAILED = "sas.scheduler.step_failed"
+STEP_DEFERRED = "sas.scheduler.step_deferred"
+STEP_LOST = "sas.scheduler.step_lost"
+SWEEP = "sas.supervisor.sweep"
+
+
+def agent_queue(agent: str) -> str:
+    return f"sas.agent.{agent}"
+
+
+def agent_task_name(agent: str, action: str) -> str:
+    return f"sas.agent.{agent}.{action}"
+
+
+def dispatch_task_id(run_id: str, position: int, attempt: int) -> str:
+    """The Celery task id of one dispatch of a step: the same in the store's history, in Flower
+    and in the dashboard's links, with nothing stored."""
+    return f"{run_id}-{position}-{attempt}"
+
+
+def step_key(run_id: str, step: str) -> str:
+    """A step's idempotency key: the same on every attempt, so the remote service applies it once."""
+    return f"{run_id}:{step}"
+
+
+def undo_key(key: str) -> str:
+    """The idempotency key of the undo of the step whose key is ``key``."""
+    return f"{key}:undo"
+
+
+def reply_queue(name: str) -> Queue:
+    """A submitter's ``reply_to`` queue, with a direct exchange of the same name."""
+    return Queue(name, Exchange(name, type="direct"), routing_key=name, durable=True)
+
+
+@dataclass(frozen=True)
+class Notification:
+    """A progress message for a submitter's ``reply_to`` queue; ``body["id"]`` never changes."""
+
+    id: int
+    reply_to: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Advance:
+    """Ask the Scheduler about a run, after ``delay`` seconds (a back-off not yet over)."""
+
+    run_id: str
+    delay: float = 0.0
+
+    def __str__(self) -> str:
+        return f"the Scheduler's message for run {self.run_id}"
+
+
+@dataclass(frozen=True)
+class AgentMessage:
+    """One dispatch of a step to its agent's queue."""
+
+    agent: str
+    action: str
+    run_id: str
+    position: int
+    attempt: int
+    timeout: float
+    urgency: int
+    kwargs: dict[str, Any]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.position} attempt {self.attempt}"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An agent's reply sent to the Scheduler's queue."""
+
+    task: str
+    kwargs: dict[str, Any]
+
+    def __str__(self) -> str:
+        return f"{self.task} for run {self.kwargs.get('run_id')} step {self.kwargs.get('position')}"
+
+
+Message = Advance | AgentMessage | Reply
+
+
+class Router:
+    """Publishes after a commit: notifications first, then the messages, so a submitter hears of a
+    step before anything that follows it. ``mark_sent`` records relayed notifications (the store's)."""
+
+    def __init__(self, celery: Celery, settings: Settings, mark_sent: Callable[[Sequence[int]], None]) -> None:
+        self.celery = celery
+        self.settings = settings
+        self.mark_sent = mark_sent
+
+    def after_commit(self, notes: Sequence[Notification], *messages: Message | None) -> None:
+        self.relay(notes)
+        for message in messages:
+            if message is not None:
+                self.send(message)
+
+    def send(self, message: Message) -> bool:
+        """Publish one message; False (logged) if the broker refused it."""
+        try:
+            if isinstance(message, Advance):
+                self.celery.send_task(ADVANCE, args=[message.run_id], queue=SCHEDULER_QUEUE,
+                                      countdown=message.delay or None)
+            elif isinstance(message, Reply):
+                self.celery.send_task(message.task, kwargs=message.kwargs, queue=SCHEDULER_QUEUE)
+            else:
+                self.celery.send_task(
+                    agent_task_name(message.agent, message.action),
+                    task_id=dispatch_task_id(message.run_id, message.position, message.attempt),
+                    kwargs=message.kwargs,
+                    queue=agent_queue(message.agent),
+                    priority=self.broker_priority(message.urgency),
+                    # a backstop checked on the consuming worker's clock (see Settings.clock_skew)
+                    expires=message.timeout + self.settings.clock_skew,
+                    soft_time_limit=message.timeout + 1,
+                    time_limit=message.timeout + 5,
+                )
+            return True
+        except Exception:
+            log.exception("could not publish %s; it is committed, so the Supervisor will recover it", message)
+            return False
+
+    def relay(self, notes: Sequence[Notification]) -> None:
+        """Publish committed notifications, then mark them sent. Failures are left to the Supervisor,
+        which relays what is left under the same ids."""
+        if not notes:
+            return
+        try:
+            with self.celery.producer_pool.acquire(block=True) as producer:
+                for note in notes:
+                    queue = reply_queue(note.reply_to)
+                    producer.publish(note.body, exchange=queue.exchange, routing_key=note.reply_to,
+                                     declare=[queue], serializer="json", retry=True)
+            self.mark_sent([n.id for n in notes])
+        except Exception:
+            log.exception("could not relay %d notification(s); the Supervisor will", len(notes))
+
+    def broker_priority(self, urgency: int) -> int:
+        """Our 0-9 urgency as the broker counts it: Redis serves 0 first, AMQP serves 9 first."""
+        return 9 - urgency if self.settings.broker_url.startswith(("redis", "rediss")) else urgency

@@ -1,0 +1,77 @@
+"""The words a run's history is written in: run states, step states, event kinds and why an attempt
+was given up, each a string-valued enum whose values are what the store holds.
+
+A member compares equal to its string (``RunState.PROCESSING == "processing"``), so rows read
+back from the database (plain strings) compare with them directly.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Word(str, Enum):
+    """A string-valued enum member that formats as its value (``f"{RunState.ERROR}"`` is
+    ``error``), on every Python version we support."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class RunState(Word):
+    """``runs.process_state``: the pattern's ProcessState, plus compensation and cancel."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    PROCESSED = "processed"
+    ERROR = "error"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    CANCELLED = "cancelled"
+
+
+class StepState(Word):
+    """``steps.state``."""
+
+    NOT_STARTED = "not_started"
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+
+
+class EventKind(Word):
+    """``events.kind``: what one row of a run's history records."""
+
+    TRANSITION = "transition"  # a run (position NULL) or a step moved from_state → to_state
+    ALERT = "alert"  # an alert was raised (its detail is the alert)
+    STALE_REPLY = "stale_reply"  # a late or duplicate message refused by the fence
+    REQUEUE = "requeue"  # the Supervisor asked the Scheduler again about a pending run or step
+    OPERATOR = "operator"  # an operator acted (detail: action, by, reason)
+
+
+class Cause(Word):
+    """Why an attempt was given up: the ``reason`` of its running → pending event."""
+
+    EXPIRED = "expired"  # its complete-by passed (found by the Supervisor)
+    WORKER_LOST = "worker_lost"  # its worker process died (reported by the worker's main process)
+
+
+#: ``steps.error`` of a step the Supervisor failed: nobody knows whether its effect was applied.
+EXPIRED_ERROR = "complete-by passed"
+
+RUN_STATES = tuple(s.value for s in RunState)
+STEP_STATES = tuple(s.value for s in StepState)
+#: run states in which the Scheduler still has work: its steps, or their undoing
+LIVE_RUN_STATES = (RunState.PROCESSING.value, RunState.COMPENSATING.value)
+#: run states a run never leaves
+TERMINAL_RUN_STATES = (RunState.PROCESSED.value, RunState.ERROR.value, RunState.COMPENSATED.value,
+                       RunState.CANCELLED.value)
+#: an alert is current while its run is in one of these: in error (an operator's turn) or not finished
+OPEN_RUN_STATES = (RunState.ERROR.value, RunState.PENDING.value, RunState.PROCESSING.value,
+                   RunState.COMPENSATING.value)

@@ -1,0 +1,61 @@
+"""Undoing a run: the transitions that start compensation and record each step undone.
+
+Which steps get undone is the recovery policy's choice (:func:`sas_app.recovery.undoable`); here
+the run goes to ``compensating`` and each of those steps gets a compensation row of its own
+(``undo:<step>``), dispatched and supervised exactly like a step, last step first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import insert, update
+
+from ..routing import undo_key
+from ..states import RunState, StepState
+from .engine import db_now
+from .rows import RunRow, StepRow
+from .tables import steps
+from .transitions import TxBase
+
+
+class CompensationTx(TxBase):
+    def start_compensation(self, run: RunRow, undo: Sequence[StepRow], reason: str, pickup_timeout: float, *,
+                           actor: str, first_free: int, cancelled_by: str | None = None) -> bool:
+        """``run.process_state`` → compensating, with one pending compensation row per step in
+        ``undo`` (in that order, from position ``first_free`` on). False (nothing changed) when
+        there is nothing to undo or the run moved on."""
+        if not undo:
+            return False
+        values: dict[str, Any] = {"error": reason, "complete_by": None}
+        if cancelled_by is not None:
+            values["cancelled_by"] = cancelled_by
+        if not self.update_run(run.id, run.process_state, RunState.COMPENSATING, **values):
+            return False
+        self.transition(run.id, None, run.process_state, RunState.COMPENSATING, actor=actor,
+                        detail={"reason": reason, "undo": [s.name for s in undo]})
+        now = db_now()
+        for offset, step in enumerate(undo):
+            self.update_step(run.id, step.position, step.attempt, step.state, StepState.COMPENSATING)
+            self.transition(run.id, step.position, step.state, StepState.COMPENSATING, attempt=step.attempt,
+                            actor=actor)
+            agent, _, action = (step.undo or "").partition(".")
+            self.conn.execute(insert(steps).values(
+                run_id=run.id, position=first_free + offset, name=f"undo:{step.name}", agent=agent, action=action,
+                state=StepState.PENDING.value, attempt=0, complete_by=now + pickup_timeout, timeout=step.timeout,
+                max_failures=step.max_failures, failure_count=0, idempotency_key=undo_key(step.idempotency_key),
+                compensates=step.position, created_at=now, updated_at=now,
+            ))
+        return True
+
+    def mark_compensated(self, run_id: str, position: int, actor: str) -> None:
+        """The step at ``position`` has been undone: compensating → compensated."""
+        result = self.conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.position == position,
+                   steps.c.state == StepState.COMPENSATING.value)
+            .values(state=StepState.COMPENSATED.value, updated_at=db_now())
+        )
+        if result.rowcount == 1:
+            self.transition(run_id, position, StepState.COMPENSATING, StepState.COMPENSATED, actor=actor)

@@ -1,0 +1,191 @@
+"""The :class:`Store`: the state store's handle. It opens transactions (:meth:`Store.begin`, which
+yields a :class:`Tx` holding every transition), writes a submitted run, relays the outbox's
+bookkeeping, records Supervisors' sweeps and measures this host's clock against the database's."""
+
+from __future__ import annotations
+
+import json
+import select as select_module
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Double, bindparam, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ..routing import Notification
+from ..states import RunState, StepState
+from .engine import Clock, db_now, make_engine
+from .hot_path import HotPathTx
+from .operations import OperationsTx
+from .queries import Queries
+from .rows import NewStep, RunRow, as_row
+from .sweep import SweepTx
+from .tables import outbox, runs, steps, supervisors
+from .transitions import INSERT_EVENTS, RUN_DONE_CHANNEL
+
+_INSERT_STEPS = insert(steps).values(created_at=db_now(), updated_at=db_now(), state=StepState.NOT_STARTED.value)
+
+
+class Tx(HotPathTx, OperationsTx, SweepTx):
+    """Every transition, inside one transaction (see :meth:`Store.begin`)."""
+
+
+class Store(Queries):
+    """The durable truth: runs, steps and their history. ``clock`` (SQLite only) replaces the
+    database's clock, for tests that move time forward instead of waiting."""
+
+    #: seconds between two measurements of this host's clock against the database's
+    CLOCK_CHECK_INTERVAL = 60.0
+
+    def __init__(self, url: str, clock: Clock | None = None) -> None:
+        self.url = url
+        self.engine = make_engine(url, clock)
+        self._clock_offset = 0.0
+        self._clock_checked: float | None = None
+        insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
+        self._insert_run = (
+            insert_fn(runs)
+            .values(
+                id=bindparam("b_id"), workflow=bindparam("b_workflow"), business_key=bindparam("b_business_key"),
+                payload=bindparam("b_payload", type_=runs.c.payload.type), process_state=RunState.PENDING.value,
+                reply_to=bindparam("b_reply_to"), priority=bindparam("b_priority"),
+                complete_by=db_now() + bindparam("b_pickup", type_=Double()), failure_count=0,
+                created_at=db_now(), updated_at=db_now(),
+            )
+            .on_conflict_do_nothing(index_elements=["workflow", "business_key"])
+            .returning(*runs.c)
+        )
+        recovered = bindparam("b_recovered", type_=supervisors.c.recovered.type)
+        upsert = insert_fn(supervisors).values(instance=bindparam("b_instance"), sweeps=1, recovered=recovered,
+                                               last_sweep_at=db_now())
+        self._record_sweep = upsert.on_conflict_do_update(
+            index_elements=["instance"],
+            set_={"sweeps": supervisors.c.sweeps + 1, "recovered": supervisors.c.recovered + recovered,
+                  "last_sweep_at": db_now()},
+        )
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.engine.dialect.name == "postgresql"
+
+    def db_clock(self) -> float | None:
+        """The database's clock, read as this host's clock plus its offset from the database's,
+        measured at most a minute ago (one query then; none in between). None if the database
+        cannot be asked now."""
+        checked = self._clock_checked
+        if checked is None or time.monotonic() - checked > self.CLOCK_CHECK_INTERVAL:
+            try:
+                before = time.time()
+                database = self.now()
+                after = time.time()
+            except Exception:
+                return None
+            self._clock_offset = database - (before + after) / 2
+            self._clock_checked = time.monotonic()
+        return time.time() + self._clock_offset
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def begin(self) -> Iterator[Tx]:
+        """One transaction: every transition made through the yielded :class:`Tx` commits together."""
+        with self.engine.begin() as conn:
+            tx = Tx(conn)
+            yield tx
+            tx.flush_events()
+
+    def create_run(self, *, run_id: str, workflow: str, business_key: str, payload: Any, reply_to: str | None,
+                   new_steps: Sequence[NewStep], priority: int = 5, pickup_timeout: float,
+                   on_insert: Callable[[Connection, RunRow], None] | None = None,
+                   ) -> tuple[RunRow, bool, list[Notification]]:
+        """Insert a run, its steps, its first event, its "received" notification and whatever
+        ``on_insert`` writes, in one transaction. Returns ``(run, created, notifications)``; when the
+        workflow already has a run for this business key nothing is written and the existing run is
+        returned."""
+        with self.engine.begin() as conn:
+            row = conn.execute(self._insert_run, {
+                "b_id": run_id, "b_workflow": workflow, "b_business_key": business_key, "b_payload": payload,
+                "b_reply_to": reply_to, "b_priority": priority, "b_pickup": pickup_timeout,
+            }).first()
+            if row is None:
+                existing = conn.execute(
+                    select(runs).where(runs.c.workflow == workflow, runs.c.business_key == business_key)
+                ).one()
+                return as_row(RunRow, existing), False, []
+            run = as_row(RunRow, row)
+            conn.execute(_INSERT_STEPS, [
+                {"run_id": run_id, "position": position, "name": s.name, "agent": s.agent, "action": s.action,
+                 "timeout": s.timeout, "max_failures": s.max_failures, "idempotency_key": s.idempotency_key,
+                 "undo": s.undo, "attempt": 0, "failure_count": 0}
+                for position, s in enumerate(new_steps)
+            ])
+            tx = Tx(conn)
+            tx.transition(run_id, None, None, RunState.PENDING, detail={"business_key": business_key})
+            if reply_to is not None:
+                tx.notify(run_id, reply_to, business_key, workflow, "received", state=RunState.PENDING)
+            if on_insert is not None:
+                on_insert(conn, run)
+            tx.flush_events()
+            return run, True, tx.outbox
+
+    @contextmanager
+    def listen_for_finished_runs(self) -> Iterator[Callable[[float], set[str]] | None]:
+        """On PostgreSQL, yield ``wait(seconds) -> run ids`` that blocks until runs reach a terminal
+        state (LISTEN/NOTIFY, on a connection of its own); elsewhere yield None."""
+        if not self.is_postgresql:
+            yield None
+            return
+        raw = self.engine.raw_connection()
+        conn: Any = raw.driver_connection
+        raw.detach()  # LISTEN and autocommit stay on this connection, never on a pooled one
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cursor:
+                cursor.execute(f"LISTEN {RUN_DONE_CHANNEL}")
+
+            def wait(seconds: float) -> set[str]:
+                if select_module.select([conn], [], [], max(seconds, 0.0)) == ([], [], []):
+                    return set()
+                conn.poll()
+                done = {note.payload for note in conn.notifies}
+                conn.notifies.clear()
+                return done
+
+            yield wait
+        finally:
+            conn.close()
+
+    # -- the outbox and the Supervisors' heartbeats ------------------------------------------
+
+    def mark_sent(self, ids: Sequence[int]) -> None:
+        if not ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(update(outbox).where(outbox.c.id.in_(list(ids))).values(sent_at=db_now()))
+
+    def unsent(self, older_than: float, limit: int) -> list[Notification]:
+        """Notifications written more than ``older_than`` seconds ago and still not relayed."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(outbox.c.id, outbox.c.reply_to, outbox.c.body)
+                .where(outbox.c.sent_at.is_(None), outbox.c.created_at < db_now() - older_than)
+                .order_by(outbox.c.id)
+                .limit(limit)
+            ).all()
+        return [Notification(int(i), reply_to, {"id": int(i), **body}) for i, reply_to, body in rows]
+
+    def record_sweep(self, instance: str, recovered: int) -> None:
+        """A Supervisor's heartbeat: one more sweep by ``instance``, now."""
+        with self.engine.begin() as conn:
+            conn.execute(self._record_sweep, {"b_instance": instance, "b_recovered": recovered})
+
+
+def dumps_payload(payload: Any) -> str:
+    """Serialise a payload exactly as the store and the broker will, refusing NaN and non-JSON."""
+    return json.dumps(payload, allow_nan=False, separators=(",", ":"), sort_keys=True)
+
+
+__all__ = ["INSERT_EVENTS", "Store", "Tx", "dumps_payload"]

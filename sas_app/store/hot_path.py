@@ -1,0 +1,155 @@
+"""Completing a step and starting what follows it: the one method the Scheduler calls for an
+agent's success reply, :meth:`HotPathTx.complete_and_advance`.
+
+On PostgreSQL the common case is one statement (a data-modifying CTE: lock the run, complete the
+step fenced on its attempt, mark the next workflow step running if it is due — or, after the last
+step, mark the run processed and announce it — and write the events). Everything else (a stale
+reply, a paused or compensating run, an undo), and every reply on SQLite, takes the same
+transitions one statement at a time. ``tests/integration/test_store_parity.py`` runs the same
+sequences on both and compares every row and event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, select, text
+from sqlalchemy.dialects.postgresql import JSONB
+
+from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
+from .compensation import CompensationTx
+from .engine import PG_NOW
+from .rows import RunRow, StepRow, field_names, prefixed
+from .tables import steps
+from .transitions import RUN_DONE_CHANNEL
+
+_RUN_COLUMNS = field_names(RunRow)
+_STEP_COLUMNS = field_names(StepRow)
+_RUNNING, _COMPLETED = StepState.RUNNING.value, StepState.COMPLETED.value
+_PROCESSING, _PROCESSED = RunState.PROCESSING.value, RunState.PROCESSED.value
+_TRANSITION = EventKind.TRANSITION.value
+
+# Every sub-statement sees one snapshot and each update is fenced, so these are the same
+# transitions as the step-by-step path below, in one round trip.
+COMPLETE_AND_ADVANCE = text(f"""
+WITH run AS (
+    SELECT * FROM runs WHERE id = :b_run_id FOR UPDATE
+), done AS (
+    UPDATE steps SET state = '{_COMPLETED}', result = :b_result, locked_by = NULL,
+                     completed_at = {PG_NOW}, updated_at = {PG_NOW}
+    FROM run
+    WHERE steps.run_id = run.id AND run.process_state = '{_PROCESSING}' AND run.paused_by IS NULL
+      AND steps.position = :b_position AND steps.state = '{_RUNNING}' AND steps.attempt = :b_attempt
+      AND steps.compensates IS NULL
+    RETURNING steps.position, steps.attempt, steps.name
+), nxt AS (
+    UPDATE steps SET state = '{_RUNNING}', attempt = steps.attempt + 1, locked_by = :b_locked_by,
+                     complete_by = {PG_NOW} + steps.timeout, not_before = NULL, updated_at = {PG_NOW}
+    WHERE steps.run_id = :b_run_id AND steps.position = :b_position + 1 AND steps.compensates IS NULL
+      AND steps.state IN ('{StepState.NOT_STARTED}', '{StepState.PENDING}')
+      AND (steps.not_before IS NULL OR steps.not_before <= {PG_NOW})
+      AND EXISTS (SELECT 1 FROM done)
+    RETURNING steps.*
+), fin AS (
+    UPDATE runs SET process_state = '{_PROCESSED}', locked_by = NULL, complete_by = NULL, updated_at = {PG_NOW}
+    WHERE runs.id = :b_run_id AND EXISTS (SELECT 1 FROM done)
+      AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = :b_run_id AND s.position > :b_position
+                      AND s.compensates IS NULL)
+    RETURNING runs.id
+), ev AS (
+    INSERT INTO events (run_id, position, kind, from_state, to_state, attempt, actor, at, detail)
+    SELECT :b_run_id, d.position, '{_TRANSITION}', '{_RUNNING}', '{_COMPLETED}', d.attempt, :b_locked_by,
+           {PG_NOW}, NULL
+    FROM done d
+    UNION ALL
+    SELECT :b_run_id, n.position, '{_TRANSITION}',
+           CASE WHEN n.attempt = 1 THEN '{StepState.NOT_STARTED}' ELSE '{StepState.PENDING}' END,
+           '{_RUNNING}', n.attempt, :b_locked_by, {PG_NOW}, jsonb_build_object('complete_by', n.complete_by)
+    FROM nxt n
+    UNION ALL
+    SELECT :b_run_id, NULL, '{_TRANSITION}', '{_PROCESSING}', '{_PROCESSED}', NULL, :b_locked_by, {PG_NOW}, NULL
+    FROM fin
+), announce AS (
+    SELECT pg_notify('{RUN_DONE_CHANNEL}', id) FROM fin
+)
+SELECT (SELECT name FROM done) AS done_name, (SELECT count(*) FROM announce) AS finished,
+       {", ".join(f"r.{c} AS r_{c}" for c in _RUN_COLUMNS)},
+       {", ".join(f"n.{c} AS n_{c}" for c in _STEP_COLUMNS)}
+FROM run r LEFT JOIN nxt n ON true
+""").bindparams(bindparam("b_result", type_=JSONB))
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What an agent's success reply did."""
+
+    #: the run as it was when locked (None: no such run)
+    run: RunRow | None
+    #: the name of the step completed; None when the reply was stale (nothing changed)
+    step: str | None = None
+    is_undo: bool = False
+    #: the next workflow step, now running (None if none was due)
+    following: StepRow | None = None
+    #: the run is now processed
+    finished: bool = False
+
+
+class HotPathTx(CompensationTx):
+    def complete_and_advance(self, run_id: str, position: int, attempt: int, result: Any,
+                             locked_by: str) -> Completion:
+        """Complete the step at ``position`` if ``attempt`` still runs there and the run is live,
+        and start what follows it on the hot path: the next workflow step if it is due, or the
+        run's ``processed`` after its last step. Anything else that follows (a back-off not over,
+        a paused run, the next undo) is the Scheduler's to find."""
+        if self.is_postgresql:
+            done = self._in_one_statement(run_id, position, attempt, result, locked_by)
+            if done is not None:
+                return done
+        return self._step_by_step(run_id, position, attempt, result, locked_by)
+
+    def _in_one_statement(self, run_id: str, position: int, attempt: int, result: Any,
+                          locked_by: str) -> Completion | None:
+        row = self.conn.execute(COMPLETE_AND_ADVANCE, {
+            "b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result,
+            "b_locked_by": locked_by,
+        }).first()
+        if row is None or row.done_name is None:
+            return None  # not the common case: the step-by-step path decides
+        mapping = row._mapping
+        run = prefixed(RunRow, mapping, "r_")
+        following = None if mapping["n_id"] is None else prefixed(StepRow, mapping, "n_")
+        finished = bool(row.finished)
+        self._notify_completed(run, row.done_name, position, attempt, undo=False)
+        if finished and run.reply_to is not None:
+            self.notify(run_id, run.reply_to, run.business_key, run.workflow, _PROCESSED, state=_PROCESSED)
+        return Completion(run, row.done_name, False, following, finished)
+
+    def _step_by_step(self, run_id: str, position: int, attempt: int, result: Any,
+                      locked_by: str) -> Completion:
+        run = self.lock_run(run_id)
+        if run is None or run.process_state not in LIVE_RUN_STATES:
+            return Completion(run)
+        done = self.complete_step(run_id, position, attempt, result, actor=locked_by)
+        if done is None:
+            return Completion(run)
+        if done.compensates is not None:
+            self.mark_compensated(run_id, done.compensates, locked_by)
+        self._notify_completed(run, done.name, position, attempt, undo=done.is_undo)
+        following, finished = None, False
+        if not done.is_undo and run.process_state == _PROCESSING and run.paused_by is None:
+            following = self.mark_next_running(run_id, position + 1, locked_by)
+            if following is None and not self._has_later_step(run_id, position):
+                finished = self.finish_run(run_id, RunState.PROCESSED, actor=locked_by)
+        return Completion(run, done.name, done.is_undo, following, finished)
+
+    def _notify_completed(self, run: RunRow, name: str, position: int, attempt: int, *, undo: bool) -> None:
+        if run.reply_to is not None:
+            self.notify(run.id, run.reply_to, run.business_key, run.workflow,
+                        "step_undone" if undo else "step_completed", step=name, position=position, attempt=attempt)
+
+    def _has_later_step(self, run_id: str, position: int) -> bool:
+        return self.conn.execute(
+            select(steps.c.id).where(steps.c.run_id == run_id, steps.c.position > position,
+                                     steps.c.compensates.is_(None)).limit(1)
+        ).first() is not None

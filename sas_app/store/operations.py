@@ -1,0 +1,60 @@
+"""The transitions an operator makes: reopen a run in error, resubmit a failed step, complete a
+step by hand, pause and resume. Each is fenced like any transition and recorded with who did it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import update
+
+from ..states import EventKind, RunState, StepState
+from .engine import db_now
+from .rows import RunRow, StepRow
+from .tables import runs
+from .transitions import TxBase
+
+
+class OperationsTx(TxBase):
+    def operator_event(self, run_id: str, position: int | None, action: str, by: str, reason: str) -> None:
+        self.event(run_id, position, EventKind.OPERATOR, None, None, actor=by,
+                   detail={"action": action, "by": by, "reason": reason})
+
+    def reopen_run(self, run: RunRow, to_state: str, actor: str) -> bool:
+        """error → processing | compensating, for an operator who fixed the cause."""
+        won = self.update_run(run.id, run.process_state, to_state, error=None)
+        if won:
+            self.transition(run.id, None, run.process_state, to_state, actor=actor)
+        return won
+
+    def resubmit_step(self, step: StepRow, pickup_timeout: float, actor: str, step_input: Any = None) -> bool:
+        """failed → pending with its failure count reset (and an edited input, if given)."""
+        values: dict[str, Any] = {"failure_count": 0, "not_before": None, "error": None, "locked_by": None,
+                                  "complete_by": db_now() + pickup_timeout}
+        if step_input is not None:
+            values["input"] = step_input
+        won = self.update_step(step.run_id, step.position, step.attempt, StepState.FAILED, StepState.PENDING,
+                               **values)
+        if won:
+            self.transition(step.run_id, step.position, StepState.FAILED, StepState.PENDING, attempt=step.attempt,
+                            actor=actor)
+        return won is not None
+
+    def complete_by_hand(self, step: StepRow, result: Any, actor: str) -> bool:
+        """not_started | pending | failed → completed, for a step an operator did by hand."""
+        won = self.update_step(step.run_id, step.position, step.attempt, step.state, StepState.COMPLETED,
+                               result=result, locked_by=None, completed_at=db_now())
+        if won:
+            self.transition(step.run_id, step.position, step.state, StepState.COMPLETED, attempt=step.attempt,
+                            actor=actor, detail={"by_hand": True})
+        return won is not None
+
+    def set_paused(self, run: RunRow, paused_by: str | None) -> bool:
+        """Pause (``paused_by`` set) or resume (None) a pending or processing run."""
+        condition = runs.c.paused_by.is_(None) if paused_by is not None else runs.c.paused_by.is_not(None)
+        result = self.conn.execute(
+            update(runs)
+            .where(runs.c.id == run.id,
+                   runs.c.process_state.in_((RunState.PENDING.value, RunState.PROCESSING.value)), condition)
+            .values(paused_by=paused_by, updated_at=db_now())
+        )
+        return bool(result.rowcount == 1)

@@ -1,0 +1,68 @@
+"""Read-only queries of runs, steps and their history, for the client, the CLI and the dashboard.
+(The dashboard's and the metrics' own aggregates are in :mod:`sas_app.store.observe`.)"""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, func, select
+
+from .engine import db_now
+from .rows import EventRow, RunRow, StepRow, as_row
+from .tables import events, runs, steps
+
+
+class Queries:
+    engine: Engine
+
+    def now(self) -> float:
+        """The database's clock, in epoch seconds."""
+        with self.engine.connect() as conn:
+            return float(conn.execute(select(db_now())).scalar_one())
+
+    def get_run(self, run_id: str) -> RunRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+        return None if row is None else as_row(RunRow, row)
+
+    def find_run(self, workflow: str, business_key: str) -> RunRow | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(runs).where(runs.c.workflow == workflow, runs.c.business_key == business_key)
+            ).first()
+        return None if row is None else as_row(RunRow, row)
+
+    def get_steps(self, run_id: str) -> list[StepRow]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.position))
+            return [as_row(StepRow, r) for r in rows]
+
+    def get_events(self, run_id: str) -> list[EventRow]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(events).where(events.c.run_id == run_id).order_by(events.c.id))
+            return [as_row(EventRow, r) for r in rows]
+
+    def list_runs(self, *, state: str | None = None, workflow: str | None = None, key: str | None = None,
+                  limit: int = 50) -> list[RunRow]:
+        """Newest first, filtered by state, workflow and a business-key prefix (``%`` and ``_`` in
+        it are characters, not wildcards)."""
+        query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
+        if state is not None:
+            query = query.where(runs.c.process_state == state)
+        if workflow is not None:
+            query = query.where(runs.c.workflow == workflow)
+        if key is not None:
+            escaped = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            query = query.where(runs.c.business_key.like(escaped + "%", escape="\\"))
+        with self.engine.connect() as conn:
+            return [as_row(RunRow, r) for r in conn.execute(query)]
+
+    def count_runs_by_state(self) -> dict[str, int]:
+        query = select(runs.c.process_state, func.count()).group_by(runs.c.process_state)
+        with self.engine.connect() as conn:
+            return {state: count for state, count in conn.execute(query)}
+
+    def count_events(self, kind: str, run_id: str | None = None) -> int:
+        query = select(func.count()).select_from(events).where(events.c.kind == str(kind))
+        if run_id is not None:
+            query = query.where(events.c.run_id == run_id)
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())

@@ -1,0 +1,108 @@
+"""Rows as the store hands them out: frozen dataclasses, one per table, made from result rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+from sqlalchemy.engine import Row
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    workflow: str
+    business_key: str
+    payload: Any
+    process_state: str
+    locked_by: str | None
+    complete_by: float | None
+    failure_count: int
+    reply_to: str | None
+    error: str | None
+    cancelled_by: str | None
+    paused_by: str | None
+    priority: int
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class StepRow:
+    id: int
+    run_id: str
+    position: int
+    name: str
+    agent: str
+    action: str
+    state: str
+    attempt: int
+    locked_by: str | None
+    complete_by: float | None
+    not_before: float | None
+    timeout: float
+    max_failures: int
+    failure_count: int
+    idempotency_key: str
+    undo: str | None
+    compensates: int | None
+    input: Any
+    result: Any
+    error: str | None
+    created_at: float
+    updated_at: float
+    completed_at: float | None
+
+    @property
+    def is_undo(self) -> bool:
+        return self.compensates is not None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    run_id: str
+    position: int | None
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    attempt: int | None
+    actor: str | None
+    at: float
+    detail: Any
+
+
+@dataclass(frozen=True)
+class NewStep:
+    """A step as written at submit time, copied from its workflow definition."""
+
+    name: str
+    agent: str
+    action: str
+    timeout: float
+    max_failures: int
+    idempotency_key: str
+    undo: str | None = None
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(kind: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(kind))
+    return names
+
+
+def as_row(kind: type[T], row: Row[Any]) -> T:
+    """The dataclass ``kind`` made from a result row holding (at least) its fields."""
+    mapping = row._mapping
+    return kind(**{name: mapping[name] for name in field_names(kind)})
+
+
+def prefixed(kind: type[T], mapping: Any, prefix: str) -> T:
+    """The dataclass ``kind`` from columns named ``<prefix><field>`` (one statement returning two rows)."""
+    return kind(**{name: mapping[prefix + name] for name in field_names(kind)})

@@ -1,0 +1,99 @@
+"""The Supervisor's queries: what is past due, locked with ``SKIP LOCKED`` so that Supervisors
+running at once take disjoint rows, and what an at-risk warning is judged by.
+
+Each walks a partial index over live rows only (``ix_steps_live_complete_by``,
+``ix_runs_pending_complete_by``), so its cost follows the number of rows that are due, not the
+size of the table.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select, update
+
+from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
+from .engine import db_now
+from .rows import StepRow, as_row
+from .tables import runs, steps
+from .transitions import TxBase
+
+
+class SweepTx(TxBase):
+    def expired_steps(self, limit: int) -> list[StepRow]:
+        """Running steps of live runs whose complete-by has passed, oldest first, locked with
+        ``SKIP LOCKED`` so that concurrent Supervisors take disjoint sets."""
+        query = (
+            select(steps)
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(steps.c.state == StepState.RUNNING.value, steps.c.complete_by < db_now(),
+                   runs.c.process_state.in_(LIVE_RUN_STATES))
+            .order_by(steps.c.complete_by)
+            .limit(limit)
+            .with_for_update(skip_locked=True, of=[steps, runs])
+        )
+        return [as_row(StepRow, r) for r in self.conn.execute(query)]
+
+    def requeue_stalled(self, pickup_timeout: float, limit: int, actor: str) -> list[str]:
+        """Pending runs and pending steps that no Scheduler picked up by their complete-by (a lost
+        message): push their complete-by forward and return their run ids to be re-enqueued."""
+        now = db_now()
+        stalled_runs = self.conn.execute(
+            select(runs.c.id, runs.c.complete_by)
+            .where(runs.c.process_state == RunState.PENDING.value, runs.c.complete_by < now)
+            .order_by(runs.c.complete_by)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).all()
+        stalled_steps = self.conn.execute(
+            select(steps.c.id, steps.c.run_id, steps.c.position, steps.c.attempt)
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(steps.c.state == StepState.PENDING.value, steps.c.complete_by < now,
+                   runs.c.process_state.in_(LIVE_RUN_STATES))
+            .order_by(steps.c.complete_by)
+            .limit(limit)
+            .with_for_update(skip_locked=True, of=[steps, runs])
+        ).all()
+        requeued: list[str] = []
+        for run_id, old in stalled_runs:
+            result = self.conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.process_state == RunState.PENDING.value, runs.c.complete_by == old)
+                .values(complete_by=now + pickup_timeout, updated_at=now)
+            )
+            if result.rowcount == 1:
+                self.event(run_id, None, EventKind.REQUEUE, RunState.PENDING, RunState.PENDING, actor=actor)
+                requeued.append(run_id)
+        for step_id, run_id, position, attempt in stalled_steps:
+            result = self.conn.execute(
+                update(steps)
+                .where(steps.c.id == step_id, steps.c.state == StepState.PENDING.value, steps.c.attempt == attempt)
+                .values(complete_by=now + pickup_timeout, updated_at=now)
+            )
+            if result.rowcount == 1:
+                self.event(run_id, position, EventKind.REQUEUE, StepState.PENDING, StepState.PENDING,
+                           attempt=attempt, actor=actor)
+                requeued.append(run_id)
+        return requeued
+
+    def at_risk_candidates(self, limit: int) -> list[StepRow]:
+        """Running steps of live runs not yet past complete-by, most urgent first."""
+        rows = self.conn.execute(
+            select(steps)
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(steps.c.state == StepState.RUNNING.value, steps.c.complete_by >= db_now(),
+                   runs.c.process_state.in_(LIVE_RUN_STATES))
+            .order_by(steps.c.complete_by)
+            .limit(limit)
+        )
+        return [as_row(StepRow, r) for r in rows]
+
+    def completions_per_second(self, agent: str, window: float) -> float:
+        """How fast ``agent`` has been completing steps: those completed in the last ``window``
+        seconds, over the time since the first of them (not the whole window, so a burst that
+        began a moment ago is not judged by the idle minute before it)."""
+        count, first, now = self.conn.execute(
+            select(func.count(), func.min(steps.c.completed_at), db_now())
+            .where(steps.c.agent == agent, steps.c.completed_at >= db_now() - window)
+        ).one()
+        if not count:
+            return 0.0
+        return float(count) / max(float(now) - float(first), 1.0)

@@ -1,0 +1,295 @@
+"""The transitions of runs and steps, inside one transaction (:class:`TxBase`).
+
+Each is one conditional statement (``UPDATE … WHERE state = :expected AND attempt = :n``) whose
+row count says whether the caller won, and each appends its row of the run's history, written
+with the transaction's other events just before it commits. Nothing here sends a message:
+notifications go to the ``outbox`` table and are relayed after the commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row
+
+from ..routing import Notification
+from ..states import TERMINAL_RUN_STATES, EventKind, RunState, StepState, Word
+from .engine import db_now
+from .rows import RunRow, StepRow, as_row
+from .tables import alerts, events, outbox, runs, steps
+
+#: The PostgreSQL channel on which a run's id is announced when it reaches a terminal state.
+RUN_DONE_CHANNEL = "sas_run_done"
+
+# The hot path's statements, built once and executed with fresh parameters.
+LOCK_RUN = select(runs).where(runs.c.id == bindparam("b_run_id")).with_for_update()
+COMPLETE_STEP = (
+    update(steps)
+    .where(steps.c.run_id == bindparam("b_run_id"), steps.c.position == bindparam("b_position"),
+           steps.c.state == StepState.RUNNING.value, steps.c.attempt == bindparam("b_attempt"))
+    .values(state=StepState.COMPLETED.value, result=bindparam("b_result", type_=steps.c.result.type),
+            locked_by=None, completed_at=db_now(), updated_at=db_now())
+    .returning(*steps.c)
+)
+MARK_NEXT_RUNNING = (
+    update(steps)
+    .where(steps.c.run_id == bindparam("b_run_id"), steps.c.position == bindparam("b_position"),
+           steps.c.compensates.is_(None),
+           steps.c.state.in_((StepState.NOT_STARTED.value, StepState.PENDING.value)),
+           (steps.c.not_before.is_(None)) | (steps.c.not_before <= db_now()))
+    .values(state=StepState.RUNNING.value, attempt=steps.c.attempt + 1, locked_by=bindparam("b_locked_by"),
+            complete_by=db_now() + steps.c.timeout, not_before=None, updated_at=db_now())
+    .returning(*steps.c)
+)
+INSERT_EVENTS = insert(events).values(at=db_now())
+# pending → processing, in the statement that also locks the run: a new run's claim is one round trip.
+CLAIM_RUN = (
+    update(runs)
+    .where(runs.c.id == bindparam("b_run_id"), runs.c.process_state == RunState.PENDING.value)
+    .values(process_state=RunState.PROCESSING.value, locked_by=bindparam("b_locked_by"), complete_by=None,
+            updated_at=db_now())
+    .returning(*runs.c)
+)
+
+
+def plain(value: Any) -> Any:
+    """An enum member as the plain string the database and the JSON bodies hold; anything else as is."""
+    return str(value) if isinstance(value, Word) else value
+
+
+class TxBase:
+    """Transitions inside one transaction. Each returns whether this caller won the row."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        #: notifications written in this transaction, to relay once it commits
+        self.outbox: list[Notification] = []
+        self._events: list[dict[str, Any]] = []
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.conn.dialect.name == "postgresql"
+
+    # -- history ----------------------------------------------------------------------------
+
+    def event(self, run_id: str, position: int | None, kind: EventKind, from_state: str | None,
+              to_state: str | None, *, attempt: int | None = None, actor: str | None = None,
+              detail: Any = None) -> None:
+        """Append to the run's history; written with the transaction's other events, in one
+        statement, just before it commits."""
+        self._events.append({
+            "run_id": run_id, "position": position, "kind": str(kind), "from_state": plain(from_state),
+            "to_state": plain(to_state), "attempt": attempt, "actor": actor, "detail": detail,
+        })
+
+    def transition(self, run_id: str, position: int | None, from_state: str | None, to_state: str, *,
+                   attempt: int | None = None, actor: str | None = None, detail: Any = None) -> None:
+        self.event(run_id, position, EventKind.TRANSITION, from_state, to_state, attempt=attempt, actor=actor,
+                   detail=detail)
+
+    def flush_events(self) -> None:
+        if self._events:
+            self.conn.execute(INSERT_EVENTS, self._events)
+            self._events = []
+
+    def now(self) -> float:
+        """The database's clock, in epoch seconds."""
+        return float(self.conn.execute(select(db_now())).scalar_one())
+
+    def notify(self, run_id: str, reply_to: str, business_key: str, workflow: str, kind: str,
+               **detail: Any) -> Notification:
+        """Write a progress notification in this transaction (relayed after the commit)."""
+        body = {"run_id": run_id, "business_key": business_key, "workflow": workflow, "kind": str(kind),
+                **{key: plain(value) for key, value in detail.items()}}
+        notification_id = self.conn.execute(
+            insert(outbox).values(run_id=run_id, reply_to=reply_to, body=body, created_at=db_now())
+            .returning(outbox.c.id)
+        ).scalar_one()
+        note = Notification(int(notification_id), reply_to, {"id": int(notification_id), **body})
+        self.outbox.append(note)
+        return note
+
+    def record_alert(self, dedup_key: str, run_id: str, position: int | None, kind: str, attempt: int | None,
+                     reason: str, actor: str, detail: dict[str, Any]) -> bool:
+        """Store an alert once per ``dedup_key`` (and its event); False if it was raised before."""
+        dialect_insert = postgresql.insert if self.is_postgresql else sqlite.insert
+        inserted = self.conn.execute(
+            dialect_insert(alerts)
+            .values(dedup_key=dedup_key, run_id=run_id, position=position, kind=kind, attempt=attempt,
+                    reason=reason, at=db_now())
+            .on_conflict_do_nothing(index_elements=["dedup_key"])
+            .returning(alerts.c.id)
+        ).first()
+        if inserted is None:
+            return False
+        self.event(run_id, position, EventKind.ALERT, None, None, attempt=attempt, actor=actor, detail=detail)
+        return True
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def lock_run(self, run_id: str) -> RunRow | None:
+        """Read the run and hold its row until commit (PostgreSQL), so that every transition of
+        one run is serialised; on SQLite the whole write transaction already is."""
+        row = self.conn.execute(LOCK_RUN, {"b_run_id": run_id}).first()
+        return None if row is None else as_row(RunRow, row)
+
+    def claim_pending_run(self, run_id: str, locked_by: str) -> RunRow | None:
+        """pending → processing, locking the run, in one statement; None if it was not pending."""
+        row = self.conn.execute(CLAIM_RUN, {"b_run_id": run_id, "b_locked_by": locked_by}).first()
+        if row is None:
+            return None
+        run = as_row(RunRow, row)
+        self.transition(run_id, None, RunState.PENDING, RunState.PROCESSING, actor=locked_by)
+        if run.reply_to is not None:
+            self.notify(run_id, run.reply_to, run.business_key, run.workflow, RunState.PROCESSING,
+                        state=RunState.PROCESSING)
+        return run
+
+    def finish_run(self, run_id: str, to_state: str, *, from_state: str = RunState.PROCESSING,
+                   actor: str | None = None, error: str | None = None, failure_count: int | None = None,
+                   **extra: Any) -> bool:
+        """processing → processed | error (or any ``from_state`` → ``to_state``)."""
+        values: dict[str, Any] = {"locked_by": None, "complete_by": None, **extra}
+        if error is not None:
+            values["error"] = error
+        if failure_count is not None:
+            values["failure_count"] = failure_count
+        won = self.update_run(run_id, from_state, to_state, **values)
+        if won:
+            self.transition(run_id, None, from_state, to_state, actor=actor, detail={"error": error} if error else None)
+        return won
+
+    def count_run_failure(self, run_id: str) -> None:
+        """The run's FailureCount: one more failed attempt of any of its steps."""
+        self.conn.execute(update(runs).where(runs.c.id == run_id).values(failure_count=runs.c.failure_count + 1))
+
+    def update_run(self, run_id: str, expected: str, new: str, **values: Any) -> bool:
+        """``expected`` → ``new`` (fenced on the state), with its notification and, for a final
+        state on PostgreSQL, the announcement :meth:`Store.listen_for_finished_runs` waits for."""
+        row = self.conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.process_state == str(expected))
+            .values(process_state=str(new), updated_at=db_now(), **values)
+            .returning(runs.c.reply_to, runs.c.business_key, runs.c.workflow)
+        ).first()
+        if row is None:
+            return False
+        if row.reply_to is not None:
+            self.notify(run_id, row.reply_to, row.business_key, row.workflow, str(new), state=str(new))
+        if new in TERMINAL_RUN_STATES and self.is_postgresql:
+            # Wakes every RunHandle.wait() LISTENing, when (and only if) this transaction commits.
+            self.conn.execute(select(func.pg_notify(RUN_DONE_CHANNEL, run_id)))
+        return True
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def steps_of(self, run_id: str) -> list[StepRow]:
+        rows = self.conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.position))
+        return [as_row(StepRow, r) for r in rows]
+
+    def mark_step_running(self, step: StepRow, locked_by: str) -> StepRow | None:
+        """not_started | pending → running with ``attempt + 1`` and ``complete_by = now + timeout``.
+
+        Refused while a back-off (``not_before``) has not passed. Returns the step as dispatched,
+        or None if another actor moved it first."""
+        now = db_now()
+        row = self.conn.execute(
+            update(steps)
+            .where(steps.c.id == step.id, steps.c.state == step.state, steps.c.attempt == step.attempt,
+                   (steps.c.not_before.is_(None)) | (steps.c.not_before <= now))
+            .values(state=StepState.RUNNING.value, attempt=steps.c.attempt + 1, locked_by=locked_by,
+                    complete_by=now + steps.c.timeout, not_before=None, updated_at=now)
+            .returning(*steps.c)
+        ).first()
+        return self.dispatched(row, locked_by)
+
+    def mark_next_running(self, run_id: str, position: int, locked_by: str) -> StepRow | None:
+        """The workflow step at ``position``, not_started | pending → running, without reading the
+        run's other steps first. None if it is not due (or there is none)."""
+        row = self.conn.execute(
+            MARK_NEXT_RUNNING, {"b_run_id": run_id, "b_position": position, "b_locked_by": locked_by}
+        ).first()
+        return self.dispatched(row, locked_by)
+
+    def dispatched(self, row: Row[Any] | None, locked_by: str) -> StepRow | None:
+        """The event of a step just marked running."""
+        if row is None:
+            return None
+        running = as_row(StepRow, row)
+        # A first dispatch comes from not_started; any later one from pending (a retry, a deferral).
+        previous = StepState.NOT_STARTED if running.attempt == 1 and not running.is_undo else StepState.PENDING
+        self.transition(running.run_id, running.position, previous, StepState.RUNNING, attempt=running.attempt,
+                        actor=locked_by, detail={"complete_by": running.complete_by})
+        return running
+
+    def complete_step(self, run_id: str, position: int, attempt: int, result: Any,
+                      actor: str | None = None) -> StepRow | None:
+        """running → completed, only at the attempt that is still running (fenced)."""
+        row = self.conn.execute(
+            COMPLETE_STEP, {"b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result}
+        ).first()
+        if row is None:
+            return None
+        self.transition(run_id, position, StepState.RUNNING, StepState.COMPLETED, attempt=attempt, actor=actor)
+        return as_row(StepRow, row)
+
+    def running_step(self, run_id: str, position: int, attempt: int) -> StepRow | None:
+        """The step at ``position`` if it is still running at ``attempt``."""
+        row = self.conn.execute(
+            select(steps).where(steps.c.run_id == run_id, steps.c.position == position,
+                                steps.c.state == StepState.RUNNING.value, steps.c.attempt == attempt)
+        ).first()
+        return None if row is None else as_row(StepRow, row)
+
+    def fail_step(self, run_id: str, position: int, attempt: int, error: str, *, actor: str | None = None,
+                  count_failure: bool = False) -> StepRow | None:
+        """running → failed (fenced), optionally counting one more failure."""
+        values: dict[str, Any] = {"error": error, "locked_by": None}
+        if count_failure:
+            values["failure_count"] = steps.c.failure_count + 1
+        won = self.update_step(run_id, position, attempt, StepState.RUNNING, StepState.FAILED, **values)
+        if won:
+            self.transition(run_id, position, StepState.RUNNING, StepState.FAILED, attempt=attempt, actor=actor,
+                            detail={"error": error})
+        return won
+
+    def retry_step(self, step: StepRow, backoff: float, pickup_timeout: float, actor: str,
+                   reason: str) -> StepRow | None:
+        """running (expired, or its worker died) → pending: one more failure, LockedBy cleared, a
+        back-off before the Scheduler may dispatch it again and a new complete-by for that pick-up."""
+        now = db_now()
+        won = self.update_step(step.run_id, step.position, step.attempt, StepState.RUNNING, StepState.PENDING,
+                               failure_count=steps.c.failure_count + 1, locked_by=None, not_before=now + backoff,
+                               complete_by=now + backoff + pickup_timeout)
+        if won:
+            self.count_run_failure(step.run_id)
+            self.transition(step.run_id, step.position, StepState.RUNNING, StepState.PENDING, attempt=step.attempt,
+                            actor=actor,
+                            detail={"failure_count": step.failure_count + 1, "backoff": backoff, "reason": reason})
+        return won
+
+    def defer_step(self, run_id: str, position: int, attempt: int, delay: float, pickup_timeout: float,
+                   reason: str, actor: str) -> bool:
+        """running → pending for ``delay`` seconds, its failure count untouched (the agent did not
+        call its service, e.g. while its circuit breaker is open)."""
+        now = db_now()
+        won = self.update_step(run_id, position, attempt, StepState.RUNNING, StepState.PENDING, locked_by=None,
+                               not_before=now + delay, complete_by=now + delay + pickup_timeout)
+        if won:
+            self.transition(run_id, position, StepState.RUNNING, StepState.PENDING, attempt=attempt, actor=actor,
+                            detail={"deferred": delay, "reason": reason})
+        return won is not None
+
+    def update_step(self, run_id: str, position: int, attempt: int, expected: str, new: str,
+                    **values: Any) -> StepRow | None:
+        """``expected`` → ``new``, fenced on the step's state and attempt."""
+        row = self.conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.position == position, steps.c.state == str(expected),
+                   steps.c.attempt == attempt)
+            .values(state=str(new), updated_at=db_now(), **values)
+            .returning(*steps.c)
+        ).first()
+        return None if row is None else as_row(StepRow, row)

@@ -1,0 +1,112 @@
+"""``sas dashboard``: a read-only web view of the state store, beside Flower.
+
+Flower shows Celery tasks one by one; this shows what an operator of the pattern needs: runs by
+state over time, runs filtered by state, workflow and key, each run's steps as a timeline
+(dispatches, complete-by, completions, Supervisor recoveries, lost workers, undos) with its history
+and links to each dispatch's task in Flower, the alerts, the Supervisors' heartbeats, and the
+Prometheus metrics at ``/metrics``. Server-rendered HTML and inline SVG: no build step, no script.
+It only reads; with basic-auth credentials (the same ``user:password`` list as Flower's
+``--basic-auth`` / ``FLOWER_BASIC_AUTH``) every page but ``/healthz`` asks for them.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, Response, abort, render_template, request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..errors import UnknownRun
+from ..states import RUN_STATES
+from ..store.observe import Observer
+from .formatting import STATE_COLOURS, detail_text, when
+from .metrics import MARGIN, registry_for
+from .timeline import chart, timeline
+
+if TYPE_CHECKING:
+    from ..app import SasApp
+
+
+def parse_basic_auth(spec: str) -> list[tuple[str, str]]:
+    """``"user:password[,user:password…]"``, as Flower's ``--basic-auth`` takes it."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        user, sep, password = item.partition(":")
+        if not sep or not user or not password:
+            raise ValueError("basic auth must be user:password[,user:password...]")
+        pairs.append((user, password))
+    return pairs
+
+
+def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (), flower_url: str = "",
+                     metrics_margin: float = MARGIN) -> Flask:
+    """The dashboard's WSGI application for ``sas`` (served by ``sas dashboard`` with waitress).
+    ``metrics_margin``: see :data:`sas_app.web.metrics.MARGIN`."""
+    app = Flask(__name__)
+    observer = Observer(sas.store)
+    registry = registry_for(sas, metrics_margin)
+    flower = flower_url.rstrip("/")
+
+    @app.before_request
+    def authenticate() -> Response | None:
+        if not basic_auth or request.path == "/healthz":
+            return None
+        given = request.authorization
+        if given is not None and given.type == "basic" and any(
+            hmac.compare_digest(str(given.username), user) and hmac.compare_digest(str(given.password), password)
+            for user, password in basic_auth
+        ):
+            return None
+        return Response("credentials required\n", 401, {"WWW-Authenticate": 'Basic realm="sas dashboard"'})
+
+    @app.context_processor
+    def helpers() -> dict[str, Any]:
+        return {"when": when, "detail_text": detail_text, "colours": STATE_COLOURS, "flower": flower,
+                "states": RUN_STATES}
+
+    @app.get("/")
+    def overview() -> str:
+        now = observer.now()
+        window = min(max(request.args.get("window", 3600.0, type=float) or 3600.0, 60.0), 7 * 86400.0)
+        return render_template("overview.html", counts=sas.store.count_runs_by_state(),
+                               chart=chart(observer, now, window), supervisors=observer.supervisors(),
+                               alerts=observer.alerts(10, current=True), now=now)
+
+    @app.get("/runs")
+    def run_list() -> str:
+        state = request.args.get("state") or None
+        if state is not None and state not in RUN_STATES:
+            abort(400, f"unknown state {state!r}; one of {', '.join(RUN_STATES)}")
+        workflow = request.args.get("workflow") or None
+        key = request.args.get("key") or None
+        limit = min(max(request.args.get("limit", 200, type=int) or 200, 1), 1000)
+        rows = sas.store.list_runs(state=state, workflow=workflow, key=key, limit=limit)
+        return render_template("runs.html", runs=rows, state=state, workflow=workflow, key=key or "",
+                               workflows=observer.workflows(), limit=limit)
+
+    @app.get("/runs/<run_id>")
+    def run_page(run_id: str) -> str:
+        try:
+            view = sas.get_run(run_id)
+        except UnknownRun:
+            abort(404, f"no run with id {run_id!r}")
+        now = observer.now()
+        lanes, t0, t1 = timeline(view, now)
+        return render_template("run.html", view=view, lanes=lanes, t0=t0, t1=t1, now=now)
+
+    @app.get("/alerts")
+    def alert_list() -> str:
+        return render_template("alerts.html", current=observer.alerts(500, current=True),
+                               earlier=observer.alerts(200, current=False))
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app

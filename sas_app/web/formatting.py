@@ -1,0 +1,37 @@
+"""How the dashboard and the CLI show things to people: times, event details, state colours."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+
+def when(epoch: float | None) -> str:
+    """An epoch time (the database's clock) as people read it: UTC, to the millisecond; ``-`` for none."""
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+STATE_COLOURS = {
+    "pending": "#9aa5b1", "processing": "#3b82f6", "processed": "#16a34a", "error": "#dc2626",
+    "compensating": "#f59e0b", "compensated": "#a16207", "cancelled": "#6b7280",
+}
+
+
+#: detail fields holding an epoch time (by the database's clock)
+EPOCH_FIELDS = frozenset({"complete_by"})
+
+
+def detail_text(detail: Any) -> str:
+    """An event's detail for people: ``key: value`` pairs, epoch times as UTC times."""
+    if not detail:
+        return ""
+    if not isinstance(detail, dict):
+        return str(detail)
+    parts = []
+    for key, value in detail.items():
+        if key in EPOCH_FIELDS and isinstance(value, (int, float)):
+            value = when(value)
+        parts.append(f"{key}: {value}")
+    return ", ".join(parts)
