@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
 from celery import Celery
+from celery.signals import worker_ready
 
 from sas_app import AgentCall, SasApp, Step, StepExpired, Workflow
 
@@ -40,6 +42,13 @@ chain_app.conf.update(broker_url=os.environ.get("SAS_BROKER_URL", ""), task_seri
                       accept_content=["json"], task_ignore_result=True, worker_prefetch_multiplier=1,
                       task_acks_late=True, task_default_queue="bench.chain", broker_connection_retry_on_startup=True)
 _redis: redis.Redis | None = None
+
+
+@worker_ready.connect
+def _ready(sender: Any = None, **_: Any) -> None:
+    """A chain worker is consuming: say so in SAS_READY_FILE, as sas_app's workers do."""
+    if os.environ.get("SAS_READY_FILE") and getattr(sender, "app", None) is chain_app:
+        Path(os.environ["SAS_READY_FILE"]).write_text("ready\n")
 
 
 @chain_app.task(name="bench.noop", shared=False)

@@ -19,7 +19,7 @@ unfinished**, no effect left standing on an order that did not complete, and no 
 log. It prints the figures and writes ``bench/results/chaos-<date>.json``; the exit status is
 non-zero if any invariant broke. Usage::
 
-    python -m bench.chaos [--orders 500] [--seed 1] [--each 2]      # or: sas chaos ...
+    python -m bench.chaos [--orders 500] [--seed 1] [--each 2]      # from a checkout
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,9 +40,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import date
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +50,7 @@ from sqlalchemy import create_engine, select, text
 
 from bench.throughput import percentile as nearest_rank
 from bench.throughput import record
+from sas_app.processes import Processes, Ready, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -63,29 +61,6 @@ KINDS = ("kill_agent", "kill_scheduler", "kill_supervisor", "restart_redis", "re
          "kill_after_call", "warm_shutdown", "flushall", "poison")
 #: the order example's remote actions, as its payload names them for faults, and their undos
 DO_ACTIONS = ("reserve", "charge", "ship")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if check():
-                return
-        except Exception:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-def _answers(port: int) -> bool:
-    return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -211,69 +186,6 @@ class Servers:
 # -- the processes of the pattern ---------------------------------------------------------------
 
 
-@dataclass
-class Fleet:
-    """The services, workers and beats, each in its own process group."""
-
-    home: Path
-    env: dict[str, str]
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    argv: dict[str, list[str]] = field(default_factory=dict)
-    extra_env: dict[str, dict[str, str]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def start(self, name: str, argv: list[str] | None = None, env: dict[str, str] | None = None) -> None:
-        with self.lock:
-            if argv is not None:
-                self.argv[name] = argv
-            if env is not None:
-                self.extra_env[name] = env
-            with open(self.home / "logs" / f"{name}.log", "ab") as log:
-                log.write(f"--- start {time.strftime('%H:%M:%S')}\n".encode())
-                self.procs[name] = subprocess.Popen(
-                    [sys.executable, "-m", "sas_app.cli", *self.argv[name]], stdout=log, stderr=subprocess.STDOUT,
-                    env={**self.env, **self.extra_env.get(name, {})}, cwd=self.home, start_new_session=True,
-                )
-
-    def signal(self, name: str, sig: int, group: bool = True) -> None:
-        proc = self.procs[name]
-        try:
-            os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def kill(self, name: str) -> None:
-        self.signal(name, signal.SIGKILL)
-        self.procs[name].wait(30)
-
-    def restart(self, name: str, env: dict[str, str] | None = None) -> None:
-        self.kill(name)
-        self.start(name, env=env)
-
-    def log(self, name: str) -> str:
-        return (self.home / "logs" / f"{name}.log").read_text(errors="replace")
-
-    def heal(self) -> list[str]:
-        """Resume every paused process group, start again any process that is gone."""
-        restarted = []
-        for name, proc in list(self.procs.items()):
-            self.signal(name, signal.SIGCONT)
-            if proc.poll() is not None:
-                self.start(name)
-                restarted.append(name)
-        return restarted
-
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.signal(name, signal.SIGCONT)
-            self.signal(name, signal.SIGKILL)
-            try:
-                self.procs[name].wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.procs.clear()
-
-
 # -- the run ----------------------------------------------------------------------------------
 
 
@@ -360,23 +272,17 @@ class Chaos:
         self.sas = SasApp(Settings.from_env(env))
         install(self.sas, charge_timeout=3.0, step_timeout=5.0, max_failures=self.args.max_failures)
         self.sas.migrate()
-        self.fleet = Fleet(self.home, env)
+        self.fleet = Processes(self.home, env)
         for name, port in self.ports.items():
-            self.fleet.start(name, [f"{name}-service", "--port", str(port),
-                                    "--ledger", str(self.home / f"{name}-ledger.db")])
-        self.fleet.start("scheduler", ["worker", "-Q", "sas.scheduler,sas.supervisor", "-c", "2",
-                                       "-n", "scheduler@%h"])
+            self.fleet.sas(name, f"{name}-service", "--port", str(port), "--ledger",
+                           str(self.home / f"{name}-ledger.db"), ready=Ready(url=f"http://127.0.0.1:{port}/health"),
+                           wait=False)
+        self.fleet.worker("scheduler", "sas.scheduler,sas.supervisor", 2, wait=False)
         for name in self.agent_names:
-            self.fleet.start(name, ["worker", "-Q", AGENT_QUEUES, "-c", "2", "-n", f"{name}@%h"])
+            self.fleet.worker(name, AGENT_QUEUES, 2, wait=False)
         for name in ("beat1", "beat2"):
-            self.fleet.start(name, ["beat", "--schedule", str(self.home / f"{name}-schedule")])
-        for name in ("scheduler", *self.agent_names):
-            wait_until(partial(self.is_ready, name), 60, f"{name} to be ready")
-        for port in self.ports.values():
-            wait_until(partial(_answers, port), 30, "the services")
-
-    def is_ready(self, name: str) -> bool:
-        return "ready." in self.fleet.log(name)
+            self.fleet.beat(name, wait=False)
+        self.fleet.wait_ready()
 
     # the faults -----------------------------------------------------------------------------------
 
@@ -401,7 +307,7 @@ class Chaos:
         if kind == "kill_supervisor":
             name = rng.choice(("beat1", "beat2"))
             fleet.kill(name)
-            self.later(2.0, lambda: fleet.start(name))
+            self.later(2.0, lambda: fleet.start(name, wait=False))
             return name
         if kind == "restart_redis":
             servers.kill_redis()
@@ -438,7 +344,7 @@ class Chaos:
                     fleet.procs[name].wait(30)
                 except subprocess.TimeoutExpired:
                     fleet.kill(name)
-                fleet.start(name, env={})
+                fleet.start(name, env={}, wait=False)
 
             self.later(0.0, restart_when_gone)
             return name
@@ -625,7 +531,7 @@ class Chaos:
 
     def stop(self) -> None:
         if hasattr(self, "fleet"):
-            self.fleet.stop_all()
+            self.fleet.stop_all(grace=0)
         if hasattr(self, "sas"):
             self.sas.store.dispose()
         self.servers.stop()
@@ -672,7 +578,7 @@ def _recovery_times(event_rows: list[Any]) -> tuple[list[float], dict[str, dict[
 def print_report(r: dict[str, Any]) -> None:
     rec, lat = r["recovery_s"], r["latency_s"]
     lines = [
-        f"sas chaos, seed {r['seed']}: {r['submitted']} orders, {r['elapsed_s']}s",
+        f"bench.chaos, seed {r['seed']}: {r['submitted']} orders, {r['elapsed_s']}s",
         "faults injected: " + ", ".join(f"{k} {v}" for k, v in r["faults_injected"].items()),
         f"submitted {r['submitted']}  processed {r['processed']}  compensated {r['compensated']}  "
         f"error {r['error']}  (client retries while servers were down: {r['submit_retries']})",
@@ -692,7 +598,7 @@ def print_report(r: dict[str, Any]) -> None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sas chaos", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--orders", type=int, default=500, help="orders to submit (default 500)")
     parser.add_argument("--rate", type=float, default=10.0, help="orders submitted per second (default 10)")
     parser.add_argument("--each", type=int, default=2, help="how many times each kind of fault fires (default 2)")

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from datetime import date
 from pathlib import Path
@@ -26,7 +25,8 @@ from typing import Any
 import redis
 from sqlalchemy import text
 
-from bench.throughput import REPO, RESULTS, Procs, fresh_database, machine, percentile, record
+from bench.throughput import REPO, RESULTS, fresh_database, machine, percentile, record
+from sas_app.processes import Processes
 
 FILL = """
 INSERT INTO runs (id, workflow, business_key, payload, process_state, failure_count, priority, created_at, updated_at)
@@ -82,12 +82,11 @@ def recovery_latency(args: argparse.Namespace) -> dict[str, Any]:
     from sas_app.store.tables import events
 
     sas.migrate()
-    procs = Procs(Path("/tmp/sas-bench/recovery"), env)
-    cli = [sys.executable, "-m", "sas_app.cli"]
+    procs = Processes(Path("/tmp/sas-bench/recovery"), env, cwd=REPO)
     try:
-        procs.start("scheduler", [*cli, "worker", "-Q", "sas.scheduler,sas.supervisor", "-c", "2"], "ready.")
-        procs.start("agent", [*cli, "worker", "-Q", "sas.agent.noop", "-c", "2"], "ready.")
-        procs.start("beat", [*cli, "beat", "--schedule", "/tmp/sas-bench/recovery/beat"], "beat: Starting")
+        procs.worker("scheduler", "sas.scheduler,sas.supervisor", 2)
+        procs.worker("agent", "sas.agent.noop", 2)
+        procs.beat("beat")
         handles = []
         for i in range(args.recoveries):
             handles.append(sas.submit("recover", {}, business_key=f"rec-{i}"))
@@ -104,7 +103,7 @@ def recovery_latency(args: argparse.Namespace) -> dict[str, Any]:
                 second = next(r for r in rows if r.attempt == 2)
                 latencies.append(second.at - first.detail["complete_by"])
     finally:
-        procs.stop()
+        procs.stop_all(grace=20)
         sas.store.dispose()
     interval = sas.settings.supervisor_interval
     return {"runs": len(latencies), "sweep_interval_s": interval, "retry_backoff_s": sas.settings.retry_backoff,

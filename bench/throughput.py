@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,40 +31,10 @@ from typing import Any
 import redis
 from sqlalchemy import create_engine, func, select, text
 
+from sas_app.processes import CELERY_READY, Processes
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-
-
-class Procs:
-    """Child processes in their own process groups, stopped on exit."""
-
-    def __init__(self, logs: Path, env: dict[str, str]) -> None:
-        self.logs, self.env, self.procs = logs, env, {}  # type: ignore[var-annotated]
-        logs.mkdir(parents=True, exist_ok=True)
-
-    def start(self, name: str, argv: list[str], ready: str, timeout: float = 60) -> subprocess.Popen[bytes]:
-        log = self.logs / f"{name}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
-                                    start_new_session=True)
-        self.procs[name] = proc
-        deadline = time.monotonic() + timeout
-        while ready not in log.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start:\n{log.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.1)
-        return proc
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        self.procs.clear()
 
 
 def rss_mb(pid: int) -> float:
@@ -110,14 +79,12 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
     from sas_app.store.tables import runs
 
     sas.migrate()
-    procs = Procs(logs, env)
-    cli = [sys.executable, "-m", "sas_app.cli"]
+    procs = Processes(logs, env, cwd=REPO)
     try:
-        scheduler = procs.start("scheduler", [*cli, "worker", "-Q", "sas.scheduler,sas.supervisor", "-P", args.pool,
-                                              "-c", str(args.concurrency), "-n", "scheduler@%h"], "ready.")
-        agent = procs.start("agent", [*cli, "worker", "-Q", "sas.agent.noop", "-c", str(args.concurrency),
-                                      "-P", args.pool, "-n", "agent@%h"], "ready.")
-        procs.start("beat", [*cli, "beat", "--schedule", str(logs / "beat")], "beat: Starting")
+        procs.worker("scheduler", "sas.scheduler,sas.supervisor", args.concurrency, pool=args.pool)
+        procs.worker("agent", "sas.agent.noop", args.concurrency, pool=args.pool)
+        procs.beat("beat")
+        scheduler, agent = procs.procs["scheduler"], procs.procs["agent"]
         results = []
         for rep in range(args.repeat):
             idle = []
@@ -154,7 +121,7 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
             print(f"  sas_app rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
         return results
     finally:
-        procs.stop()
+        procs.stop_all(grace=20)
         sas.store.dispose()
 
 
@@ -167,12 +134,12 @@ def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict
     os.environ["BENCH_REDIS_URL"] = broker
     chain_app.conf.broker_url = broker
     client = redis.Redis.from_url(broker)
-    procs = Procs(logs, env)
+    procs = Processes(logs, env, cwd=REPO)
     celery_cli = [sys.executable, "-m", "celery", "-A", "bench.app:chain_app", "worker", "-Q", "bench.chain",
                   "-c", str(args.concurrency), "-P", args.pool, "-l", "info", "--without-gossip", "--without-mingle"]
     try:
-        procs.start("chain-1", [*celery_cli, "-n", "chain1@%h"], "ready.")
-        procs.start("chain-2", [*celery_cli, "-n", "chain2@%h"], "ready.")
+        procs.start("chain-1", [*celery_cli, "-n", "chain1@%h"], ready=CELERY_READY)
+        procs.start("chain-2", [*celery_cli, "-n", "chain2@%h"], ready=CELERY_READY)
         results = []
         for rep in range(args.repeat):
             key = f"bench:chain:{rep}"
@@ -197,7 +164,7 @@ def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict
             print(f"  celery chain rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
         return results
     finally:
-        procs.stop()
+        procs.stop_all(grace=20)
         client.close()
 
 

@@ -16,7 +16,8 @@ class TransientError(SasError):
 class PermanentError(SasError):
     """A fault that retrying will not cure (a declined card, a malformed request).
 
-    The agent reports it to the Scheduler at once; the run goes to ``error`` with an alert."""
+    The agent reports it to the Scheduler at once: the step fails with one alert, and the run is
+    undone (or goes to ``error`` when none of its steps has anything to undo)."""
 
 
 class StepExpired(SasError):

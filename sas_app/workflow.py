@@ -34,8 +34,10 @@ class Step:
     """One step of a workflow.
 
     ``action`` names the agent call that performs it (``"payment.charge"``); ``timeout`` is its
-    complete-by budget in seconds for each attempt; after ``max_failures`` failed attempts the run
-    goes to ``error``. ``compensate`` names the agent call that undoes it.
+    complete-by budget in seconds for each attempt; after ``max_failures`` failed attempts the step
+    fails for good, with one alert, and the run is undone (each step with a ``compensate`` whose
+    effect may have happened, last first) — or goes to ``error`` when there is nothing to undo.
+    ``compensate`` names the agent call that undoes it.
     """
 
     name: str

@@ -10,11 +10,8 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,62 +21,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sas_app import SasApp, Settings
+from sas_app.processes import Processes, Ready, free_port
 from sas_app.states import TERMINAL_RUN_STATES as TERMINAL_STATES
 
 from .orders import ORDER_WORKFLOW, install
 
 AGENT_QUEUES = "sas.agent.payment,sas.agent.warehouse,sas.agent.orders"
 STATES = ("pending", "processing", "processed", "error", "compensating", "compensated", "cancelled")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Processes:
-    """The demo's children, each in its own process group; all stopped on exit or Ctrl-C."""
-
-    home: Path
-    env: dict[str, str]
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, name: str, *args: str) -> None:
-        with open(self.home / f"{name}.log", "ab") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "sas_app.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                env=self.env, start_new_session=True,
-            )
-
-    def kill(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-    def stop_all(self) -> None:
-        """SIGTERM every child's process group, SIGKILL what is left after 5 s. A second Ctrl-C or
-        SIGTERM meanwhile is ignored: an interrupted clean-up would leave orphans behind."""
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            for proc in self.procs.values():
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-            deadline = time.monotonic() + 5
-            for proc in self.procs.values():
-                try:
-                    proc.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            self.procs.clear()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def plan_faults(orders: int, rate: float, rng: random.Random) -> list[str | None]:
@@ -124,6 +72,7 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
     install(sas, charge_timeout=2.0)
     sas.migrate()
     procs = Processes(home, env)
+    services = {name: Ready(url=f"http://127.0.0.1:{port}/health") for name, port in ports.items()}
     rng = random.Random(seed)
     started = time.monotonic()
     summary: dict[str, Any] = {}
@@ -134,12 +83,12 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
     previous = signal.signal(signal.SIGTERM, interrupted)
     try:
         for name, port in ports.items():
-            procs.start(name, f"{name}-service", "--port", str(port), "--ledger", str(home / f"{name}-ledger.db"))
-        procs.start("scheduler", "worker", "-Q", "sas.scheduler,sas.supervisor", "-c", "2", "-n", "scheduler@%h")
-        procs.start("agents", "worker", "-Q", AGENT_QUEUES, "-c", "4", "-n", "agents@%h")
-        procs.start("beat", "beat", "--schedule", str(home / "celerybeat-schedule"))
-        for port in ports.values():
-            _wait_for_service(port)
+            procs.sas(name, f"{name}-service", "--port", str(port), "--ledger", str(home / f"{name}-ledger.db"),
+                      ready=services[name], wait=False)
+        procs.worker("scheduler", "sas.scheduler,sas.supervisor", 2, wait=False)
+        procs.worker("agents", AGENT_QUEUES, 4, wait=False)
+        procs.beat("beat", wait=False)
+        procs.wait_ready(*services)
 
         prefix = f"demo-{stamp}-{seed}"
         handles = []
@@ -162,8 +111,7 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
                 progress.update(bar, completed=done, description="  ".join(
                     f"{state} {counts[state]}" for state in STATES if counts.get(state)))
                 if not crashed and done >= orders // 3:
-                    procs.kill("agents")  # one worker crash, mid-run
-                    procs.start("agents", "worker", "-Q", AGENT_QUEUES, "-c", "4", "-n", "agents@%h")
+                    procs.restart("agents")  # one worker crash, mid-run
                     crashed = True
                 if done >= orders or time.monotonic() > deadline:
                     break
@@ -175,17 +123,6 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         signal.signal(signal.SIGTERM, previous)
         sas.store.dispose()
     return summary
-
-
-def _wait_for_service(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-            return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise RuntimeError("the payment service did not start within 30s")
 
 
 def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def stack(stack_env, tmp_path, request):
     yield s
     s.stop_all()
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
-        for name in s.logs:
+        for name in s.argv:
             print(f"===== {name} =====\n{s.tail(name, 80)}")
 
 

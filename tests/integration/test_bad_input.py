@@ -35,7 +35,7 @@ def test_a_pickled_message_is_refused_and_never_run(stack, stack_env):
 
     shop.celery.send_task("sas.scheduler.advance", args=[run.id], queue="sas.scheduler", serializer="pickle")
     refused = "Refusing to deserialize untrusted content of type pickle"
-    wait_for(lambda: refused in stack.logs["scheduler"].read_text(), 20, "the worker to refuse the pickle")
+    wait_for(lambda: refused in stack.log("scheduler"), 20, "the worker to refuse the pickle")
 
     assert shop.store.get_run(run.id).process_state == "pending"
     assert shop.submit("order", {"amount": 3}, business_key="after-pickle").wait(30).process_state == "processed"
@@ -69,7 +69,7 @@ def test_bodies_that_are_not_json_are_refused_unrun_on_every_queue(stack, stack_
     publish_raw(shop, "sas.agent.warehouse", "sas.agent.warehouse.reserve", b"{not json", "application/json")
     publish_raw(shop, "sas.scheduler", "sas.scheduler.advance", b"- " + run.id.encode(), "application/x-yaml")
 
-    logs = lambda: stack.logs["scheduler"].read_text() + stack.logs["agents"].read_text()  # noqa: E731
+    logs = lambda: stack.log("scheduler") + stack.log("agents")  # noqa: E731
     wait_for(lambda: logs().count("Refusing to deserialize untrusted content of type pickle") >= 1
              and logs().count("Refusing to deserialize untrusted content of type yaml") >= 1
              and logs().count("Can't decode message body") >= 2, 20, "every bad body to be refused")
@@ -98,11 +98,11 @@ def test_messages_with_missing_or_wrong_arguments_change_nothing(stack, shop):
         shop.celery.send_task("sas.scheduler.step_failed", args=[["a list"], 1, 1], queue="sas.scheduler"),
         shop.celery.send_task("sas.scheduler.advance", args=[{"run": done.id}], queue="sas.scheduler"),
     ]
-    logs = lambda: stack.logs["scheduler"].read_text() + stack.logs["agents"].read_text()  # noqa: E731
+    logs = lambda: stack.log("scheduler") + stack.log("agents")  # noqa: E731
     wait_for(lambda: all(b.id in logs() for b in bad[:3]), 20, "the Scheduler to handle the bad messages")
-    wait_for(lambda: "rejected a malformed message" in stack.logs["agents"].read_text(), 20,
+    wait_for(lambda: "rejected a malformed message" in stack.log("agents"), 20,
              "the agent to reject its bad message")
-    wait_for(lambda: stack.logs["scheduler"].read_text().count("rejected a malformed message") == len(wrong_types),
+    wait_for(lambda: stack.log("scheduler").count("rejected a malformed message") == len(wrong_types),
              20, "the Scheduler to reject the wrongly typed messages")
 
     assert shop.handle(done.id).status().steps == before

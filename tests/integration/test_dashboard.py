@@ -15,7 +15,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-from tests.integration.stack import SAS, free_port
+from tests.integration.stack import SAS, Ready, free_port
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def filled(stack, shop):
 def dashboard(stack, filled):
     port = free_port()
     stack.start("dashboard", [SAS, "dashboard", "--port", str(port), "--flower-url", "http://127.0.0.1:5555"],
-                "sas dashboard on")
+                ready=Ready(url=f"http://127.0.0.1:{port}/healthz"))
     wait_for(lambda: _answers(port), 20, "the dashboard to answer")
     return f"http://127.0.0.1:{port}"
 
@@ -142,14 +142,14 @@ def test_the_metrics_endpoint_has_every_series_after_a_run(dashboard, filled):
 
 def test_the_dashboard_asks_for_flowers_credentials(stack, shop):
     port = free_port()
-    stack.start("dashboard", [SAS, "dashboard", "--port", str(port)], "sas dashboard on",
-                env={"FLOWER_BASIC_AUTH": "ops:s3cret"})
+    stack.start("dashboard", [SAS, "dashboard", "--port", str(port)],
+                ready=Ready(url=f"http://127.0.0.1:{port}/healthz"), env={"FLOWER_BASIC_AUTH": "ops:s3cret"})
     wait_for(lambda: _answers(port), 20, "the dashboard to answer")
     base = f"http://127.0.0.1:{port}"
     assert httpx.get(base + "/").status_code == 401
     assert httpx.get(base + "/metrics", auth=("ops", "wrong")).status_code == 401
     assert httpx.get(base + "/", auth=("ops", "s3cret")).status_code == 200
-    assert "s3cret" not in stack.logs["dashboard"].read_text()
+    assert "s3cret" not in stack.log("dashboard")
 
 
 def test_one_trace_follows_a_run_from_submit_through_every_agent(stack, stack_env):
@@ -169,7 +169,7 @@ def test_one_trace_follows_a_run_from_submit_through_every_agent(stack, stack_en
         assert handle.wait(30).process_state == "processed"
 
         def spans_in_trace() -> set[str]:
-            lines = stack.logs["agents"].read_text().splitlines()
+            lines = stack.log("agents").splitlines()
             names = set()
             for i, line in enumerate(lines):
                 if trace_id in line:

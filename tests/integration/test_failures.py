@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 def children_lost(stack, name: str) -> int:
     """How many of the worker's pool processes died (Celery logs each once, from its main process)."""
-    return stack.logs[name].read_text(errors="replace").count("Task handler raised error: WorkerLostError")
+    return stack.log(name).count("Task handler raised error: WorkerLostError")
 
 
 def test_a_poison_step_costs_max_failures_workers_then_the_order_is_undone(stack, stack_env):

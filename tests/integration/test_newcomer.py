@@ -25,7 +25,7 @@ def test_the_readme_guide_example_runs_as_written(stack, stack_env):
     assert example.strip() in readme, "the README's guide must show examples/signup.py as it is"
     env = {"SAS_APP": "examples.signup:sas"}
     stack.worker("signup", "sas.scheduler,sas.supervisor,sas.agent.accounts,sas.agent.mailer", env=env)
-    stack.start("beat", [SAS, "beat", "--schedule", str(stack.home / "beat")], "beat: Starting", env)
+    stack.beat("beat", env=env)
     subprocess.run([SAS, "migrate"], env={**stack.env, **env}, check=True, timeout=60, capture_output=True)
 
     done = subprocess.run([sys.executable, "-m", "examples.signup", "bob@example.com"], env=stack.env,
@@ -45,7 +45,7 @@ def test_flower_shows_each_kind_of_task_and_asks_for_credentials(stack, stack_en
     stack.beat()
     port = free_port()
     stack.start("flower", [str(Path(SAS).parent / "celery"), "-A", "workers.app", "flower", f"--port={port}",
-                           "--address=127.0.0.1", "--basic-auth=ops:s3cret"], "Registered tasks", events)
+                           "--address=127.0.0.1", "--basic-auth=ops:s3cret"], env=events)
     api = f"http://127.0.0.1:{port}/api/tasks"
     wait_for(lambda: _answers(api), 30, "Flower's API")
 
@@ -125,3 +125,27 @@ def test_migrate_on_a_database_not_yet_created_says_how_to_create_it(stack_env, 
     assert "Traceback" not in done.stderr
     assert 'database "sas_never_created" does not exist; create it first: createdb -h 127.0.0.1' in done.stderr
     assert done.stderr.rstrip().endswith(" sas_never_created")
+
+
+def test_the_installed_wheel_runs_the_demo_from_an_empty_folder_and_installs_nothing_that_collides(tmp_path):
+    # `pip install .` (not editable) into a fresh virtualenv: the engine and the example it deploys,
+    # and nothing of the checkout's top level that a user's own project could shadow or be shadowed by.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(REPO)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr[-2000:]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_") and k != "PYTHONPATH"}
+
+    demo = subprocess.run([str(venv / "bin" / "sas"), "demo", "--orders", "10", "--json"], cwd=empty, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    summary = json.loads(demo.stdout)
+    assert summary["lost"] == 0 and summary["duplicate_charges"] == 0 and summary["submitted"] == 10
+    for module in ("celeryconfig", "bench", "examples", "tests"):
+        found = subprocess.run([python, "-c", f"import {module}"], cwd=empty, env=env, capture_output=True, text=True)
+        assert found.returncode == 1 and f"No module named '{module}'" in found.stderr, module

@@ -1,0 +1,212 @@
+"""The process harness: start the processes of a sas_app deployment — Celery workers and beat
+(``sas worker``, ``sas beat``), and any other command such as the example's services — each in a
+process group of its own, know when each is ready, signal, kill, restart and stop them.
+
+The tests, ``sas demo`` and the benches all use it. Readiness comes from the process itself, not
+from its log: a worker or beat writes its ``SAS_READY_FILE`` when Celery signals it is consuming
+(``worker_ready``, ``beat_init``); a web service is ready when its URL answers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as signals
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+#: ``python -m sas_app.cli``: the ``sas`` command of the running interpreter
+SAS = [sys.executable, "-m", "sas_app.cli"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> None:
+    """Call ``check`` until it returns something true (an exception counts as not yet); raise
+    ``TimeoutError`` naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).is_success
+    except httpx.HTTPError:
+        return False
+
+
+@dataclass(frozen=True)
+class Ready:
+    """How to know a process is ready: a file it writes (``SAS_READY_FILE``), or a URL answering."""
+
+    file: bool = False
+    url: str = ""
+
+
+CELERY_READY = Ready(file=True)
+
+
+class Processes:
+    """Named processes, each in its own process group, with logs under ``home/logs``.
+
+    ``env`` is the environment every process starts with (``os.environ`` plus it); ``start``'s
+    ``env`` adds to it for one process and is remembered for its restarts. Thread-safe."""
+
+    def __init__(self, home: Path, env: Mapping[str, str], cwd: Path | None = None) -> None:
+        self.home = home
+        self.env = {**os.environ, **env}
+        self.cwd = cwd or home
+        self.logs = home / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.argv: dict[str, list[str]] = {}
+        self.ready: dict[str, Ready | None] = {}
+        self.extra_env: dict[str, dict[str, str]] = {}
+        self.lock = threading.RLock()
+
+    # -- starting ---------------------------------------------------------------------------------
+
+    def start(self, name: str, argv: list[str] | None = None, *, ready: Ready | None = None,
+              env: Mapping[str, str] | None = None, wait: bool = True, timeout: float = 60) -> None:
+        """Start ``argv`` as ``name`` (again, with its last argv and env, if ``argv`` is None);
+        unless ``wait`` is False, return once it is ready."""
+        with self.lock:
+            if argv is not None:
+                self.argv[name], self.ready[name] = list(argv), ready
+            if env is not None:
+                self.extra_env[name] = dict(env)
+            process_env = {**self.env, **self.extra_env.get(name, {})}
+            if self.ready.get(name) is not None and self.ready[name].file:  # type: ignore[union-attr]
+                marker = self.ready_file(name)
+                marker.unlink(missing_ok=True)
+                process_env["SAS_READY_FILE"] = str(marker)
+            with open(self.logs / f"{name}.log", "ab") as log:
+                log.write(f"--- start {time.strftime('%H:%M:%S')} {' '.join(self.argv[name])}\n".encode())
+                self.procs[name] = subprocess.Popen(
+                    self.argv[name], stdout=log, stderr=subprocess.STDOUT, env=process_env, cwd=self.cwd,
+                    start_new_session=True,
+                )
+        if wait:
+            self.wait_ready(name, timeout=timeout)
+
+    def sas(self, name: str, *args: str, ready: Ready | None = CELERY_READY, env: Mapping[str, str] | None = None,
+            wait: bool = True) -> None:
+        """Start ``sas <args>`` as ``name``."""
+        self.start(name, [*SAS, *args], ready=ready, env=env, wait=wait)
+
+    def worker(self, name: str, queues: str, concurrency: int = 2, *, pool: str = "prefork",
+               env: Mapping[str, str] | None = None, wait: bool = True) -> None:
+        self.sas(name, "worker", "-Q", queues, "-c", str(concurrency), "-P", pool, "-n", f"{name}@%h", env=env,
+                 wait=wait)
+
+    def beat(self, name: str = "beat", *, env: Mapping[str, str] | None = None, wait: bool = True) -> None:
+        self.sas(name, "beat", "--schedule", str(self.home / f"{name}-schedule"), env=env, wait=wait)
+
+    def ready_file(self, name: str) -> Path:
+        return self.logs / f"{name}.ready"
+
+    def is_ready(self, name: str) -> bool:
+        """True once ``name`` is ready; raises ``RuntimeError`` (with its log's tail) if it exited."""
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
+        ready = self.ready.get(name)
+        if ready is None:
+            return True
+        if ready.file:
+            return self.ready_file(name).exists()
+        return answers(ready.url)
+
+    def wait_ready(self, *names: str, timeout: float = 60) -> None:
+        for name in names or tuple(self.procs):
+            deadline = time.monotonic() + timeout
+            while not self.is_ready(name):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} was not ready after {timeout:.0f}s:\n{self.tail(name)}")
+                time.sleep(0.05)
+
+    # -- signalling and stopping ----------------------------------------------------------------------
+
+    def signal(self, name: str, sig: int, group: bool = True) -> None:
+        """Send ``sig`` to ``name``'s process group (its pool children too), or its main process only."""
+        proc = self.procs[name]
+        try:
+            os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self, name: str, sig: int = signals.SIGKILL) -> None:
+        """``sig`` (SIGKILL) to the whole group; wait for the main process to be gone."""
+        self.signal(name, signals.SIGCONT)
+        self.signal(name, sig)
+        self.procs[name].wait(30)
+
+    def restart(self, name: str, env: Mapping[str, str] | None = None, wait: bool = False) -> None:
+        """SIGKILL ``name`` and start it again (with ``env`` added for this and later restarts)."""
+        self.kill(name)
+        self.start(name, env=env, wait=wait)
+
+    def heal(self) -> list[str]:
+        """Resume every paused process group and start again any process that is gone."""
+        restarted = []
+        with self.lock:
+            for name, proc in list(self.procs.items()):
+                self.signal(name, signals.SIGCONT)
+                if proc.poll() is not None:
+                    self.start(name, wait=False)
+                    restarted.append(name)
+        return restarted
+
+    def stop_all(self, grace: float = 5.0) -> None:
+        """SIGTERM every group (a warm shutdown), SIGKILL what is left after ``grace`` seconds (at
+        once with 0). A Ctrl-C or SIGTERM meanwhile is ignored (in the main thread): an interrupted
+        clean-up would leave orphans behind."""
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signals.signal(sig, signals.SIG_IGN) for sig in (signals.SIGINT, signals.SIGTERM)} \
+            if in_main else {}
+        try:
+            with self.lock:
+                for name in self.procs:
+                    self.signal(name, signals.SIGCONT)
+                    self.signal(name, signals.SIGTERM if grace > 0 else signals.SIGKILL)
+                deadline = time.monotonic() + grace
+                for name, proc in self.procs.items():
+                    try:
+                        proc.wait(max(0.1, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        self.signal(name, signals.SIGKILL)
+                        proc.wait(30)
+                    self.signal(name, signals.SIGKILL)  # pool children that outlived their parent
+                self.procs.clear()
+        finally:
+            for sig, handler in previous.items():
+                signals.signal(sig, handler)
+
+    # -- logs -----------------------------------------------------------------------------------------
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def tail(self, name: str, lines: int = 40) -> str:
+        path = self.logs / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
