@@ -89,12 +89,16 @@ def test_demo_stops_every_process_it_started_when_interrupted(tmp_path):
     demo = subprocess.Popen([SAS, "demo", "--orders", "2000"], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     home = Path(env["SAS_HOME"])
-    wait_for(lambda: any("ready." in log.read_text() for log in home.glob("demo-*/agents.log")), 60,
-             "the demo's agent worker to be ready")
-    wait_for(lambda: len(_children_of(env["SAS_HOME"])) >= 9, 30, "the demo's processes and pool children")
+    try:
+        wait_for(lambda: any(home.glob("demo-*/logs/agents.ready")), 60, "the demo's agent worker to be ready")
+        wait_for(lambda: len(_children_of(env["SAS_HOME"])) >= 9, 30, "the demo's processes and pool children")
 
-    demo.send_signal(signal.SIGINT)
-    _, err = demo.communicate(timeout=60)
+        demo.send_signal(signal.SIGINT)
+        _, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
     assert demo.returncode != 0
     wait_for(lambda: not _children_of(env["SAS_HOME"]), 30, "every demo process to be gone")
     assert "interrupted" in err.decode()

@@ -264,7 +264,7 @@ def test_a_zombie_agent_that_wakes_up_late_is_refused_by_the_remote_service(stac
     stack.worker("others", "sas.agent.warehouse,sas.agent.orders")
     # This payment agent passes its complete-by check, then stalls 4 s before calling the service.
     # In the threads pool no time limit interrupts it (prefork's soft limit would): a zombie.
-    stack.worker("zombie", "sas.agent.payment", 1, {"SAS_FAULTS": "agent.before_call=sleep:4@once"}, "threads")
+    stack.worker("zombie", "sas.agent.payment", 1, env={"SAS_FAULTS": "agent.before_call=sleep:4@once"}, pool="threads")
     handle = shop.submit("order", {"amount": 9}, business_key="z-1")
     marker = Path(stack_env["SAS_HOME"]) / "fault-agent.before_call"
     wait_for(marker.exists, 20, "the zombie to stall")

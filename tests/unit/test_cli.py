@@ -139,3 +139,4 @@ def test_the_dashboard_refuses_a_store_whose_schema_is_behind_and_says_to_migrat
     assert behind.returncode == 2
     assert "schema is at revision 0003, this sas_app needs 0004: run `sas migrate`" in behind.stderr
     assert "Traceback" not in behind.stderr
+

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sas_app import InvalidOperation, UnknownRun
+from tests.support import expire
 from tests.testapp import CALLS
 
 # On SQLite here and, as integration tests, on PostgreSQL (tests/conftest.py).
@@ -86,6 +87,28 @@ def test_cancel_mid_run_undoes_what_was_done_and_ends_cancelled(sas, pump):
     # the running second step is undone too: its late reply would be fenced out
     assert [s.name for s in view.steps[3:]] == ["undo:second", "undo:first"]
     assert [s.state for s in view.steps[:3]] == ["compensated", "compensated", "not_started"]
+
+
+def test_a_committed_cancel_is_not_reported_as_failed_when_the_broker_refuses_the_next_message(
+        sas, pump, monkeypatch, caplog):
+    handle = sas.submit("saga", {}, business_key="r5-broker-down")
+    pump.run(["sas.scheduler"])
+    pump.run(["sas.agent.svc"])
+    pump.run(["sas.scheduler"])  # first completed, second running
+
+    def refused(*args, **kwargs):
+        raise ConnectionError("the broker is down")
+
+    with monkeypatch.context() as broker_down:
+        broker_down.setattr(sas.celery, "send_task", refused)
+        assert sas.cancel(handle.id, by="erin", reason="customer asked") == "compensating"
+    assert "it is committed, so the Supervisor will recover it" in caplog.text
+
+    # the Supervisor asks again once the first undo's pick-up complete-by has passed
+    expire(sas, handle.id)
+    assert set(sas.supervisor.sweep().requeued) == {handle.id}
+    pump.run()
+    assert handle.status().process_state == "cancelled"
 
 
 @pytest.mark.parametrize("end", ["cancel", "compensate"])

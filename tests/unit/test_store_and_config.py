@@ -6,7 +6,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from sas_app import Settings, faults, migrate
+from sas_app import SasApp, Settings, faults, migrate
 from sas_app.store import Store
 from sas_app.store.tables import metadata
 
@@ -59,3 +59,16 @@ def test_fault_points_fire_only_when_armed_and_once_when_asked(tmp_path):
         faults.hit("scheduler.after_commit")
     finally:
         faults.arm("")
+
+
+def test_a_deployments_own_celery_settings_apply_over_sas_apps(settings, tmp_path, monkeypatch):
+    (tmp_path / "deploycfg.py").write_text(
+        "from datetime import timedelta\n\nworker_max_memory_per_child = 1234\nresult_expires = timedelta(1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    app = SasApp(settings, celery_config="deploycfg")
+
+    assert app.celery.conf.worker_max_memory_per_child == 1234
+    assert app.celery.conf.task_serializer == "json" and app.celery.conf.worker_prefetch_multiplier == 1
+    assert "timedelta" not in app.celery.conf  # imported names are not settings
+    assert SasApp(settings, celery_config="no_such_config_module").celery.conf.accept_content == ["json"]
