@@ -353,7 +353,8 @@ def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: s
 
 def add_commands(group: click.Group) -> None:
     """The commands other installed packages add to ``sas`` (entry point group ``sas_app.commands``).
-    One that fails to load is left out with a warning, so a broken add-on never breaks ``sas``."""
+    One that fails to load is left out with a warning, so a broken add-on never breaks ``sas``.
+    A command's module must not import this one: ``python -m sas_app.cli`` would load it twice."""
     for point in entry_points(group="sas_app.commands"):
         if point.name in group.commands:
             continue

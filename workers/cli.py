@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import NoReturn
 
 import click
 
-from sas_app.cli import fail
+
+def fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
 
 
 @click.command()

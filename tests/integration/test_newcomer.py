@@ -49,11 +49,13 @@ def test_flower_shows_each_kind_of_task_and_asks_for_credentials(stack, stack_en
     api = f"http://127.0.0.1:{port}/api/tasks"
     wait_for(lambda: _answers(api), 30, "Flower's API")
 
-    # a hang makes the Supervisor ask the Scheduler (sas.scheduler.advance) to retry the charge
-    shop.submit("order", {"amount": 5, "faults": {"charge": "hang:30@1"}}, business_key="fl-1").wait(30)
-
     def names() -> set[str]:
         return {t["name"] for t in httpx.get(api, auth=("ops", "s3cret"), timeout=5).json().values()}
+
+    # Flower is following the workers' events once it shows the sweeps beat sends every 0.5 s
+    wait_for(lambda: "sas.supervisor.sweep" in names(), 30, "Flower to receive task events")
+    # a hang makes the Supervisor ask the Scheduler (sas.scheduler.advance) to retry the charge
+    shop.submit("order", {"amount": 5, "faults": {"charge": "hang:30@1"}}, business_key="fl-1").wait(30)
 
     expected = {"sas.scheduler.advance", "sas.agent.payment.charge", "sas.agent.warehouse.reserve",
                 "sas.supervisor.sweep"}
