@@ -64,7 +64,7 @@ def timed(client: Any, path: str, samples: int) -> dict[str, float]:
 
 def measure(args: argparse.Namespace, size: int) -> dict[str, Any]:
     from sas_app import SasApp, Settings, migrate
-    from sas_app.web import create_dashboard
+    from sas_app.web.dashboard import create_dashboard
 
     url = fresh_database(args.postgres, "sas_bench_dashboard")
     migrate(url)

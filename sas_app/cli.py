@@ -337,7 +337,7 @@ def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: s
     """Serve the read-only dashboard and the Prometheus metrics (/metrics) of the state store."""
     from waitress import serve
 
-    from .web import create_dashboard, parse_basic_auth
+    from .web.dashboard import create_dashboard, parse_basic_auth
 
     try:
         credentials = parse_basic_auth(basic_auth)

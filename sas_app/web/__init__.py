@@ -1,6 +1,6 @@
-"""Watching sas_app: the dashboard (Flask, server-rendered), its Prometheus metrics read from the
-state store, the formatting both share with the CLI, and the templates."""
+"""Watching sas_app: the dashboard (``web.dashboard``, Flask, server-rendered), its Prometheus
+metrics read from the state store (``web.metrics``), the run timeline and chart (``web.timeline``),
+the formatting they share with the CLI (``web.formatting``), and the templates.
 
-from .dashboard import create_dashboard, parse_basic_auth
-
-__all__ = ["create_dashboard", "parse_basic_auth"]
+Nothing is imported here, so the CLI's workers, which use only the formatting, never load Flask.
+"""

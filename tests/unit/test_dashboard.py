@@ -9,7 +9,7 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sas_app.web import create_dashboard, parse_basic_auth
+from sas_app.web.dashboard import create_dashboard, parse_basic_auth
 from tests.support import sweep_after_expiry
 
 
