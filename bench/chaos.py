@@ -51,11 +51,11 @@ from sqlalchemy import create_engine, select, text
 from bench.throughput import percentile as nearest_rank
 from bench.throughput import record
 from sas_app.processes import Processes, Ready, free_port, wait_until
+from sas_app.states import TERMINAL_RUN_STATES
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 AGENT_QUEUES = "sas.agent.payment,sas.agent.warehouse,sas.agent.orders"
-TERMINAL = ("processed", "error", "compensated", "cancelled")
 #: what the schedule can do, each at least ``--each`` times ("poison" submits a poison order)
 KINDS = ("kill_agent", "kill_scheduler", "kill_supervisor", "restart_redis", "restart_postgres", "zombie",
          "kill_after_call", "warm_shutdown", "flushall", "poison")
@@ -417,7 +417,7 @@ class Chaos:
         def open_runs() -> int:
             with self.sas.store.engine.connect() as conn:
                 rows = conn.execute(select(runs.c.process_state).where(runs.c.id.in_(ids))).scalars().all()
-            return len(ids) - sum(state in TERMINAL for state in rows)
+            return len(ids) - sum(state in TERMINAL_RUN_STATES for state in rows)
 
         while time.monotonic() < deadline:
             try:
@@ -441,7 +441,7 @@ class Chaos:
                 select(events).where(events.c.run_id.in_(ids)).order_by(events.c.id))]
         states = Counter(r.process_state for r in run_rows.values())
         lost = sorted(key for key, run_id in self.accepted.items() if run_id not in run_rows)
-        not_terminal = sorted(r.business_key for r in run_rows.values() if r.process_state not in TERMINAL)
+        not_terminal = sorted(r.business_key for r in run_rows.values() if r.process_state not in TERMINAL_RUN_STATES)
         reasons = Counter(_reason(r.error) for r in run_rows.values() if r.process_state != "processed" and r.error)
 
         ledgers = {name: httpx.get(f"http://127.0.0.1:{port}/ledger", timeout=10).json()
@@ -461,7 +461,7 @@ class Chaos:
 
         recovery, by_cause = _recovery_times(event_rows)
         attempts = Counter(s.attempt for s in step_rows if s.compensates is None and s.attempt > 0)
-        latency = [r.updated_at - r.created_at for r in run_rows.values() if r.process_state in TERMINAL]
+        latency = [r.updated_at - r.created_at for r in run_rows.values() if r.process_state in TERMINAL_RUN_STATES]
         poison = []
         for key in self.poison_keys:
             run = run_rows.get(self.accepted.get(key, ""))

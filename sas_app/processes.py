@@ -19,8 +19,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
+
+T = TypeVar("T")
 
 #: ``python -m sas_app.cli``: the ``sas`` command of the running interpreter
 SAS = [sys.executable, "-m", "sas_app.cli"]
@@ -33,18 +36,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(check: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> None:
-    """Call ``check`` until it returns something true (an exception counts as not yet); raise
-    ``TimeoutError`` naming ``what`` after ``timeout`` seconds."""
+def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05,
+               not_yet: tuple[type[BaseException], ...] = (Exception,)) -> T:
+    """Call ``check`` until it returns something true, and return that; an exception of a type in
+    ``not_yet`` counts as not yet (a server still starting). ``TimeoutError`` naming ``what`` after
+    ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if check():
-                return
-        except Exception:
+            value = check()
+            if value:
+                return value
+        except not_yet:
             pass
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
 
 

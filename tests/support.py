@@ -9,6 +9,7 @@ from queue import Empty
 from typing import Any, TypeVar
 
 from sas_app import SasApp
+from sas_app.processes import wait_until
 
 T = TypeVar("T")
 
@@ -63,15 +64,12 @@ def sweep_after_expiry(sas: SasApp, pump: Pump, run_id: str, times: int = 1) -> 
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+    """Poll ``predicate`` until it returns something truthy and return it; fail naming ``what``
+    after ``timeout``. An exception it raises fails the test at once (the harness's wait, strict)."""
+    try:
+        return wait_until(predicate, timeout, what, interval, not_yet=())
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 @dataclass(frozen=True)

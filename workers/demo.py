@@ -22,12 +22,11 @@ from rich.table import Table
 
 from sas_app import SasApp, Settings
 from sas_app.processes import Processes, Ready, free_port
-from sas_app.states import TERMINAL_RUN_STATES as TERMINAL_STATES
+from sas_app.states import RUN_STATES, TERMINAL_RUN_STATES
 
 from .orders import ORDER_WORKFLOW, install
 
 AGENT_QUEUES = "sas.agent.payment,sas.agent.warehouse,sas.agent.orders"
-STATES = ("pending", "processing", "processed", "error", "compensating", "compensated", "cancelled")
 
 
 def plan_faults(orders: int, rate: float, rng: random.Random) -> list[str | None]:
@@ -107,9 +106,9 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         with progress:
             while True:
                 counts = sas.store.count_runs_by_state()
-                done = sum(counts.get(s, 0) for s in TERMINAL_STATES)
+                done = sum(counts.get(s, 0) for s in TERMINAL_RUN_STATES)
                 progress.update(bar, completed=done, description="  ".join(
-                    f"{state} {counts[state]}" for state in STATES if counts.get(state)))
+                    f"{state} {counts[state]}" for state in RUN_STATES if counts.get(state)))
                 if not crashed and done >= orders // 3:
                     procs.restart("agents")  # one worker crash, mid-run
                     crashed = True
@@ -147,7 +146,7 @@ def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float)
         "error": states["error"],
         "alerts": alerts,
         "at_risk_warnings": at_risk,
-        "lost": sum(n for state, n in states.items() if state not in TERMINAL_STATES),
+        "lost": sum(n for state, n in states.items() if state not in TERMINAL_RUN_STATES),
         "duplicate_charges": sum(n - 1 for n in per_order.values() if n > 1),
         # a charge still standing on an order that did not complete: compensation missed it
         "charges_not_undone": len({e["order_id"] for e in charges if not e["undone_by"]} - processed),
