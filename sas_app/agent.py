@@ -41,8 +41,6 @@ from .routing import (
     STEP_DONE,
     STEP_FAILED,
     STEP_LOST,
-    Reply,
-    Router,
     agent_queue,
     agent_task_name,
 )
@@ -198,7 +196,6 @@ class Agent:
         celery: Celery,
         name: str,
         *,
-        router: Router,
         retry_initial: float = 0.1,
         retry_max: float = 2.0,
         breaker_fail_max: int = 5,
@@ -215,7 +212,8 @@ class Agent:
 
         With ``replies`` the agent hands its reply to the Scheduler's handler in its own process
         (the same transaction and fencing as on the Scheduler's queue, one message fewer per step);
-        if that fails, or without, the reply goes to the Scheduler's queue through ``router``. With a
+        if that fails, or without, the reply goes to the Scheduler's queue (a broker that refuses
+        it fails the task, visibly in Flower; the Supervisor recovers the step). With a
         ``db_clock`` (the state store's clock) a step's time left is measured against its
         complete-by on the database's clock, so a worker whose own clock is off still stops in time
         and drops a message that waited past it."""
@@ -229,7 +227,6 @@ class Agent:
             Breaker(name, breaker_fail_max, breaker_reset, breaker_url, counts=is_transient)
             if breaker_fail_max > 0 else None
         )
-        self.router = router
         self.replies = replies
         self.db_clock = db_clock
         self.actions: dict[str, AgentAction] = {}
@@ -332,4 +329,4 @@ class Agent:
                 return
             except Exception:
                 log.exception("replying in process failed; sending the reply to the Scheduler's queue")
-        self.router.send(Reply(task, reply))
+        self.celery.send_task(task, kwargs=reply, queue=SCHEDULER_QUEUE)

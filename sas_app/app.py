@@ -94,7 +94,7 @@ class SasApp:
         s = self.settings
         redis_url = s.breaker_url or (s.broker_url if s.broker_url.startswith(("redis://", "rediss://")) else "")
         defaults: dict[str, Any] = {"breaker_fail_max": s.breaker_fail_max, "breaker_reset": s.breaker_reset,
-                                    "breaker_url": redis_url or None, "router": self.router,
+                                    "breaker_url": redis_url or None,
                                     "replies": self.scheduler if s.inline_replies else None,
                                     "db_clock": self.store.db_clock if s.inline_replies else None,
                                     "rate_limit": s.rate_limit(name)}

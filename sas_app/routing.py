@@ -101,18 +101,7 @@ class AgentMessage:
         return f"run {self.run_id} step {self.position} attempt {self.attempt}"
 
 
-@dataclass(frozen=True)
-class Reply:
-    """An agent's reply sent to the Scheduler's queue."""
-
-    task: str
-    kwargs: dict[str, Any]
-
-    def __str__(self) -> str:
-        return f"{self.task} for run {self.kwargs.get('run_id')} step {self.kwargs.get('position')}"
-
-
-Message = Advance | AgentMessage | Reply
+Message = Advance | AgentMessage
 
 
 class Router:
@@ -136,8 +125,6 @@ class Router:
             if isinstance(message, Advance):
                 self.celery.send_task(ADVANCE, args=[message.run_id], queue=SCHEDULER_QUEUE,
                                       countdown=message.delay or None)
-            elif isinstance(message, Reply):
-                self.celery.send_task(message.task, kwargs=message.kwargs, queue=SCHEDULER_QUEUE)
             else:
                 self.celery.send_task(
                     agent_task_name(message.agent, message.action),

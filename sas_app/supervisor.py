@@ -112,19 +112,18 @@ class Supervisor:
                     failed.append(step.run_id)
             requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
         faults.hit("supervisor.after_commit")
+        # A message the broker refuses is asked again by the next sweep: the state is committed.
+        self.router.relay(tx.outbox)
         for run_id, position, backoff in retried:
             log.warning("run %s step %s passed complete-by; retry in %.1fs", run_id, position, backoff)
+            self.router.send(Advance(run_id, backoff))
         for run_id in requeued:
             log.warning("run %s waited past complete-by for the Scheduler; asking again", run_id)
+            self.router.send(Advance(run_id))
         for alert in raised:
             self.alerts.emit(alert)
-        # A message the broker refuses is asked again by the next sweep: the state is committed.
-        self.router.after_commit(
-            tx.outbox,
-            *(Advance(run_id, backoff) for run_id, _, backoff in retried),
-            *(Advance(run_id) for run_id in requeued),
-            *(Advance(run_id) for run_id in failed),  # to undo it, if it is being compensated
-        )
+        for run_id in failed:
+            self.router.send(Advance(run_id))  # to undo it, if it is being compensated
         report.retried += retried
         report.failed += failed
         report.requeued += requeued

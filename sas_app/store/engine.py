@@ -3,13 +3,13 @@
 :func:`make_engine` tunes an engine for the state store; :class:`db_now` is the clock every
 deadline is compared against. On PostgreSQL that is the server's ``statement_timestamp()``, so
 hosts whose clocks disagree still agree on whether a complete-by has passed. On SQLite (one host,
-the embedded default) it is a function of each connection, ``sas_now()``, which calls the store's
-clock: ``time.time`` unless a test injects one it can move forward instead of waiting.
+the embedded default) it is SQLite's own ``julianday('now')``, or, when a test injects a clock it can
+move forward instead of waiting, ``sas_now()``: a function of each connection of that engine (and
+of no other: compiled statements are cached per engine) that calls the injected clock.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,10 @@ class db_now(FunctionElement[float]):
 
 @compiles(db_now)
 def _db_now_sqlite(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
-    return "sas_now()"
+    if getattr(compiler.dialect, "sas_injected_clock", False):
+        return "sas_now()"
+    # julianday('now') is fixed for the whole statement, to the millisecond
+    return "((julianday('now') - 2440587.5) * 86400.0)"
 
 
 @compiles(db_now, "postgresql")
@@ -46,7 +49,7 @@ def _db_now_postgresql(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
 def make_engine(url: str, clock: Clock | None = None) -> Engine:
     """An engine tuned for the state store: WAL and ``BEGIN IMMEDIATE`` on SQLite, so that
     concurrent worker processes serialise their writes instead of failing, and ``sas_now()`` on
-    each SQLite connection reading ``clock`` (default ``time.time``).
+    each SQLite connection reading ``clock`` when one is injected.
 
     On a server database connections are not pinged before use: that was one more round trip in
     every transaction, a fifth of a step's cost. After a PostgreSQL restart the first transaction
@@ -60,12 +63,14 @@ def make_engine(url: str, clock: Clock | None = None) -> Engine:
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": 30})
-    now = clock or time.time
+    if clock is not None:
+        engine.dialect.sas_injected_clock = True  # type: ignore[attr-defined]
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
-        dbapi_connection.create_function("sas_now", 0, now)
+        if clock is not None:
+            dbapi_connection.create_function("sas_now", 0, clock)
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")

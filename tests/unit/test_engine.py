@@ -229,7 +229,7 @@ def test_messages_for_unknown_runs_or_finished_runs_change_nothing(sas, pump):
 
 
 def test_two_supervisors_sweeping_at_once_recover_each_step_once(sas, pump, settings):
-    other = SasApp(settings)
+    other = SasApp(settings, clock=sas.test_clock)  # the same store, on the same clock
     install_test_workflows(other)
     handles = [sas.submit("three", {"script": {"first": ["hang"]}}, business_key=f"c{i}") for i in range(40)]
     pump.run()
