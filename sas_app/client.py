@@ -21,8 +21,6 @@ from .workflow import Workflow, action_name
 
 log = logging.getLogger("sas.client")
 
-#: run states a run never leaves (kept under this name for existing callers)
-TERMINAL_STATES = TERMINAL_RUN_STATES
 MAX_KEY_LENGTH = 200
 
 
@@ -44,7 +42,7 @@ class RunView:
 
     @property
     def terminal(self) -> bool:
-        return self.run.process_state in TERMINAL_STATES
+        return self.run.process_state in TERMINAL_RUN_STATES
 
     def step(self, name: str) -> StepRow:
         for s in self.steps:
@@ -80,7 +78,7 @@ class RunHandle:
         with store.listen_for_finished_runs() as listen:
             while True:
                 run = store.get_run(self.id)
-                if run is not None and run.process_state in TERMINAL_STATES:
+                if run is not None and run.process_state in TERMINAL_RUN_STATES:
                     return self.status()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -102,7 +102,8 @@ class Processes:
             if env is not None:
                 self.extra_env[name] = dict(env)
             process_env = {**self.env, **self.extra_env.get(name, {})}
-            if self.ready.get(name) is not None and self.ready[name].file:  # type: ignore[union-attr]
+            ready = self.ready.get(name)
+            if ready is not None and ready.file:
                 marker = self.ready_file(name)
                 marker.unlink(missing_ok=True)
                 process_env["SAS_READY_FILE"] = str(marker)

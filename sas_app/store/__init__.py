@@ -7,7 +7,6 @@ run, of operators and the Supervisor's queries; ``queries`` and ``observe`` the 
 ``database`` the :class:`Store` that opens transactions. Nothing here sends a message.
 """
 
-from ..states import EXPIRED_ERROR, LIVE_RUN_STATES, TERMINAL_RUN_STATES, Cause
 from .database import Store, Tx, dumps_payload
 from .engine import db_now, make_engine
 from .hot_path import Completion
@@ -15,11 +14,7 @@ from .rows import EventRow, NewStep, RunRow, StepRow
 from .transitions import RUN_DONE_CHANNEL
 
 __all__ = [
-    "EXPIRED_ERROR",
-    "LIVE_RUN_STATES",
     "RUN_DONE_CHANNEL",
-    "TERMINAL_RUN_STATES",
-    "Cause",
     "Completion",
     "EventRow",
     "NewStep",

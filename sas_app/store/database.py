@@ -23,7 +23,7 @@ from .queries import Queries
 from .rows import NewStep, RunRow, as_row
 from .sweep import SweepTx
 from .tables import outbox, runs, steps, supervisors
-from .transitions import INSERT_EVENTS, RUN_DONE_CHANNEL
+from .transitions import RUN_DONE_CHANNEL
 
 _INSERT_STEPS = insert(steps).values(created_at=db_now(), updated_at=db_now(), state=StepState.NOT_STARTED.value)
 
@@ -188,4 +188,3 @@ def dumps_payload(payload: Any) -> str:
     return json.dumps(payload, allow_nan=False, separators=(",", ":"), sort_keys=True)
 
 
-__all__ = ["INSERT_EVENTS", "Store", "Tx", "dumps_payload"]

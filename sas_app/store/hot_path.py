@@ -88,7 +88,6 @@ class Completion:
     run: RunRow | None
     #: the name of the step completed; None when the reply was stale (nothing changed)
     step: str | None = None
-    is_undo: bool = False
     #: the next workflow step, now running (None if none was due)
     following: StepRow | None = None
     #: the run is now processed
@@ -123,7 +122,7 @@ class HotPathTx(CompensationTx):
         self._notify_completed(run, row.done_name, position, attempt, undo=False)
         if finished and run.reply_to is not None:
             self.notify(run_id, run.reply_to, run.business_key, run.workflow, _PROCESSED, state=_PROCESSED)
-        return Completion(run, row.done_name, False, following, finished)
+        return Completion(run, row.done_name, following, finished)
 
     def _step_by_step(self, run_id: str, position: int, attempt: int, result: Any,
                       locked_by: str) -> Completion:
@@ -141,7 +140,7 @@ class HotPathTx(CompensationTx):
             following = self.mark_next_running(run_id, position + 1, locked_by)
             if following is None and not self._has_later_step(run_id, position):
                 finished = self.finish_run(run_id, RunState.PROCESSED, actor=locked_by)
-        return Completion(run, done.name, done.is_undo, following, finished)
+        return Completion(run, done.name, following, finished)
 
     def _notify_completed(self, run: RunRow, name: str, position: int, attempt: int, *, undo: bool) -> None:
         if run.reply_to is not None:

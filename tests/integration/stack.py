@@ -6,6 +6,7 @@ it again. Workers and beat are ready when Celery says so (their ready file), ser
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ class Stack(Processes):
         self.beat(wait=False)
         self.wait_ready()
 
-    def kill(self, name: str, sig: int = 9) -> None:
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """``sig`` (SIGKILL) to the process group; the process is forgotten (start it again by name)."""
         super().kill(name, sig)
         self.procs.pop(name)
