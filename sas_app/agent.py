@@ -94,6 +94,9 @@ class AgentCall:
     budget: float
     #: On an undo: the step it undoes, as ``{"step": name, "idempotency_key": key}``.
     undoes: dict[str, Any] | None = None
+    #: On a branch of a ``for_each`` step: its element of the list, and its index there.
+    item: Any = None
+    index: int | None = None
     started: float = field(default_factory=time.monotonic)
 
     @classmethod
@@ -114,6 +117,8 @@ class AgentCall:
             results=dict(message.get("results") or {}),
             budget=float(message["budget"]),
             undoes=message.get("undoes"),
+            item=message.get("item"),
+            index=None if message.get("index") is None else int(message["index"]),
         )
         if call.attempt < 1 or call.budget <= 0 or call.position < 0:
             raise ValueError(f"attempt {call.attempt}, budget {call.budget} and position {call.position} "

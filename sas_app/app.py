@@ -65,7 +65,7 @@ class SasApp:
         self.workflows: dict[str, Workflow] = {}
         self.tables: list[MetaData] = []
         self.router = Router(self.celery, self.settings, self.store.mark_sent)
-        self.scheduler = Scheduler(self.store, self.celery, self.settings, self.alerts, self.router)
+        self.scheduler = Scheduler(self.store, self.celery, self.settings, self.alerts, self.router, self.has_action)
         self.supervisor = Supervisor(self.store, self.celery, self.settings, self.alerts, self.router)
         inline = self.scheduler if self.settings.inline_replies else None
         self.client = Client(self.store, self.settings, self.router, self.workflows, inline)
@@ -101,6 +101,14 @@ class SasApp:
         agent = Agent(self.celery, name, **{**defaults, **options})
         self.agents[name] = agent
         return agent
+
+    def has_action(self, agent: str, action: str) -> bool | None:
+        """Whether this process's code has ``agent.action``; None if it declares no agents at all
+        (a process that only submits cannot tell)."""
+        if not self.agents:
+            return None
+        found = self.agents.get(agent)
+        return found is not None and action in found.actions
 
     def actions(self) -> set[str]:
         return {f"{a.name}.{action}" for a in self.agents.values() for action in a.actions}

@@ -160,13 +160,14 @@ class Client:
                 priority: int) -> RunHandle:
         new_steps = [
             NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, step_key(run_id, s.name),
-                    undo=None if s.compensate is None else action_name(s.compensate))
-            for s in wf.steps
+                    undo=None if s.compensate is None else action_name(s.compensate), waits_for=waits,
+                    for_each=s.for_each, max_parallel=s.max_parallel if s.for_each else None)
+            for s, waits in zip(wf.steps, wf.waits_for, strict=True)
         ]
         run, created, notes = self.store.create_run(
             run_id=run_id, workflow=wf.name, business_key=business_key, payload=payload, reply_to=reply_to,
             priority=priority, new_steps=new_steps, pickup_timeout=self.settings.pickup_timeout,
-            on_insert=wf.on_submit,
+            version=wf.run_version, linear=wf.is_linear, on_insert=wf.on_submit,
         )
         if not created:
             if run.payload != payload:

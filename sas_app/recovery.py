@@ -42,14 +42,18 @@ def backoff(settings: Settings, failure_count: int) -> float:
 def undoable(steps: Sequence[StepRow]) -> list[StepRow]:
     """The steps to undo, last first: those with an undo action whose effect may have happened —
     completed, still running or waiting for a retry (a late reply is fenced out), or failed by the
-    Supervisor on expiry. A step whose agent reported a permanent fault did nothing and is not undone."""
-    return [
-        s for s in reversed(steps)
-        if not s.is_undo and s.undo is not None
+    Supervisor on expiry. A step whose agent reported a permanent fault did nothing and is not undone.
+    With steps that ran in parallel, "last" is the order they completed in (those still under way
+    first), so a step is undone before any step it waited for; a ``for_each`` step is undone
+    branch by branch."""
+    chosen = [
+        s for s in steps
+        if not s.is_undo and s.undo is not None and s.for_each is None
         and (s.state in (StepState.COMPLETED, StepState.RUNNING)
              or (s.state == StepState.PENDING and s.attempt > 0)
              or (s.state == StepState.FAILED and s.error == EXPIRED_ERROR))
     ]
+    return sorted(chosen, key=lambda s: (s.completed_at is None, s.completed_at or 0.0, s.position), reverse=True)
 
 
 def undo_run(tx: Tx, run: RunRow, reason: str, settings: Settings, *, actor: str,
@@ -58,7 +62,8 @@ def undo_run(tx: Tx, run: RunRow, reason: str, settings: Settings, *, actor: str
     :func:`undoable` names. Returns those steps; none means nothing changed."""
     steps = tx.steps_of(run.id)
     undo = undoable(steps)
-    if not tx.start_compensation(run, undo, reason, settings.pickup_timeout, actor=actor, first_free=len(steps),
+    first_free = max((s.position for s in steps), default=-1) + 1
+    if not tx.start_compensation(run, undo, reason, settings.pickup_timeout, actor=actor, first_free=first_free,
                                  cancelled_by=cancelled_by):
         return []
     return undo

@@ -54,6 +54,11 @@ def step_key(run_id: str, step: str) -> str:
     return f"{run_id}:{step}"
 
 
+def branch_key(key: str, index: int) -> str:
+    """The idempotency key of branch ``index`` of the ``for_each`` step whose key is ``key``."""
+    return f"{key}:{index}"
+
+
 def undo_key(key: str) -> str:
     """The idempotency key of the undo of the step whose key is ``key``."""
     return f"{key}:undo"

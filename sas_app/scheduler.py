@@ -1,4 +1,5 @@
-"""The Scheduler: runs each workflow's steps in order, recording state before acting.
+"""The Scheduler: runs each workflow's steps — one after another, or side by side where a step
+waits for several (a join) or fans out over a list — recording state before acting.
 
 Celery tasks on the ``sas.scheduler`` queue. Every handler is one transaction that locks the run,
 makes fenced transitions and commits; only then does it send the next message. A message lost
@@ -14,16 +15,17 @@ with an alert if an undo fails too.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import faults
 from .alerts import Alerts
+from .graph import Graph
+from .planner import Dispatch, HasAction, Moves, Planner
 from .recovery import fail_run, recover_step
-from .routing import ADVANCE, STEP_DEFERRED, STEP_DONE, STEP_FAILED, STEP_LOST, Advance, AgentMessage, Router
+from .routing import ADVANCE, STEP_DEFERRED, STEP_DONE, STEP_FAILED, STEP_LOST, Advance, Router
 from .settings import Settings, instance_id
-from .states import LIVE_RUN_STATES, Cause, EventKind, RunState, StepState
-from .store import RunRow, StepRow, Store, Tx
+from .states import LIVE_RUN_STATES, Cause, EventKind
+from .store import RunRow, Store, Tx
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -43,50 +45,19 @@ def well_formed(kind: str, run_id: Any, *numbers: Any) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class Dispatch:
-    """An agent message to send once the transaction that marked its step running commits."""
-
-    run: RunRow
-    step: StepRow
-    results: dict[str, Any]
-    undoes: StepRow | None = None
-
-    def message(self) -> AgentMessage:
-        step = self.step
-        return AgentMessage(step.agent, step.action, step.run_id, step.position, step.attempt, step.timeout,
-                            self.run.priority, self.kwargs())
-
-    def kwargs(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run.id,
-            "business_key": self.run.business_key,
-            "workflow": self.run.workflow,
-            "step": self.step.name,
-            "position": self.step.position,
-            "attempt": self.step.attempt,
-            "idempotency_key": self.step.idempotency_key,
-            "payload": self.run.payload if self.step.input is None else self.step.input,
-            "results": self.results,
-            "complete_by": self.step.complete_by,
-            "budget": self.step.timeout,
-            "undoes": None if self.undoes is None else {
-                "step": self.undoes.name, "idempotency_key": self.undoes.idempotency_key,
-            },
-        }
-
-
 class Scheduler:
     @property
     def instance_id(self) -> str:
         return instance_id()
 
-    def __init__(self, store: Store, celery: Celery, settings: Settings, alerts: Alerts, router: Router) -> None:
+    def __init__(self, store: Store, celery: Celery, settings: Settings, alerts: Alerts, router: Router,
+                 has_action: HasAction | None = None) -> None:
         self.store = store
         self.celery = celery
         self.settings = settings
         self.alerts = alerts
         self.router = router
+        self.planner = Planner(settings, alerts, has_action)
         self._register_tasks()
 
     def _register_tasks(self) -> None:
@@ -130,7 +101,7 @@ class Scheduler:
             first = None
             run = tx.claim_pending_run(run_id, self.instance_id)  # a new run: claimed and locked at once
             if run is not None:
-                if not run.paused_by:
+                if not run.paused_by and run.linear:
                     first = tx.mark_next_running(run_id, 0, self.instance_id)
             else:
                 run = tx.lock_run(run_id)
@@ -140,8 +111,8 @@ class Scheduler:
             if run.process_state not in LIVE_RUN_STATES:
                 log.info("advance: run %s is %s; nothing to do", run_id, run.process_state)
                 return
-            next_message = Dispatch(run, first, {}) if first is not None else self._next(tx, run)
-        self._after_commit(tx, next_message)
+            moves = self.planner.dispatch(tx, run, first, {}) if first is not None else self.planner.next(tx, run)
+        self._after_commit(tx, moves)
 
     def step_done(
         self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any] | None = None
@@ -157,15 +128,16 @@ class Scheduler:
             if done.step is None or done.run is None:
                 self._stale(tx, done.run, position, attempt, "step_done")
                 return
-            next_message: Dispatch | Advance | None = None
+            moves = Moves()
             if done.following is not None:
-                earlier = self._results(tx.steps_of(run_id)) if results is None else {**results, done.step: result}
-                next_message = Dispatch(done.run, done.following, earlier)
+                earlier = (Graph(tx.steps_of(run_id)).results() if results is None
+                           else {**results, done.step: result})
+                moves = self.planner.dispatch(tx, done.run, done.following, earlier)
             elif done.finished:
                 log.info("run %s (%s %s) processed", run_id, done.run.workflow, done.run.business_key)
             else:  # the run row is as locked: completing a step changed only steps
-                next_message = self._next(tx, done.run)
-        self._after_commit(tx, next_message)
+                moves = self.planner.next(tx, done.run)
+        self._after_commit(tx, moves)
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None:
         """An agent's non-transient fault: the step fails with one alert, and the run is undone
@@ -181,9 +153,9 @@ class Scheduler:
             alert = fail_run(tx, self.alerts, self.settings, run, failed, f"step {failed.name!r} failed: {error}",
                              actor=self.instance_id)
             after = tx.lock_run(run_id)
-            next_message = self._next(tx, after) if after is not None else None
-        self.alerts.emit(alert)
-        self._after_commit(tx, next_message)
+            moves = self.planner.next(tx, after) if after is not None else Moves()
+            moves.alerts.insert(0, alert)
+        self._after_commit(tx, moves)
 
     def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str) -> None:
         """The agent did not call its service (its circuit breaker is open): the step waits
@@ -197,7 +169,7 @@ class Scheduler:
             if run is None or not deferred:
                 self._stale(tx, run, position, attempt, "step_deferred")
                 return
-        self._after_commit(tx, Advance(run_id, max(float(delay), 0.0)))
+        self._after_commit(tx, Moves([Advance(run_id, max(float(delay), 0.0))]))
 
     def step_lost(self, run_id: str, position: int, attempt: int, reason: str) -> None:
         """The worker process running this attempt died (reported by its worker's main process).
@@ -214,47 +186,11 @@ class Scheduler:
                 return
             outcome = recover_step(tx, self.alerts, self.settings, step, Cause.WORKER_LOST, reason,
                                    actor=self.instance_id)
-        self.alerts.emit(outcome.alert)
         log.warning("run %s step %s attempt %s: worker lost (%s); %s", run_id, position, attempt, reason,
                     "failed for good" if outcome.failed else f"retry in {outcome.backoff:.1f}s")
-        self._after_commit(tx, Advance(run_id, outcome.backoff))
+        self._after_commit(tx, Moves([Advance(run_id, outcome.backoff)], [outcome.alert]))
 
     # -- internals --------------------------------------------------------------------------
-
-    def _next(self, tx: Tx, run: RunRow) -> Dispatch | Advance | None:
-        """Within the run's transaction: dispatch the first unfinished step (or undo, while
-        compensating), or finish the run when there is none."""
-        steps = tx.steps_of(run.id)
-        if run.process_state == RunState.PROCESSING and run.paused_by is None:
-            chain, final = [s for s in steps if not s.is_undo], RunState.PROCESSED
-        elif run.process_state == RunState.COMPENSATING:
-            chain = [s for s in steps if s.is_undo]
-            final = RunState.CANCELLED if run.cancelled_by else RunState.COMPENSATED
-        else:
-            return None
-        for step in chain:
-            if step.state == StepState.COMPLETED:
-                continue
-            if step.state not in (StepState.NOT_STARTED, StepState.PENDING):
-                return None  # running or failed: an agent or the Supervisor owns it
-            running = tx.mark_step_running(step, self.instance_id)
-            if running is not None:
-                results = self._results(steps)
-                undoes = None if running.compensates is None else steps[running.compensates]
-                return Dispatch(run, running, results, undoes)
-            if step.not_before is not None:
-                delay = step.not_before - tx.now()
-                if delay > 0:
-                    return Advance(run.id, delay)
-            return None
-        tx.finish_run(run.id, final, from_state=run.process_state, actor=self.instance_id)
-        log.info("run %s (%s %s) %s", run.id, run.workflow, run.business_key, final)
-        return None
-
-    @staticmethod
-    def _results(steps: list[StepRow]) -> dict[str, Any]:
-        """The results of a run's workflow steps, as the next step's agent receives them."""
-        return {s.name: s.result for s in steps if not s.is_undo and s.result is not None}
 
     def _stale(self, tx: Tx, run: RunRow | None, position: int, attempt: int, kind: str) -> None:
         if run is None:
@@ -264,10 +200,11 @@ class Scheduler:
         tx.event(run.id, position, EventKind.STALE_REPLY, None, None, attempt=attempt, actor=self.instance_id,
                  detail={"message": kind})
 
-    def _after_commit(self, tx: Tx, next_message: Dispatch | Advance | None) -> None:
-        """Once the transaction has committed: its notifications, then the next message."""
-        if next_message is None and not tx.outbox:
+    def _after_commit(self, tx: Tx, moves: Moves) -> None:
+        """Once the transaction has committed: its alerts, its notifications, then its messages."""
+        for alert in moves.alerts:
+            self.alerts.emit(alert)
+        if not moves.messages and not tx.outbox:
             return
         faults.hit("scheduler.after_commit")
-        self.router.after_commit(tx.outbox, next_message.message() if isinstance(next_message, Dispatch)
-                                 else next_message)
+        self.router.after_commit(tx.outbox, *(m.message() if isinstance(m, Dispatch) else m for m in moves.messages))

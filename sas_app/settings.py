@@ -53,6 +53,9 @@ class Settings:
     clock_skew: float = 120.0
     #: SAS_MAX_PAYLOAD_BYTES — largest accepted payload (serialised JSON). Default 256 KiB.
     max_payload_bytes: int = 256 * 1024
+    #: SAS_MAX_BRANCHES — most branches one ``for_each`` step may fan out to; over it the step
+    #: fails with that reason and nothing is dispatched. Default 1000.
+    max_branches: int = 1000
     #: SAS_ALERT_HOOK — ``module:function`` called with each alert, after it is stored. Default none.
     alert_hook: str = ""
     #: SAS_ALERT_WEBHOOK — URL that receives each alert as a JSON POST (retried). Default none.
@@ -100,8 +103,9 @@ class Settings:
         for name in ("supervisor_interval", "pickup_timeout", "retry_backoff", "visibility_timeout", "clock_skew"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
-        if self.sweep_batch <= 0:
-            raise ValueError(f"setting sweep_batch must be positive, got {self.sweep_batch!r}")
+        for name in ("sweep_batch", "max_branches"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
 
     def rate_limit(self, agent: str) -> str | None:
         """The rate limit SAS_AGENT_RATE_LIMITS sets for ``agent``, if any."""

@@ -43,6 +43,8 @@ class StepState(Word):
     FAILED = "failed"
     COMPENSATING = "compensating"
     COMPENSATED = "compensated"
+    #: no longer wanted: its run is being undone and it has no undo (a late reply is fenced out)
+    STOPPED = "stopped"
 
 
 class EventKind(Word):

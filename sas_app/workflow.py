@@ -1,11 +1,18 @@
-"""Workflow definitions: ordered steps, each with its agent action, complete-by budget, failure
-threshold and optional compensating action. Mistakes are caught when a workflow is registered."""
+"""Workflow definitions: steps, each with its agent action, complete-by budget, failure threshold
+and optional compensating action, and what it waits for (``after=``: by default the step before,
+so a list of steps is a straight line). A step with ``for_each=`` runs one branch per element of
+a list. Mistakes — an unknown name, a cycle, a bad bound — are caught when a workflow is registered.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from graphlib import CycleError, TopologicalSorter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import WorkflowDefinitionError
@@ -38,6 +45,15 @@ class Step:
     fails for good, with one alert, and the run is undone (each step with a ``compensate`` whose
     effect may have happened, last first) — or goes to ``error`` when there is nothing to undo.
     ``compensate`` names the agent call that undoes it.
+
+    ``after`` names the steps it waits for: left out, the step before it (the first step waits
+    for nothing); ``after=[]`` starts it with the run. Steps whose ``after`` are all completed run
+    at once, and a step waiting for several is their join.
+
+    ``for_each`` runs the step once per element of a list — a key of the payload (``"items"``) or
+    of an earlier step's result (``"reserve_stock.items"``) — each branch with its own attempts,
+    complete-by and idempotency key (``<run>:<step>:<index>``), at most ``max_parallel`` at once.
+    The step's result is the list of its branches' results, in order.
     """
 
     name: str
@@ -45,6 +61,9 @@ class Step:
     timeout: float = 30.0
     max_failures: int = 3
     compensate: str | ActionRef | None = None
+    after: Sequence[str] | None = None
+    for_each: str | None = None
+    max_parallel: int = 10
 
     @property
     def agent(self) -> str:
@@ -70,6 +89,38 @@ class Workflow:
     steps: Sequence[Step]
     on_submit: OnSubmit | None = None
     description: str = ""
+    #: recorded on each run; left out, a hash of the step graph (see :func:`definition_version`)
+    version: str | None = None
+
+    @cached_property
+    def waits_for(self) -> list[list[int]]:
+        """For each step (by position), the positions of the steps it waits for."""
+        where = {s.name: i for i, s in enumerate(self.steps)}
+        return [
+            ([i - 1] if i else []) if s.after is None else [where[name] for name in s.after]
+            for i, s in enumerate(self.steps)
+        ]
+
+    @cached_property
+    def is_linear(self) -> bool:
+        """Each step waits for the one before it and none fans out: the Scheduler's hot path."""
+        return all(s.for_each is None for s in self.steps) and self.waits_for == [
+            [i - 1] if i else [] for i in range(len(self.steps))
+        ]
+
+
+    @cached_property
+    def run_version(self) -> str:
+        """The version each run records: ``version``, or else the first 12 hex digits of a hash of
+        the step graph (names, actions, undo, budgets, what each step waits for, fan-out)."""
+        if self.version is not None:
+            return self.version
+        graph = [
+            [s.name, action_name(s.action), None if s.compensate is None else action_name(s.compensate),
+             float(s.timeout), s.max_failures, waits, s.for_each, s.max_parallel if s.for_each else None]
+            for s, waits in zip(self.steps, self.waits_for, strict=True)
+        ]
+        return hashlib.sha256(json.dumps(graph, separators=(",", ":")).encode()).hexdigest()[:12]
 
 
 
@@ -118,6 +169,72 @@ def check_workflow(
             raise WorkflowDefinitionError(
                 f"{where}, step {s.name!r}: max_failures must be an integer >= 1, got {s.max_failures!r}"
             )
+        _check_fan_out(where, s)
+    _check_graph(where, workflow)
+    if workflow.version is not None and (not isinstance(workflow.version, str) or not _NAME.match(workflow.version)):
+        raise WorkflowDefinitionError(f"{where}: version {workflow.version!r} must be a name (letters, digits, "
+                                      "'_', '-')")
+
+
+def _check_fan_out(where: str, s: Step) -> None:
+    if s.for_each is None:
+        return
+    if not isinstance(s.for_each, str) or not all(_NAME.match(part) for part in s.for_each.split(".", 1)):
+        raise WorkflowDefinitionError(
+            f"{where}, step {s.name!r}: for_each must name a payload key ('items') or an earlier step's "
+            f"result key ('reserve_stock.items'), got {s.for_each!r}"
+        )
+    if not isinstance(s.max_parallel, int) or isinstance(s.max_parallel, bool) or s.max_parallel < 1:
+        raise WorkflowDefinitionError(
+            f"{where}, step {s.name!r}: max_parallel must be an integer >= 1, got {s.max_parallel!r}"
+        )
+
+
+def _check_graph(where: str, workflow: Workflow) -> None:
+    """Every ``after`` names a step of this workflow, once, and the steps form no cycle; a
+    ``for_each`` over an earlier result names a step it (indirectly) waits for."""
+    names = [s.name for s in workflow.steps]
+    for s in workflow.steps:
+        if s.after is None:
+            continue
+        if isinstance(s.after, str) or not all(isinstance(n, str) for n in s.after):
+            raise WorkflowDefinitionError(f"{where}, step {s.name!r}: after must be a list of step names, "
+                                          f"got {s.after!r}")
+        for name in s.after:
+            if name not in names:
+                raise WorkflowDefinitionError(f"{where}, step {s.name!r}: after names {name!r}, which is not a "
+                                              f"step of this workflow; its steps: {names}")
+            if name == s.name:
+                raise WorkflowDefinitionError(f"{where}, step {s.name!r} waits for itself")
+        if len(set(s.after)) != len(s.after):
+            raise WorkflowDefinitionError(f"{where}, step {s.name!r}: after names a step twice: {list(s.after)}")
+    waits = workflow.waits_for
+    graph = {names[i]: {names[j] for j in deps} for i, deps in enumerate(waits)}
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as exc:
+        cycle = " -> ".join(exc.args[1])
+        raise WorkflowDefinitionError(f"{where}: the steps wait for each other in a cycle: {cycle}") from None
+    for s in workflow.steps:
+        source = (s.for_each or "").split(".", 1)
+        if len(source) == 2 and source[0] not in _upstream(graph, s.name):
+            raise WorkflowDefinitionError(
+                f"{where}, step {s.name!r}: for_each {s.for_each!r} reads the result of {source[0]!r}, "
+                f"which it does not wait for (add it to after=)" if source[0] in names else
+                f"{where}, step {s.name!r}: for_each {s.for_each!r} names no step of this workflow; its steps: {names}"
+            )
+
+
+def _upstream(graph: dict[str, set[str]], name: str) -> set[str]:
+    """Every step ``name`` waits for, directly or not."""
+    seen: set[str] = set()
+    todo = list(graph[name])
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo.extend(graph[current])
+    return seen
 
 
 def _is_number(value: Any) -> bool:

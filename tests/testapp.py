@@ -29,11 +29,17 @@ def scripted(call: AgentCall) -> dict[str, Any]:
         raise TransientError(f"{call.step} busy")
     if outcome == "hang":
         raise StepExpired(call.step)
-    return {"step": call.step, "attempt": call.attempt, "key": call.idempotency_key}
+    if call.index is not None:
+        return {"step": call.step, "item": call.item, "index": call.index}
+    return {"step": call.step, "attempt": call.attempt, "key": call.idempotency_key,
+            "items": call.payload.get("items_from_result")}  # what ``fanout_result`` fans out over
 
 
 def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int = 3) -> None:
-    """``three``: three steps, nothing to undo. ``saga``: the same, each step with an undo."""
+    """``three``: three steps, nothing to undo. ``saga``: the same, each step with an undo.
+    ``diamond``: ``left`` and ``right`` side by side, ``join`` after both, then ``last``.
+    ``fanout``: ``prepare``, then ``ship`` once per element of the payload's ``items`` (two at a
+    time), then ``confirm``; every step but ``confirm`` with an undo."""
     svc = sas.agent("svc", retry_initial=0.01, retry_max=0.02)
     svc.action(scripted, name="work")
     svc.action(scripted, name="undo")
@@ -42,6 +48,33 @@ def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int 
         [
             Step(name, "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo")
             for name in ("first", "second", "third")
+        ],
+    )
+    sas.workflow(
+        "diamond",
+        [
+            Step("left", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo"),
+            Step("right", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo", after=[]),
+            Step("join", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo",
+                 after=["left", "right"]),
+            Step("last", "svc.work", timeout=timeout, max_failures=max_failures),
+        ],
+    )
+    sas.workflow(
+        "fanout",
+        [
+            Step("prepare", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo"),
+            Step("ship", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo",
+                 for_each="items", max_parallel=2),
+            Step("confirm", "svc.work", timeout=timeout, max_failures=max_failures),
+        ],
+    )
+    sas.workflow(
+        "fanout_result",
+        [
+            Step("prepare", "svc.work", timeout=timeout, max_failures=max_failures),
+            Step("ship", "svc.work", timeout=timeout, max_failures=max_failures, for_each="prepare.items",
+                 max_parallel=10),
         ],
     )
     sas.workflow(

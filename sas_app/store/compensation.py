@@ -2,7 +2,9 @@
 
 Which steps get undone is the recovery policy's choice (:func:`sas_app.recovery.undoable`); here
 the run goes to ``compensating`` and each of those steps gets a compensation row of its own
-(``undo:<step>``), dispatched and supervised exactly like a step, last step first.
+(``undo:<step>``), dispatched and supervised exactly like a step, last step first. Every other
+step still under way (a parallel branch with nothing to undo, a ``for_each`` step whose branches
+are being undone) stops: a late reply from it is fenced out, and nothing retries it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import insert, update
+from sqlalchemy import insert, select, update
 
 from ..routing import undo_key
 from ..states import RunState, StepState
@@ -47,7 +49,26 @@ class CompensationTx(TxBase):
                 max_failures=step.max_failures, failure_count=0, idempotency_key=undo_key(step.idempotency_key),
                 compensates=step.position, created_at=now, updated_at=now,
             ))
+        self._stop_live_steps(run.id, actor)
         return True
+
+    def _stop_live_steps(self, run_id: str, actor: str) -> None:
+        """Running or waiting workflow steps of a run being undone (not those being undone: they
+        are ``compensating`` by now) → stopped."""
+        live = (StepState.RUNNING.value, StepState.PENDING.value)
+        found = self.conn.execute(
+            select(steps.c.position, steps.c.state, steps.c.attempt)
+            .where(steps.c.run_id == run_id, steps.c.compensates.is_(None), steps.c.state.in_(live))
+        ).all()
+        if not found:
+            return
+        self.conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.compensates.is_(None), steps.c.state.in_(live))
+            .values(state=StepState.STOPPED.value, locked_by=None, complete_by=None, updated_at=db_now())
+        )
+        for position, state, attempt in found:
+            self.transition(run_id, position, state, StepState.STOPPED, attempt=attempt, actor=actor)
 
     def mark_compensated(self, run_id: str, position: int, actor: str) -> None:
         """The step at ``position`` has been undone: compensating → compensated."""

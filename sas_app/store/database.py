@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from ..routing import Notification
 from ..states import RunState, StepState
 from .engine import Clock, db_now, make_engine
+from .fan_out import FanOutTx
 from .hot_path import HotPathTx
 from .operations import OperationsTx
 from .queries import Queries
@@ -28,7 +29,7 @@ from .transitions import RUN_DONE_CHANNEL
 _INSERT_STEPS = insert(steps).values(created_at=db_now(), updated_at=db_now(), state=StepState.NOT_STARTED.value)
 
 
-class Tx(HotPathTx, OperationsTx, SweepTx):
+class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx):
     """Every transition, inside one transaction (see :meth:`Store.begin`)."""
 
 
@@ -51,6 +52,7 @@ class Store(Queries):
                 id=bindparam("b_id"), workflow=bindparam("b_workflow"), business_key=bindparam("b_business_key"),
                 payload=bindparam("b_payload", type_=runs.c.payload.type), process_state=RunState.PENDING.value,
                 reply_to=bindparam("b_reply_to"), priority=bindparam("b_priority"),
+                version=bindparam("b_version"), linear=bindparam("b_linear"),
                 complete_by=db_now() + bindparam("b_pickup", type_=Double()), failure_count=0,
                 created_at=db_now(), updated_at=db_now(),
             )
@@ -99,6 +101,7 @@ class Store(Queries):
 
     def create_run(self, *, run_id: str, workflow: str, business_key: str, payload: Any, reply_to: str | None,
                    new_steps: Sequence[NewStep], priority: int = 5, pickup_timeout: float,
+                   version: str | None = None, linear: bool = True,
                    on_insert: Callable[[Connection, RunRow], None] | None = None,
                    ) -> tuple[RunRow, bool, list[Notification]]:
         """Insert a run, its steps, its first event, its "received" notification and whatever
@@ -109,6 +112,7 @@ class Store(Queries):
             row = conn.execute(self._insert_run, {
                 "b_id": run_id, "b_workflow": workflow, "b_business_key": business_key, "b_payload": payload,
                 "b_reply_to": reply_to, "b_priority": priority, "b_pickup": pickup_timeout,
+                "b_version": version, "b_linear": linear,
             }).first()
             if row is None:
                 existing = conn.execute(
@@ -119,7 +123,8 @@ class Store(Queries):
             conn.execute(_INSERT_STEPS, [
                 {"run_id": run_id, "position": position, "name": s.name, "agent": s.agent, "action": s.action,
                  "timeout": s.timeout, "max_failures": s.max_failures, "idempotency_key": s.idempotency_key,
-                 "undo": s.undo, "attempt": 0, "failure_count": 0}
+                 "undo": s.undo, "attempt": 0, "failure_count": 0, "waits_for": s.waits_for,
+                 "for_each": s.for_each, "max_parallel": s.max_parallel}
                 for position, s in enumerate(new_steps)
             ])
             tx = Tx(conn)

@@ -4,9 +4,11 @@ agent's success reply, :meth:`HotPathTx.complete_and_advance`.
 On PostgreSQL the common case is one statement (a data-modifying CTE: lock the run, complete the
 step fenced on its attempt, mark the next workflow step running if it is due — or, after the last
 step, mark the run processed and announce it — and write the events). Everything else (a stale
-reply, a paused or compensating run, an undo), and every reply on SQLite, takes the same
-transitions one statement at a time. ``tests/integration/test_store_parity.py`` runs the same
-sequences on both and compares every row and event.
+reply, a paused or compensating run, an undo, a run whose steps are not a straight line), and
+every reply on SQLite, takes the same transitions one statement at a time; for a run that is not
+a straight line only the step completes here, and the Scheduler decides what its graph starts.
+``tests/integration/test_store_parity.py`` runs the same sequences on both and compares every
+row and event.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ WITH run AS (
     UPDATE steps SET state = '{_COMPLETED}', result = :b_result, locked_by = NULL,
                      completed_at = {PG_NOW}, updated_at = {PG_NOW}
     FROM run
-    WHERE steps.run_id = run.id AND run.process_state = '{_PROCESSING}' AND run.paused_by IS NULL
+    WHERE steps.run_id = run.id AND run.process_state = '{_PROCESSING}' AND run.paused_by IS NULL AND run.linear
       AND steps.position = :b_position AND steps.state = '{_RUNNING}' AND steps.attempt = :b_attempt
       AND steps.compensates IS NULL
     RETURNING steps.position, steps.attempt, steps.name
@@ -136,7 +138,7 @@ class HotPathTx(CompensationTx):
             self.mark_compensated(run_id, done.compensates, locked_by)
         self._notify_completed(run, done.name, position, attempt, undo=done.is_undo)
         following, finished = None, False
-        if not done.is_undo and run.process_state == _PROCESSING and run.paused_by is None:
+        if not done.is_undo and run.linear and run.process_state == _PROCESSING and run.paused_by is None:
             following = self.mark_next_running(run_id, position + 1, locked_by)
             if following is None and not self._has_later_step(run_id, position):
                 finished = self.finish_run(run_id, RunState.PROCESSED, actor=locked_by)

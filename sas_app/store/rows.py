@@ -25,6 +25,8 @@ class RunRow:
     cancelled_by: str | None
     paused_by: str | None
     priority: int
+    version: str | None
+    linear: bool
     created_at: float
     updated_at: float
 
@@ -48,6 +50,12 @@ class StepRow:
     idempotency_key: str
     undo: str | None
     compensates: int | None
+    waits_for: list[int] | None
+    for_each: str | None
+    max_parallel: int | None
+    branch_of: int | None
+    branch: int | None
+    item: Any
     input: Any
     result: Any
     error: str | None
@@ -58,6 +66,20 @@ class StepRow:
     @property
     def is_undo(self) -> bool:
         return self.compensates is not None
+
+    @property
+    def is_branch(self) -> bool:
+        return self.branch_of is not None
+
+    @property
+    def deps(self) -> list[int]:
+        """The positions of the workflow steps this one waits for (a branch waits for none: its
+        step starts it)."""
+        if self.waits_for is not None:
+            return list(self.waits_for)
+        if self.is_undo or self.is_branch or self.position == 0:
+            return []
+        return [self.position - 1]
 
 
 @dataclass(frozen=True)
@@ -85,6 +107,9 @@ class NewStep:
     max_failures: int
     idempotency_key: str
     undo: str | None = None
+    waits_for: list[int] | None = None
+    for_each: str | None = None
+    max_parallel: int | None = None
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     Double,
     ForeignKey,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     text,
+    true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -54,6 +56,10 @@ runs = Table(
     Column("paused_by", String(200)),
     # 0 (least urgent) to 9 (most urgent): its agent messages overtake less urgent ones.
     Column("priority", Integer, nullable=False, server_default="5"),
+    # The version of the workflow's definition the run started with (its steps are a copy of it).
+    Column("version", String(100)),
+    # Each step waits for the one before and none fans out: the Scheduler's one-statement path.
+    Column("linear", Boolean, nullable=False, server_default=true()),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     UniqueConstraint("workflow", "business_key", name="uq_runs_workflow_business_key"),
@@ -94,6 +100,17 @@ steps = Table(
     Column("undo", String(401)),
     # On a compensation row: the position of the step it undoes (NULL on the workflow's own steps).
     Column("compensates", Integer),
+    # The positions of the workflow steps this one waits for (NULL: the step before it, as every
+    # run written before steps could run in parallel).
+    Column("waits_for", _json),
+    # On a step that fans out: where its list is (``items``, ``reserve_stock.items``) and how many
+    # of its branches may run at once.
+    Column("for_each", String(300)),
+    Column("max_parallel", Integer),
+    # On a branch: the position of the step it is a branch of, its index and its element.
+    Column("branch_of", Integer),
+    Column("branch", Integer),
+    Column("item", _json),
     # An operator's edited input for this step, sent instead of the run's payload.
     Column("input", _json),
     Column("result", _json),

@@ -1,0 +1,88 @@
+"""A run's step graph as the store holds it: which steps may start now, where a ``for_each``
+step's list is, and what each step's agent is told of the steps before it.
+
+Pure functions over a run's step rows (read in the transaction that holds the run's lock); the
+Scheduler acts on what they say. A workflow step (not an undo, not a branch) may start once every
+step it waits for has completed; a ``for_each`` step, once started, has branch rows of its own
+and completes when all of them have, with the list of their results in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .states import StepState
+from .store import StepRow
+
+_WAITING = (StepState.NOT_STARTED, StepState.PENDING)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One run's steps, by position."""
+
+    steps: Sequence[StepRow]
+
+    @property
+    def workflow_steps(self) -> list[StepRow]:
+        """The workflow's own steps (not its branches, not its undos), in position order."""
+        return [s for s in self.steps if not s.is_undo and not s.is_branch]
+
+    def at(self, position: int) -> StepRow:
+        for s in self.steps:
+            if s.position == position:
+                return s
+        raise KeyError(position)
+
+    def done(self) -> bool:
+        return all(s.state == StepState.COMPLETED for s in self.workflow_steps)
+
+    def ready(self) -> list[StepRow]:
+        """Workflow steps waiting to start whose dependencies have all completed."""
+        return [
+            s for s in self.workflow_steps
+            if s.state in _WAITING and all(self.at(d).state == StepState.COMPLETED for d in s.deps)
+        ]
+
+    def fanning_out(self) -> list[StepRow]:
+        """``for_each`` steps whose branches are under way."""
+        return [s for s in self.workflow_steps if s.for_each is not None and s.state == StepState.RUNNING]
+
+    def branches(self, parent: StepRow) -> list[StepRow]:
+        """The branches of ``parent``, by index."""
+        return sorted((s for s in self.steps if s.branch_of == parent.position), key=lambda s: s.branch or 0)
+
+    def next_free(self) -> int:
+        """The first position no row of the run holds (new branches and undos go from there)."""
+        return max((s.position for s in self.steps), default=-1) + 1
+
+    def results(self) -> dict[str, Any]:
+        """The results of the workflow steps that completed (even if since undone), by name: what
+        the next agent, or an undo, is told."""
+        return {s.name: s.result for s in self.workflow_steps if s.result is not None}
+
+
+def to_start(branches: Sequence[StepRow], max_parallel: int) -> list[StepRow]:
+    """The branches to start now: waiting ones, in index order, while fewer than ``max_parallel``
+    run (a branch waiting for a back-off holds no slot)."""
+    running = sum(1 for b in branches if b.state == StepState.RUNNING)
+    waiting = [b for b in branches if b.state in _WAITING]
+    return waiting[:max(max_parallel - running, 0)]
+
+
+def fan_out_list(source: str, payload: Any, results: dict[str, Any], bound: int) -> list[Any] | str:
+    """The list a ``for_each`` step fans out over (``items``: a payload key; ``step.key``: a key
+    of an earlier step's result), or the reason it cannot: missing, not a list, over ``bound``."""
+    step, _, key = source.rpartition(".")
+    where = f"the result of step {step!r}" if step else "the payload"
+    container = results.get(step) if step else payload
+    if not isinstance(container, dict) or key not in container:
+        return f"for_each {source!r}: {where} has no key {key!r}"
+    value = container[key]
+    if not isinstance(value, list):
+        return f"for_each {source!r}: {where}'s {key!r} is a {type(value).__name__}, not a list"
+    if len(value) > bound:
+        return f"for_each {source!r}: {len(value)} elements, over the bound of {bound} branches (SAS_MAX_BRANCHES)"
+    return value

@@ -1,0 +1,194 @@
+"""What a run does next, decided inside the transaction that holds its lock: which steps start
+(every workflow step whose dependencies have completed, the branches a ``for_each`` step has room
+for, or the next undo while compensating), whether the run is finished, and which step cannot
+start at all (its list is missing or too long, its action is gone from the deployed code).
+
+The :class:`Planner` makes the transitions and returns :class:`Moves`: the alerts to emit and the
+agent messages to send once that transaction commits (the Scheduler sends them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .alerts import Alert, Alerts
+from .graph import Graph, fan_out_list, to_start
+from .recovery import fail_run
+from .routing import Advance, AgentMessage
+from .settings import Settings, instance_id
+from .states import RunState, StepState
+from .store import RunRow, StepRow, Tx
+
+log = logging.getLogger("sas.scheduler")
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """An agent message to send once the transaction that marked its step running commits."""
+
+    run: RunRow
+    step: StepRow
+    results: dict[str, Any]
+    undoes: StepRow | None = None
+
+    def message(self) -> AgentMessage:
+        step = self.step
+        return AgentMessage(step.agent, step.action, step.run_id, step.position, step.attempt, step.timeout,
+                            self.run.priority, self.kwargs())
+
+    def kwargs(self) -> dict[str, Any]:
+        kwargs = {
+            "run_id": self.run.id,
+            "business_key": self.run.business_key,
+            "workflow": self.run.workflow,
+            "step": self.step.name,
+            "position": self.step.position,
+            "attempt": self.step.attempt,
+            "idempotency_key": self.step.idempotency_key,
+            "payload": self.run.payload if self.step.input is None else self.step.input,
+            "results": self.results,
+            "complete_by": self.step.complete_by,
+            "budget": self.step.timeout,
+            "undoes": None if self.undoes is None else {
+                "step": self.undoes.name, "idempotency_key": self.undoes.idempotency_key,
+            },
+        }
+        if self.step.is_branch:
+            kwargs["item"], kwargs["index"] = self.step.item, self.step.branch
+        return kwargs
+
+
+#: answers whether this deployment's code has ``agent.action`` (None: it cannot tell, having no agents)
+HasAction = Callable[[str, str], "bool | None"]
+
+
+@dataclass
+class Moves:
+    """What one transaction decided to do once it commits: alerts to emit, agents to call, and
+    when to look at the run again (a back-off not over)."""
+
+    messages: list[Dispatch | Advance] = field(default_factory=list)
+    alerts: list[Alert | None] = field(default_factory=list)
+    delay: float | None = None
+
+    def wait(self, run_id: str, seconds: float) -> None:
+        if seconds > 0 and (self.delay is None or seconds < self.delay):
+            self.delay = seconds
+            self.messages = [m for m in self.messages if not isinstance(m, Advance)] + [Advance(run_id, seconds)]
+
+
+class Planner:
+    def __init__(self, settings: Settings, alerts: Alerts, has_action: HasAction | None = None) -> None:
+        self.settings = settings
+        self.alerts = alerts
+        self.has_action = has_action
+
+    def next(self, tx: Tx, run: RunRow) -> Moves:
+        """Within the run's transaction: start every step that may start now (or the next undo,
+        while compensating), or finish the run when nothing is left."""
+        moves = Moves()
+        self._plan(tx, run, moves)
+        return moves
+
+    def _plan(self, tx: Tx, run: RunRow, moves: Moves) -> None:
+        if run.process_state == RunState.PROCESSING and run.paused_by is None:
+            self._plan_steps(tx, run, moves)
+        elif run.process_state == RunState.COMPENSATING:
+            self._plan_undo(tx, run, moves)
+
+    def _plan_steps(self, tx: Tx, run: RunRow, moves: Moves) -> None:
+        """Start the workflow steps whose dependencies have completed, and the branches their
+        ``for_each`` steps have room for; complete a ``for_each`` step whose branches all have.
+        A step that cannot start (its list is missing or too long, its action is gone from the
+        deployed code) fails before anything is dispatched, and the run is undone."""
+        while True:
+            graph = Graph(tx.steps_of(run.id))
+            if graph.done():
+                tx.finish_run(run.id, RunState.PROCESSED, actor=instance_id())
+                log.info("run %s (%s %s) processed", run.id, run.workflow, run.business_key)
+                return
+            starting = [s for s in graph.ready() if s.for_each is None]
+            lists = {s.position: fan_out_list(s.for_each, run.payload, graph.results(), self.settings.max_branches)
+                     for s in graph.ready() if s.for_each is not None and s.state == StepState.NOT_STARTED}
+            for parent in graph.fanning_out():
+                starting += to_start(graph.branches(parent), parent.max_parallel or 1)
+            problems: list[tuple[StepRow, Any]] = [(s, self._refusal(s)) for s in starting]
+            problems += [(graph.at(p), self._refusal(graph.at(p)) or r) for p, r in lists.items()]
+            refused = next(((s, r) for s, r in problems if isinstance(r, str)), None)
+            if refused is not None:
+                self._refuse(tx, run, *refused, moves)
+                return
+            changed = False
+            for parent in graph.fanning_out():
+                branches = graph.branches(parent)
+                if all(b.state == StepState.COMPLETED for b in branches):
+                    changed |= tx.complete_fan_out(parent, [b.result for b in branches], instance_id())
+            first_free = graph.next_free()
+            for position, items in lists.items():
+                assert isinstance(items, list)
+                changed |= tx.start_fan_out(graph.at(position), items, first_free, instance_id())
+                first_free += len(items)
+            results = graph.results()
+            for step in starting:
+                running = tx.mark_step_running(step, instance_id())
+                if running is not None:
+                    moves.messages.append(Dispatch(run, running, results))
+                elif step.not_before is not None:
+                    moves.wait(run.id, step.not_before - tx.now())
+            if not changed:
+                return
+
+    def _plan_undo(self, tx: Tx, run: RunRow, moves: Moves) -> None:
+        """The next undo, one at a time, last step first; the run ends once all are done."""
+        steps = tx.steps_of(run.id)
+        final = RunState.CANCELLED if run.cancelled_by else RunState.COMPENSATED
+        for step in (s for s in steps if s.is_undo):
+            if step.state == StepState.COMPLETED:
+                continue
+            if step.state not in (StepState.NOT_STARTED, StepState.PENDING):
+                return  # running or failed: an agent or the Supervisor owns it
+            reason = self._refusal(step)
+            if reason:
+                self._refuse(tx, run, step, reason, moves)
+                return
+            running = tx.mark_step_running(step, instance_id())
+            if running is not None:
+                undoes = next(s for s in steps if s.position == running.compensates)
+                moves.messages.append(Dispatch(run, running, Graph(steps).results(), undoes))
+            elif step.not_before is not None:
+                moves.wait(run.id, step.not_before - tx.now())
+            return
+        tx.finish_run(run.id, final, from_state=run.process_state, actor=instance_id())
+        log.info("run %s (%s %s) %s", run.id, run.workflow, run.business_key, final)
+
+    def dispatch(self, tx: Tx, run: RunRow, step: StepRow, results: dict[str, Any]) -> Moves:
+        """A step the hot path has just marked running: its message, unless its action has gone
+        from the deployed code (then it fails, and the run is undone)."""
+        moves = Moves()
+        reason = self._refusal(step)
+        if reason:
+            self._refuse(tx, run, step, reason, moves)
+        else:
+            moves.messages.append(Dispatch(run, step, results))
+        return moves
+
+    def _refusal(self, step: StepRow) -> str | None:
+        """Why ``step`` cannot be dispatched by this deployment, if it cannot."""
+        if self.has_action is None or self.has_action(step.agent, step.action) is not False:
+            return None
+        return (f"step {step.name!r}: agent action '{step.agent}.{step.action}' is not in the deployed code "
+                "(removed or renamed since the run started)")
+
+    def _refuse(self, tx: Tx, run: RunRow, step: StepRow, reason: str, moves: Moves) -> None:
+        """``step`` cannot start: it fails with ``reason`` and one alert, and the run is undone."""
+        failed = tx.refuse_step(step, reason, instance_id())
+        if failed is None:
+            return
+        log.error("run %s: %s", run.id, reason)
+        moves.alerts.append(fail_run(tx, self.alerts, self.settings, run, failed, reason, actor=instance_id()))
+        after = tx.lock_run(run.id)
+        if after is not None:
+            self._plan(tx, after, moves)

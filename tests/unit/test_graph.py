@@ -1,0 +1,185 @@
+"""Steps side by side and their join, and a step fanned out over a list: what starts when, what
+each agent is told, and what is undone when a branch fails. On SQLite here and, as integration
+tests, on PostgreSQL (where a branch's completion takes the general path, not the one statement)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sas_app import SasApp, Step, Workflow
+from sas_app.errors import WorkflowDefinitionError
+from tests.support import Pump, sweep_after_expiry
+from tests.testapp import CALLS, scripted
+
+pytestmark = pytest.mark.both_stores
+
+
+def dispatched(pump: Pump) -> list:
+    """The agent messages waiting once the Scheduler has caught up (taken off the queue), by step name."""
+    pump.run(["sas.scheduler"])
+    return sorted(pump.take("sas.agent.svc"), key=lambda m: m.kwargs["step"])
+
+
+def test_steps_side_by_side_start_together_and_their_join_starts_once_after_both(sas, pump):
+    handle = sas.submit("diamond", {}, business_key="d1")
+    first = dispatched(pump)
+    assert [m.kwargs["step"] for m in first] == ["left", "right"]  # both at once
+
+    pump.execute(first[0])
+    pump.run(["sas.scheduler"])
+    assert pump.take("sas.agent.svc") == []  # the join waits for right
+    pump.execute(first[1])
+    pump.execute(first[1])  # a duplicate reply changes nothing
+    pump.run(["sas.scheduler"])
+    [join] = dispatched(pump)
+    assert join.kwargs["step"] == "join"
+    assert set(join.kwargs["results"]) == {"left", "right"}  # the join sees both results
+    pump.execute(join)
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert [(s.name, s.state, s.attempt) for s in view.steps] == [
+        ("left", "completed", 1), ("right", "completed", 1), ("join", "completed", 1), ("last", "completed", 1)]
+    assert sas.store.count_events("stale_reply", handle.id) == 1
+    assert view.run.version and not view.run.linear
+
+
+def test_a_for_each_step_runs_one_branch_per_item_never_more_than_max_parallel(sas, pump):
+    items = [{"sku": f"s{i}"} for i in range(5)]
+    handle = sas.submit("fanout", {"items": items}, business_key="f1")
+    [prepare] = dispatched(pump)
+    pump.execute(prepare)
+    most = 0
+    while waiting := dispatched(pump):
+        running = [s for s in handle.status().steps if s.branch_of is not None and s.state == "running"]
+        most = max(most, len(running))
+        assert len([m for m in waiting if m.kwargs.get("index") is not None]) == len(running) <= 2
+        for message in reversed(waiting):  # the later branch finishes first
+            pump.execute(message)
+
+    view = handle.status()
+    assert view.process_state == "processed", view.run.error
+    assert most == 2
+    branches = [s for s in view.steps if s.branch_of is not None]
+    assert [(b.name, b.branch, b.item) for b in branches] == [(f"ship[{i}]", i, items[i]) for i in range(5)]
+    assert [b.idempotency_key for b in branches] == [f"{handle.id}:ship:{i}" for i in range(5)]
+    ship = view.step("ship")
+    assert ship.state == "completed"
+    assert [r["item"] for r in ship.result] == items  # in order, whatever order they finished in
+    confirm_key = view.step("confirm").idempotency_key
+    assert CALLS[confirm_key] == [(1, "ok")]
+
+
+def test_for_each_over_an_earlier_result_and_over_an_empty_list(sas, pump):
+    handle = sas.submit("fanout_result", {"items_from_result": ["a", "b", "c"]}, business_key="fr1")
+    pump.run()
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert [r["item"] for r in view.step("ship").result] == ["a", "b", "c"]
+
+    empty = sas.submit("fanout", {"items": []}, business_key="f-empty")
+    pump.run()
+    view = empty.status()
+    assert view.process_state == "processed"
+    assert view.step("ship").result == []
+
+
+@pytest.mark.parametrize("payload, reason", [
+    ({}, "the payload has no key 'items'"),
+    ({"items": "abc"}, "the payload's 'items' is a str, not a list"),
+    ({"items": list(range(4))}, "4 elements, over the bound of 3 branches"),
+])
+def test_a_for_each_whose_list_is_missing_or_wrong_fails_and_dispatches_nothing(sas, pump, payload, reason):
+    object.__setattr__(sas.settings, "max_branches", 3)
+    handle = sas.submit("fanout", payload, business_key="f-bad")
+    pump.run()
+    view = handle.status()
+    ship = view.step("ship")
+    assert ship.state == "failed" and reason in ship.error
+    assert [s for s in view.steps if s.branch_of is not None] == []
+    assert view.process_state == "compensated"  # prepare, which ran, is undone
+    assert [s.name for s in view.steps if s.compensates is not None] == ["undo:prepare"]
+    assert sas.store.count_events("alert", handle.id) == 1
+
+
+def test_a_branch_failing_for_good_stops_its_siblings_and_undoes_what_completed(sas, pump):
+    script = {"ship[1]": ["permanent"], "ship[2]": ["hang"]}
+    handle = sas.submit("fanout", {"items": [1, 2, 3, 4], "script": script}, business_key="f-fail")
+    [prepare] = dispatched(pump)
+    pump.execute(prepare)
+    first = dispatched(pump)
+    assert [m.kwargs["step"] for m in first] == ["ship[0]", "ship[1]"]
+    pump.execute(first[0])  # ship[0] completes, and ship[2] starts (it will hang)
+    [third] = dispatched(pump)
+    assert third.kwargs["step"] == "ship[2]"
+    pump.execute(first[1])  # ship[1] fails for good
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "compensated"
+    states = {s.name: s.state for s in view.steps}
+    assert states["ship[0]"] == "compensated" and states["ship[1]"] == "failed"
+    assert states["ship[2]"] == "compensated"  # it was running: its effect may have happened
+    assert states["ship[3]"] == "not_started" and states["ship"] == "stopped"
+    assert [s.name for s in view.steps if s.compensates is not None] == ["undo:ship[2]", "undo:ship[0]", "undo:prepare"]
+    assert sas.store.count_events("alert", handle.id) == 1
+    sweep_after_expiry(sas, pump, handle.id)  # nothing of the stopped fan-out comes back
+    assert handle.status().process_state == "compensated"
+    assert not CALLS.get(view.step("ship[3]").idempotency_key)
+
+
+def test_an_expired_branch_is_recovered_like_a_step_and_the_join_still_happens(sas, pump):
+    handle = sas.submit("fanout", {"items": [1, 2], "script": {"ship[0]": ["hang", "ok"]}}, business_key="f-exp")
+    sweep_after_expiry(sas, pump, handle.id, times=2)
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert view.step("ship[0]").attempt == 2
+    assert CALLS[view.step("confirm").idempotency_key] == [(1, "ok")]
+
+
+def test_a_run_keeps_the_graph_it_started_with_and_a_removed_action_fails_its_step(sas, pump, settings):
+    handle = sas.submit("diamond", {}, business_key="v1")
+    version = handle.status().run.version
+    assert len(dispatched(pump)) == 2  # left and right are in flight when the new code is deployed
+
+    # The next deployment: "diamond" has changed (no join, a new step) and svc.undo is gone.
+    new = SasApp(settings, clock=sas.test_clock)
+    svc = new.agent("svc")
+    svc.action(scripted, name="work")
+    new.workflow("diamond", [Step("only", "svc.work", timeout=0.3)])
+    assert new.workflows["diamond"].run_version != version
+    for step in ("left", "right"):
+        new.scheduler.step_done(handle.id, handle.status().step(step).position, 1, {})
+    [join] = Pump(new).take("sas.agent.svc")
+    assert join.kwargs["step"] == "join"  # the old graph, not the new one
+    Pump(new).execute(join)
+    Pump(new).run()
+    view = handle.status()
+    assert view.process_state == "processed" and view.run.version == version
+
+    gone = sas.submit("saga", {"script": {"second": ["permanent"]}}, business_key="v2")
+    [first] = dispatched(pump)
+    Pump(new).execute(first)
+    Pump(new).run()  # second fails: undoing first needs svc.undo, which this code no longer has
+    view = gone.status()
+    undo = view.step("undo:first")
+    assert undo.state == "failed" and "'svc.undo' is not in the deployed code" in undo.error
+    assert view.process_state == "error"
+    assert sas.store.count_events("alert", gone.id) == 2  # the step's failure, then the undo's
+
+
+@pytest.mark.parametrize("steps, message", [
+    ([Step("a", "svc.work"), Step("b", "svc.work", after=["nope"])], "after names 'nope', which is not a step"),
+    ([Step("a", "svc.work", after=["b"]), Step("b", "svc.work")], "in a cycle: "),
+    ([Step("a", "svc.work", after=["a"])], "'a' waits for itself"),
+    ([Step("a", "svc.work"), Step("b", "svc.work", after=["a", "a"])], "after names a step twice"),
+    ([Step("a", "svc.work"), Step("b", "svc.work", for_each="zzz.items")], "names no step of this workflow"),
+    ([Step("a", "svc.work"), Step("b", "svc.work", after=[], for_each="a.items")], "which it does not wait for"),
+    ([Step("a", "svc.work", for_each="items", max_parallel=0)], "max_parallel must be an integer >= 1"),
+    ([Step("a", "svc.work", for_each="items.x.y")], "for_each must name a payload key"),
+])
+def test_a_graph_that_cannot_run_is_refused_when_registered(sas, steps, message):
+    with pytest.raises(WorkflowDefinitionError, match=message.replace("(", r"\(")):
+        sas.register(Workflow("bad", steps))
+    assert "bad" not in sas.workflows
