@@ -190,10 +190,12 @@ class Servers:
 
 
 def plan_orders(count: int, rng: random.Random) -> list[dict[str, Any]]:
-    """Each order's payload: an amount and, for some, one remote fault."""
+    """Each order's payload: an amount, one to three items (a shipment each) and, for some, one
+    remote fault."""
     plan = []
     for _ in range(count):
-        payload: dict[str, Any] = {"amount": round(rng.uniform(5, 200), 2)}
+        payload: dict[str, Any] = {"amount": round(rng.uniform(5, 200), 2),
+                                   "items": [{"sku": f"sku-{n}", "qty": 1} for n in range(rng.randint(1, 3))]}
         roll = rng.random()
         action = rng.choice(DO_ACTIONS)
         if roll < 0.10:
@@ -225,6 +227,7 @@ class Chaos:
         self.injected: Counter[str] = Counter()
         self.timeline: list[dict[str, Any]] = []
         self.accepted: dict[str, str] = {}  # business key -> run id
+        self.items: dict[str, int] = {}  # business key -> how many items (a shipment each)
         self.submit_failures: list[str] = []
         self.submit_retries = 0
         self.poison_keys: list[str] = []
@@ -374,6 +377,7 @@ class Chaos:
         """Submit as a careful client does: on any error try again with the same business key (a
         run already written is returned, not written twice), for up to a minute."""
         deadline = time.monotonic() + 60
+        self.items[key] = len(payload.get("items") or [None])
         while True:
             try:
                 handle = self.sas.submit("order", payload, business_key=key)
@@ -446,18 +450,23 @@ class Chaos:
 
         ledgers = {name: httpx.get(f"http://127.0.0.1:{port}/ledger", timeout=10).json()
                    for name, port in self.ports.items()}
-        applied: Counter[tuple[str, str, str]] = Counter()
+        # One effect per order, action and step (a shipment per item: ``schedule_shipping:<i>``), whatever
+        # run or key applied it: the same effect under two runs or two keys counts twice.
+        applied: Counter[tuple[str, str, str, str]] = Counter()
         for service, entries in ledgers.items():
             for e in entries:
-                applied[(service, e["order_id"], e["action"])] += 1
-        twice = sorted(f"{s} {order} {action} x{n}" for (s, order, action), n in applied.items() if n > 1)
+                applied[(service, e["order_id"], e["action"], e["idempotency_key"].split(":", 1)[-1])] += 1
+        twice = sorted(f"{s} {order} {action} {step} x{n}" for (s, order, action, step), n in applied.items()
+                       if n > 1)
         processed_keys = {r.business_key for r in run_rows.values() if r.process_state == "processed"}
         standing = sorted(f"{s} {e['order_id']} {e['action']}" for s, entries in ledgers.items() for e in entries
                           if not e["action"].startswith("undo:") and not e["undone_by"]
                           and e["order_id"] not in processed_keys)
-        missing = sorted(f"{key} {action}" for key in processed_keys for action, service in
-                         (("reserve", "warehouse"), ("charge", "payment"), ("ship", "warehouse"))
-                         if applied[(service, key, action)] != 1)
+        per_order = Counter((service, order, action) for service, order, action, _ in applied)
+        missing = sorted(f"{key} {action}" for key in processed_keys for action, service, wanted in
+                         (("reserve", "warehouse", 1), ("charge", "payment", 1),
+                          ("ship", "warehouse", self.items.get(key, 1)))
+                         if per_order[(service, key, action)] != wanted)
 
         recovery, by_cause = _recovery_times(event_rows)
         attempts = Counter(s.attempt for s in step_rows if s.compensates is None and s.attempt > 0)

@@ -317,7 +317,7 @@ class Agent:
             with attempt:
                 if call.remaining() <= 0:
                     raise StepExpired(call.step)
-                faults.hit("agent.before_call")
+                faults.hit("agent.before_call", call.step)
                 if self.breaker is None:
                     return action(call)
                 return self.breaker.call(action, call)

@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .app import SasApp
 from .errors import SasError
+from .graph import Graph
 from .migrate import schema_problem
 from .settings import mask_secrets, redact_url
 from .states import RUN_STATES
@@ -186,18 +187,21 @@ def submit(ctx: Context, workflow: str, business_key: str, payload: str, wait_fo
 @main.command()
 @click.option("--state", type=click.Choice(RUN_STATES), default=None)
 @click.option("--workflow", default=None)
+@click.option("--version", default=None, help="Only runs of this version of their workflow's definition.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON array instead of a table.")
 @pass_ctx
-def runs(ctx: Context, state: str | None, workflow: str | None, limit: int, as_json: bool) -> None:
+def runs(ctx: Context, state: str | None, workflow: str | None, version: str | None, limit: int,
+         as_json: bool) -> None:
     """List runs, newest first."""
-    rows = ctx.app.store.list_runs(state=state, workflow=workflow, limit=limit)
+    rows = ctx.app.store.list_runs(state=state, workflow=workflow, version=version, limit=limit)
     if as_json:
         click.echo(json.dumps([asdict(r) for r in rows], default=str))
         return
-    table = Table("run", "workflow", "business key", "state", "failures", "created")
+    table = Table("run", "workflow", "version", "business key", "state", "failures", "created")
     for r in rows:
-        table.add_row(r.id, r.workflow, r.business_key, r.process_state, str(r.failure_count), when(r.created_at))
+        table.add_row(r.id, r.workflow, r.version or "-", r.business_key, r.process_state, str(r.failure_count),
+                      when(r.created_at))
     console.print(table)
 
 
@@ -218,14 +222,17 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         click.echo(json.dumps(out, default=str))
         return
     r = view.run
-    console.print(f"[bold]{r.id}[/] {r.workflow} key={r.business_key} state=[bold]{r.process_state}[/] "
-                  f"failures={r.failure_count} locked_by={r.locked_by or '-'}")
+    console.print(f"[bold]{r.id}[/] {r.workflow} version={r.version or '-'} key={r.business_key} "
+                  f"state=[bold]{r.process_state}[/] failures={r.failure_count} locked_by={r.locked_by or '-'}")
     if r.error:
         console.print(f"error: {r.error}")
-    steps = Table("#", "step", "agent", "state", "attempt", "failures", "complete by", "error")
-    for s in view.steps:
-        steps.add_row(str(s.position), s.name, f"{s.agent}.{s.action}", s.state, str(s.attempt),
-                      f"{s.failure_count}/{s.max_failures}", when(s.complete_by), s.error or "")
+    graph = Graph(view.steps)
+    steps = Table("#", "step", "after", "agent", "state", "attempt", "failures", "complete by", "error")
+    for s, is_branch in graph.outline():
+        after = "" if is_branch or s.is_undo else ", ".join(graph.waits_for_names(s)) or "-"
+        steps.add_row(str(s.position), f"  └ {s.name}" if is_branch else s.name, after, f"{s.agent}.{s.action}",
+                      s.state, str(s.attempt), f"{s.failure_count}/{s.max_failures}", when(s.complete_by),
+                      s.error or "")
     console.print(steps)
     history = Table("at", "step", "event", "from", "to", "attempt", "actor")
     for e in view.events:

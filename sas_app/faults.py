@@ -16,7 +16,8 @@ Appending ``@once`` fires the point only the first time across all processes tha
 ``SAS_HOME`` (a marker file is created exclusively), so a restarted worker carries on.
 
 Points: ``agent.before_call`` (complete-by checked, remote call not yet made: a pause here is
-a zombie that wakes up late), ``agent.after_call`` (remote call returned, reply not sent), ``scheduler.after_commit``
+a zombie that wakes up late; ``agent.before_call.<step>`` arms it for one step only),
+``agent.after_call`` (remote call returned, reply not sent), ``scheduler.after_commit``
 (step marked running, agent message not sent), ``supervisor.after_commit`` (recovery committed,
 Scheduler not asked), ``submit.after_commit`` (run written, Scheduler not asked).
 """
@@ -53,7 +54,7 @@ def arm(spec: str, marker_dir: Path | None = None) -> None:
     parsed: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, sep, action = item.partition("=")
-        if not sep or name not in POINTS:
+        if not sep or (name not in POINTS and not name.startswith("agent.before_call.")):
             raise ValueError(f"SAS_FAULTS: unknown fault point in {item!r}; known: {sorted(POINTS)}")
         parsed[name] = action
     _armed.clear()
@@ -61,10 +62,12 @@ def arm(spec: str, marker_dir: Path | None = None) -> None:
     _marker_dir = marker_dir
 
 
-def hit(name: str) -> None:
-    """Fail here if ``name`` is armed."""
+def hit(name: str, step: str | None = None) -> None:
+    """Fail here if ``name`` (or ``name.<step>``) is armed."""
     if not _armed:
         return
+    if step is not None and f"{name}.{step}" in _armed:
+        name = f"{name}.{step}"
     action = _armed.get(name)
     if action is None:
         return

@@ -58,6 +58,19 @@ class Graph:
         """The first position no row of the run holds (new branches and undos go from there)."""
         return max((s.position for s in self.steps), default=-1) + 1
 
+    def outline(self) -> list[tuple[StepRow, bool]]:
+        """Every row for display, ``(step, is_branch)``: each workflow step followed by its
+        branches, then the undos in the order they run."""
+        rows: list[tuple[StepRow, bool]] = []
+        for step in self.workflow_steps:
+            rows.append((step, False))
+            rows += [(b, True) for b in self.branches(step)]
+        return rows + [(s, False) for s in self.steps if s.is_undo]
+
+    def waits_for_names(self, step: StepRow) -> list[str]:
+        """The names of the steps ``step`` waits for."""
+        return [self.at(d).name for d in step.deps]
+
     def results(self) -> dict[str, Any]:
         """The results of the workflow steps that completed (even if since undone), by name: what
         the next agent, or an undo, is told."""

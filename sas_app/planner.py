@@ -125,7 +125,7 @@ class Planner:
             for parent in graph.fanning_out():
                 branches = graph.branches(parent)
                 if all(b.state == StepState.COMPLETED for b in branches):
-                    changed |= tx.complete_fan_out(parent, [b.result for b in branches], instance_id())
+                    changed |= tx.complete_fan_out(run, parent, [b.result for b in branches], instance_id())
             first_free = graph.next_free()
             for position, items in lists.items():
                 assert isinstance(items, list)

@@ -1,10 +1,14 @@
 """The pattern's example: e-commerce order processing.
 
 ``submit`` writes the order row and the run in one transaction (the pattern's submission
-process). The workflow then reserves stock and schedules shipping at the warehouse (agent
-``warehouse``), charges the customer at the payment service (agent ``payment``), and confirms the
-order in the orders database (agent ``orders``). Each remote step has an undo — release the stock,
-refund the charge, cancel the shipment — run last-first if the order cannot complete.
+process). The workflow then reserves the order's items at the warehouse (agent ``warehouse``)
+while the payment service checks it for fraud (agent ``payment``); once both are done it charges
+the customer, schedules one shipment per reserved item (up to five at once), and confirms the
+order in the orders database (agent ``orders``). Each remote effect has an undo — release the
+stock, refund the charge, cancel a shipment — run last-first if the order cannot complete.
+
+The payload: ``{"amount": 12.5, "items": [{"sku": "A1", "qty": 2}, ...]}``; without ``items`` the
+order is one item.
 
 Faults for a demo or a test ride in the payload: ``{"faults": {"charge": "transient:2"}}`` sends
 that fault spec (see workers.remote_service) with every request of that action. One fault acts in
@@ -69,7 +73,7 @@ def _http() -> httpx.Client:
 
 def call_service(service: str, verb: str, action: str, call: AgentCall) -> dict[str, Any]:
     """One request to a remote service, its outcome mapped onto the agent's retry policy."""
-    fault_name = action if verb == "do" else UNDO_NAMES[action]
+    fault_name = UNDO_NAMES[action] if verb == "undo" else action
     fault = (call.payload.get("faults") or {}).get(fault_name)
     if fault == "poison":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -102,6 +106,9 @@ def record_order(conn: Connection, run: RunRow) -> None:
     amount = run.payload.get("amount")
     if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount <= 0:
         raise InvalidSubmission(f"order payload needs a positive 'amount', got {amount!r}")
+    items = run.payload.get("items", [])
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise InvalidSubmission(f"order payload's 'items' must be a list of objects, got {items!r}")
     conn.execute(
         insert(orders).values(order_id=run.business_key, run_id=run.id, amount=amount, status="received")
     )
@@ -119,7 +126,12 @@ def install(
 
     @warehouse.action
     def reserve(call: AgentCall) -> dict[str, Any]:
-        return call_service("warehouse", "do", "reserve", call)
+        reserved = call_service("warehouse", "do", "reserve", call)
+        return {**reserved, "items": call.payload.get("items") or [{"sku": "item", "qty": 1}]}
+
+    @payment.action
+    def check_fraud(call: AgentCall) -> dict[str, Any]:
+        return call_service("payment", "check", "check_fraud", call)
 
     @warehouse.action
     def release(call: AgentCall) -> dict[str, Any]:
@@ -157,12 +169,15 @@ def install(
             ORDER_WORKFLOW,
             [
                 Step("reserve_stock", reserve, timeout=step_timeout, max_failures=max_failures, compensate=release),
-                Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures, compensate=refund),
+                Step("fraud_check", check_fraud, timeout=step_timeout, max_failures=max_failures, after=[]),
+                Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures, compensate=refund,
+                     after=["reserve_stock", "fraud_check"]),
                 Step("schedule_shipping", ship, timeout=step_timeout, max_failures=max_failures,
-                     compensate=cancel_shipment),
+                     compensate=cancel_shipment, for_each="reserve_stock.items", max_parallel=5),
                 Step("confirm_order", confirm, timeout=step_timeout, max_failures=max_failures),
             ],
             on_submit=record_order,
-            description="reserve stock, charge the customer, schedule shipping, confirm the order",
+            description="reserve stock while checking for fraud, charge the customer, ship each item, "
+                        "confirm the order",
         )
     )

@@ -8,6 +8,8 @@ refused with 409 (a zombie attempt waking up late). An undo that arrives before 
 tombstone, so the late effect is refused too (409) instead of applied after its undo. The ledger
 lives in the service's own SQLite file and survives a crash of the service.
 
+``POST /check/<action>`` answers a question (a fraud score) and changes nothing: no ledger entry.
+
 ``GET /ledger`` lists every effect and undo actually applied; ``GET /requests`` and
 ``GET /refused`` count, per key, the requests admitted and those refused as stale.
 
@@ -232,7 +234,7 @@ def make_handler(ledger: Ledger, faults: Faults) -> type[BaseHTTPRequestHandler]
             if self.path == "/faults":
                 faults.set(body)
                 self._reply(200, {"rates": faults.rates})
-            elif verb in ("do", "undo") and action:
+            elif verb in ("do", "undo", "check") and action:
                 self._effect(verb, action, body)
             else:
                 self._reply(404, {"error": f"no route {self.path}"})
@@ -256,6 +258,9 @@ def make_handler(ledger: Ledger, faults: Faults) -> type[BaseHTTPRequestHandler]
                 return
             fault = body.get("fault") or faults.draw(token)
             if fault and self._fault(str(fault), token, requests):
+                return
+            if verb == "check":  # a question, not an effect: nothing to record
+                self._reply(200, {"effect_id": None, "score": round((amount or 0.0) % 1, 2)})
                 return
             try:
                 if verb == "do":

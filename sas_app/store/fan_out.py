@@ -13,7 +13,7 @@ from sqlalchemy import insert
 from ..routing import branch_key
 from ..states import StepState
 from .engine import db_now
-from .rows import StepRow
+from .rows import RunRow, StepRow
 from .tables import steps
 from .transitions import TxBase
 
@@ -40,14 +40,18 @@ class FanOutTx(TxBase):
             ])
         return True
 
-    def complete_fan_out(self, parent: StepRow, results: list[Any], actor: str) -> bool:
+    def complete_fan_out(self, run: RunRow, parent: StepRow, results: list[Any], actor: str) -> bool:
         """Every branch completed: the ``for_each`` step completes with their results, in order."""
         won = self.update_step(parent.run_id, parent.position, parent.attempt, StepState.RUNNING,
                                StepState.COMPLETED, result=results, completed_at=db_now())
-        if won is not None:
-            self.transition(parent.run_id, parent.position, StepState.RUNNING, StepState.COMPLETED,
-                            attempt=parent.attempt, actor=actor)
-        return won is not None
+        if won is None:
+            return False
+        self.transition(parent.run_id, parent.position, StepState.RUNNING, StepState.COMPLETED,
+                        attempt=parent.attempt, actor=actor)
+        if run.reply_to is not None:
+            self.notify(run.id, run.reply_to, run.business_key, run.workflow, "step_completed", step=parent.name,
+                        position=parent.position, attempt=parent.attempt)
+        return True
 
     def refuse_step(self, step: StepRow, reason: str, actor: str) -> StepRow | None:
         """A waiting step that cannot start (its list is missing or too long, its action is not in

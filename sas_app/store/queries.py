@@ -41,14 +41,16 @@ class Queries:
             return [as_row(EventRow, r) for r in rows]
 
     def list_runs(self, *, state: str | None = None, workflow: str | None = None, key: str | None = None,
-                  limit: int = 50) -> list[RunRow]:
-        """Newest first, filtered by state, workflow and a business-key prefix (``%`` and ``_`` in
-        it are characters, not wildcards)."""
+                  version: str | None = None, limit: int = 50) -> list[RunRow]:
+        """Newest first, filtered by state, workflow, the definition's version and a business-key
+        prefix (``%`` and ``_`` in it are characters, not wildcards)."""
         query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
         if state is not None:
             query = query.where(runs.c.process_state == state)
         if workflow is not None:
             query = query.where(runs.c.workflow == workflow)
+        if version is not None:
+            query = query.where(runs.c.version == version)
         if key is not None:
             escaped = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             query = query.where(runs.c.business_key.like(escaped + "%", escape="\\"))

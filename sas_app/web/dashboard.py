@@ -81,10 +81,11 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
             abort(400, f"unknown state {state!r}; one of {', '.join(RUN_STATES)}")
         workflow = request.args.get("workflow") or None
         key = request.args.get("key") or None
+        version = request.args.get("version") or None
         limit = min(max(request.args.get("limit", 200, type=int) or 200, 1), 1000)
-        rows = sas.store.list_runs(state=state, workflow=workflow, key=key, limit=limit)
+        rows = sas.store.list_runs(state=state, workflow=workflow, key=key, version=version, limit=limit)
         return render_template("runs.html", runs=rows, state=state, workflow=workflow, key=key or "",
-                               workflows=observer.workflows(), limit=limit)
+                               version=version or "", workflows=observer.workflows(), limit=limit)
 
     @app.get("/runs/<run_id>")
     def run_page(run_id: str) -> str:

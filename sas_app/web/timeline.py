@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import RunView
+from ..graph import Graph
 from ..routing import dispatch_task_id
 from ..states import RUN_STATES, Cause, EventKind, StepState
 from ..store.observe import Observer
@@ -35,12 +36,22 @@ class Lane:
     name: str
     agent: str
     state: str
+    #: a branch of the ``for_each`` step listed above it
+    branch: bool = False
+    #: the steps it waits for
+    after: str = ""
     segments: list[Segment] = field(default_factory=list)
 
 
 def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane], float, float]:
-    """Each step's attempts, from its dispatch events to what ended them, laid out on one axis."""
-    lanes = {s.position: Lane(s.position, s.name, f"{s.agent}.{s.action}", s.state) for s in view.steps}
+    """Each step's attempts, from its dispatch events to what ended them, laid out on one axis:
+    steps that ran side by side overlap in time. Lanes in outline order (a step, then its branches)."""
+    graph = Graph(view.steps)
+    lanes = {
+        s.position: Lane(s.position, s.name, f"{s.agent}.{s.action}", s.state, branch,
+                         "" if branch or s.is_undo else ", ".join(graph.waits_for_names(s)))
+        for s, branch in graph.outline()
+    }
     open_: dict[int, Segment] = {}
     for e in view.events:
         if e.kind != EventKind.TRANSITION or e.position is None or e.position not in lanes:
@@ -82,7 +93,7 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
             seg.width = max(((seg.end or now) - seg.start) * scale, 2.0)
             if seg.complete_by is not None and t0 <= seg.complete_by <= t1:
                 seg.deadline_x = (seg.complete_by - t0) * scale
-    return sorted(lanes.values(), key=lambda lane: lane.position), t0, t1
+    return list(lanes.values()), t0, t1
 
 
 def chart(observer: Observer, now: float, window: float, buckets: int = 60, width: float = 900.0,

@@ -37,6 +37,29 @@ def test_the_readme_guide_example_runs_as_written(stack, stack_env):
     assert [json.loads(line)["to"] for line in sent] == ["bob@example.com"]
 
 
+def test_the_fanout_example_runs_steps_side_by_side_then_joins(stack, stack_env):
+    assert "python -m examples.fanout" in (REPO / "README.md").read_text(), "the README shows the fan-out example"
+    env = {"SAS_APP": "examples.fanout:sas"}
+    stack.worker("trip", "sas.scheduler,sas.supervisor,sas.agent.travel", concurrency=4, env=env)
+    stack.beat("beat", env=env)
+    subprocess.run([SAS, "migrate"], env={**stack.env, **env}, check=True, timeout=60, capture_output=True)
+
+    done = subprocess.run([sys.executable, "-m", "examples.fanout", "ann", "bob", "cy"], env=stack.env,
+                          cwd=REPO, capture_output=True, text=True, timeout=90)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("processed flight FL-") and "seats ['12A', '13A', '14A']" in done.stdout
+    cli = {**stack.env, **env}
+    [run] = json.loads(subprocess.run([SAS, "runs", "--json"], env=cli, capture_output=True, text=True,
+                                      check=True, timeout=60).stdout)
+    shown = json.loads(subprocess.run([SAS, "show", run["id"], "--json"], env=cli, capture_output=True,
+                                      text=True, check=True, timeout=60).stdout)
+    started = {e["position"]: e["at"] for e in shown["events"] if e["to_state"] == "running"}
+    flight, hotel = (s for s in shown["steps"] if s["name"] in ("book_flight", "book_hotel"))
+    # the hotel was booked while the flight was (each takes 0.5 s)
+    assert started[hotel["position"]] < flight["completed_at"] and started[flight["position"]] < hotel["completed_at"]
+
+
 def test_flower_shows_each_kind_of_task_and_asks_for_credentials(stack, stack_env, shop):
     events = {"SAS_TASK_EVENTS": "true"}
     stack.services()

@@ -4,6 +4,7 @@ database says the run finished."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 from sqlalchemy import event
@@ -13,16 +14,18 @@ from tests.integration.conftest import shop_app
 
 pytestmark = pytest.mark.integration
 
-HAPPY = ["received", "processing", "step_completed", "step_completed", "step_completed", "step_completed",
-         "processed"]
+#: an order of one item: reserve_stock and fraud_check, charge_payment, the one shipment and the
+#: step it is a branch of, confirm_order
+HAPPY = ["received", "processing", *["step_completed"] * 6, "processed"]
 
 
-def collect(shop, queue, until: str, timeout: float = 30) -> list[dict]:
+def collect(shop, queue, until: str, timeout: float = 30, at_least: int = 0) -> list[dict]:
+    """Notifications until ``until`` has arrived (and at least ``at_least`` of them)."""
     notes = []
     with Notifications(shop.celery, queue) as inbox:
         for note in inbox.iter(timeout=timeout):
             notes.append(note)
-            if note["kind"] == until:
+            if any(n["kind"] == until for n in notes) and len(notes) >= at_least:
                 break
     return notes
 
@@ -36,8 +39,9 @@ def test_a_reply_to_consumer_receives_every_transition_in_order(stack, shop):
 
     assert [n["kind"] for n in notes] == HAPPY
     assert {(n["run_id"], n["business_key"]) for n in notes} == {(handle.id, "n-1")}
-    assert [n["step"] for n in notes if n["kind"] == "step_completed"] == [
-        "reserve_stock", "charge_payment", "schedule_shipping", "confirm_order"]
+    completed = [n["step"] for n in notes if n["kind"] == "step_completed"]
+    assert sorted(completed[:2]) == ["fraud_check", "reserve_stock"]  # side by side: either first
+    assert completed[2:] == ["charge_payment", "schedule_shipping[0]", "schedule_shipping", "confirm_order"]
     ids = [n["id"] for n in notes]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
 
@@ -49,8 +53,8 @@ def test_compensation_is_reported_too(stack, shop):
 
     notes = collect(shop, queue, until="compensated")
 
-    assert [n["kind"] for n in notes] == ["received", "processing", "step_completed", "compensating",
-                                          "step_undone", "compensated"]
+    assert [n["kind"] for n in notes] == ["received", "processing", "step_completed", "step_completed",
+                                          "compensating", "step_undone", "compensated"]
 
 
 def test_a_scheduler_killed_between_commit_and_relay_neither_loses_nor_invents_a_notification(stack, stack_env):
@@ -63,13 +67,15 @@ def test_a_scheduler_killed_between_commit_and_relay_neither_loses_nor_invents_a
     queue = f"replies-{uuid.uuid4().hex[:8]}"
     handle = shop.submit("order", {"amount": 5}, business_key="n-3", reply_to=queue)
 
-    notes = collect(shop, queue, until="processed", timeout=40)
+    # A step's completion was committed in an agent worker, which was killed before relaying its
+    # notification; the Supervisor relays it (maybe after the run has finished): every
+    # notification once, none invented.
+    notes = collect(shop, queue, until="processed", timeout=40, at_least=len(HAPPY))
 
-    # reserve_stock's "step_completed" was committed, its relayer killed, and the Supervisor
-    # relayed it: every notification once, none invented
+    assert (Path(stack_env["SAS_HOME"]) / "fault-scheduler.after_commit").exists(), "the kill happened"
     assert [n["kind"] for n in sorted(notes, key=lambda n: n["id"])] == HAPPY
     assert len({n["id"] for n in notes}) == len(notes)
-    assert handle.status().step("charge_payment").attempt == 2
+    assert handle.wait(5).process_state == "processed"
     shop.store.dispose()
 
 

@@ -39,8 +39,12 @@ def test_migrate_submit_list_and_show(sas_cli, tmp_path):
     [listed] = json.loads(sas_cli("runs", "--json").stdout)
     assert (listed["id"], listed["business_key"], listed["process_state"]) == (run_id, "cli-1", "pending")
     shown = json.loads(sas_cli("show", run_id, "--json").stdout)
-    assert [s["name"] for s in shown["steps"]] == ["reserve_stock", "charge_payment", "schedule_shipping",
-                                                   "confirm_order"]
+    assert [(s["name"], s["waits_for"]) for s in shown["steps"]] == [
+        ("reserve_stock", []), ("fraud_check", []), ("charge_payment", [0, 1]), ("schedule_shipping", [2]),
+        ("confirm_order", [3])]
+    assert shown["version"] and [r["id"] for r in json.loads(
+        sas_cli("runs", "--json", "--version", shown["version"]).stdout)] == [run_id]
+    assert json.loads(sas_cli("runs", "--json", "--version", "nope").stdout) == []
     assert shown["events"][0]["to_state"] == "pending"
     assert "charge_payment" in sas_cli("show", run_id).stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home"], "the embedded broker writes only under SAS_HOME"

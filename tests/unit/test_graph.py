@@ -183,3 +183,92 @@ def test_a_graph_that_cannot_run_is_refused_when_registered(sas, steps, message)
     with pytest.raises(WorkflowDefinitionError, match=message.replace("(", r"\(")):
         sas.register(Workflow("bad", steps))
     assert "bad" not in sas.workflows
+
+
+def test_an_operator_resubmits_a_failed_branch_and_the_run_completes(sas, pump):
+    script = {"ship[1]": ["permanent", "ok"]}
+    handle = sas.submit("fanout_result", {"items_from_result": ["a", "b", "c"], "script": script},
+                        business_key="op-resubmit")
+    pump.run()
+    view = handle.status()
+    assert view.process_state == "error" and view.step("ship[1]").state == "failed"
+
+    sas.resubmit(handle.id, by="ops", reason="the warehouse fixed the SKU", step="ship[1]")
+    sweep_after_expiry(sas, pump, handle.id)  # a sibling whose reply came while the run was in error
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert [r["item"] for r in view.step("ship").result] == ["a", "b", "c"]
+
+
+def test_an_operator_marks_one_branch_done_by_hand(sas, pump):
+    script = {"ship[0]": ["permanent"]}
+    handle = sas.submit("fanout_result", {"items_from_result": ["a", "b"], "script": script},
+                        business_key="op-mark")
+    pump.run()
+    assert handle.status().process_state == "error"
+
+    sas.mark_done(handle.id, "ship[0]", by="ops", reason="shipped by hand", result={"by": "hand"})
+    sweep_after_expiry(sas, pump, handle.id)
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert view.step("ship").result[0] == {"by": "hand"}
+
+
+def test_cancelling_a_run_with_branches_in_flight_undoes_them_and_fences_their_replies(sas, pump):
+    handle = sas.submit("fanout", {"items": [1, 2, 3]}, business_key="op-cancel")
+    [prepare] = dispatched(pump)
+    pump.execute(prepare)
+    in_flight = dispatched(pump)
+    assert [m.kwargs["step"] for m in in_flight] == ["ship[0]", "ship[1]"]
+
+    assert sas.cancel(handle.id, by="ops", reason="customer called") == "compensating"
+    for message in in_flight:  # the agents were already at work: their replies are fenced out
+        pump.execute(message)
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "cancelled"
+    assert sorted(s.name for s in view.steps if s.compensates is not None) == [
+        "undo:prepare", "undo:ship[0]", "undo:ship[1]"]
+    assert view.step("undo:prepare").position == max(s.position for s in view.steps)  # undone last
+    assert view.step("ship[2]").state == "not_started" and view.step("ship").state == "stopped"
+    assert sas.store.count_events("stale_reply", handle.id) == 2
+
+
+def test_a_run_in_flight_when_the_store_is_upgraded_keeps_running(settings, db_url):
+    """A run written by the previous version (schema 0004: no graph columns) is mid-way when the
+    store is migrated; the new code finishes it as the straight line it was."""
+    from sqlalchemy import create_engine, text
+
+    from sas_app.migrate import migrate
+    from tests.testapp import install_test_workflows
+
+    migrate(settings.database_url, "0004")
+    engine = create_engine(settings.database_url)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO runs (id, workflow, business_key, payload, process_state, failure_count, priority,"
+            " created_at, updated_at) VALUES ('r0004', 'three', 'old-1', '{}', 'processing', 0, 5, 1, 1)"))
+        for position, name, state, attempt in ((0, "first", "completed", 1), (1, "second", "running", 1),
+                                               (2, "third", "not_started", 0)):
+            conn.execute(text(
+                "INSERT INTO steps (run_id, position, name, agent, action, state, attempt, timeout, max_failures,"
+                " failure_count, idempotency_key, created_at, updated_at, complete_by) VALUES ('r0004', :p, :n,"
+                " 'svc', 'work', :s, :a, 30, 3, 0, :k, 1, 1, 4102444800)"),
+                {"p": position, "n": name, "s": state, "a": attempt, "k": f"r0004:{name}"})
+    engine.dispose()
+
+    migrate(settings.database_url)
+    app = SasApp(settings)
+    install_test_workflows(app)
+    Pump(app).purge()
+    try:
+        app.scheduler.step_done("r0004", 1, 1, {"late": "reply"})  # the old agent's reply
+        Pump(app).run()
+        view = app.get_run("r0004")
+        assert view.process_state == "processed"
+        assert [(s.name, s.state) for s in view.steps] == [
+            ("first", "completed"), ("second", "completed"), ("third", "completed")]
+        assert view.run.linear and view.run.version is None
+    finally:
+        app.store.dispose()

@@ -34,7 +34,7 @@ NOTHING = {"runs": 0, "steps": 0, "events": 0, "orders": 0}
 def test_submit_writes_the_run_its_steps_and_the_order_row_together(shop):
     handle = shop.submit("order", {"amount": 12.5}, business_key="A-1")
 
-    assert counts(shop) == {"runs": 1, "steps": 4, "events": 1, "orders": 1}
+    assert counts(shop) == {"runs": 1, "steps": 5, "events": 1, "orders": 1}
     view = handle.status()
     assert (view.process_state, view.run.business_key, view.run.failure_count) == ("pending", "A-1", 0)
     assert view.run.locked_by is None and view.run.complete_by is not None

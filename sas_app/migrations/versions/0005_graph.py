@@ -24,22 +24,18 @@ _json = sa.JSON().with_variant(JSONB(), "postgresql")
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.add_column(sa.Column("version", sa.String(100)))
-        batch.add_column(sa.Column("linear", sa.Boolean, nullable=False, server_default=sa.true()))
-    with op.batch_alter_table("steps") as batch:
-        batch.add_column(sa.Column("waits_for", _json))
-        batch.add_column(sa.Column("for_each", sa.String(300)))
-        batch.add_column(sa.Column("max_parallel", sa.Integer))
-        batch.add_column(sa.Column("branch_of", sa.Integer))
-        batch.add_column(sa.Column("branch", sa.Integer))
-        batch.add_column(sa.Column("item", _json))
+    # Plain ADD COLUMNs, never a table rebuilt: on SQLite, rebuilding ``runs`` would cascade its
+    # drop to the steps of every run in flight.
+    op.add_column("runs", sa.Column("version", sa.String(100)))
+    op.add_column("runs", sa.Column("linear", sa.Boolean, nullable=False, server_default=sa.true()))
+    for column in (sa.Column("waits_for", _json), sa.Column("for_each", sa.String(300)),
+                   sa.Column("max_parallel", sa.Integer), sa.Column("branch_of", sa.Integer),
+                   sa.Column("branch", sa.Integer), sa.Column("item", _json)):
+        op.add_column("steps", column)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("steps") as batch:
-        for column in ("item", "branch", "branch_of", "max_parallel", "for_each", "waits_for"):
-            batch.drop_column(column)
-    with op.batch_alter_table("runs") as batch:
-        batch.drop_column("linear")
-        batch.drop_column("version")
+    for column in ("item", "branch", "branch_of", "max_parallel", "for_each", "waits_for"):
+        op.drop_column("steps", column)
+    op.drop_column("runs", "linear")
+    op.drop_column("runs", "version")

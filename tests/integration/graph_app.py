@@ -1,0 +1,93 @@
+"""Workflows with parallel steps, fan-outs and joins, for tests on real worker processes
+(``SAS_APP=tests.integration.graph_app:sas``). Every agent call is appended to
+``$SAS_HOME/calls.jsonl`` (key, attempt, pid) so a test counts calls across processes.
+
+``payload["sleep"]``: seconds each call sleeps. ``payload["fail"]``: the items whose branch fails
+for good. ``payload["barrier"]``: how many branches must reach the barrier before any returns, so
+they finish at the same moment on different workers. ``payload["hang_first"]``: the item whose
+first attempt hangs (long enough for a test to kill its worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from sas_app import AgentCall, PermanentError, SasApp, Step, Workflow
+
+
+def home() -> Path:
+    return Path(os.environ.get("SAS_HOME", ".sas"))
+
+
+def record(call: AgentCall, what: str) -> None:
+    line = json.dumps({"key": call.idempotency_key, "attempt": call.attempt, "pid": os.getpid(), "what": what})
+    with (home() / "calls.jsonl").open("a") as out:
+        out.write(line + "\n")
+
+
+def calls(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def step(call: AgentCall) -> dict[str, Any]:
+    record(call, "do")
+    if call.item in (call.payload.get("fail") or []):
+        raise PermanentError(f"item {call.item!r} refused")
+    barrier = call.payload.get("barrier")
+    if barrier and call.index is not None:
+        folder = home() / "barrier" / call.run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / str(call.index)).touch()
+        deadline = time.monotonic() + 10
+        while len(list(folder.iterdir())) < barrier and time.monotonic() < deadline:
+            time.sleep(0.002)
+    if call.item is not None and call.item == call.payload.get("hang_first") and call.attempt == 1:
+        time.sleep(60)
+    time.sleep(float(call.payload.get("sleep", 0)))
+    return {"step": call.step, "item": call.item, "pid": os.getpid()}
+
+
+def undo(call: AgentCall) -> dict[str, Any]:
+    record(call, "undo")
+    return {"undid": call.undoes}
+
+
+def install(sas: SasApp) -> None:
+    work = sas.agent("work")
+    work.action(step, name="step")
+    work.action(undo, name="undo")
+    for workflow in WORKFLOWS:
+        sas.register(workflow)
+
+
+WORKFLOWS = [Workflow("three_at_once", [
+    Step("a", "work.step", timeout=10, after=[]),
+    Step("b", "work.step", timeout=10, after=[]),
+    Step("c", "work.step", timeout=10, after=[]),
+    Step("join", "work.step", timeout=10, after=["a", "b", "c"]),
+]), Workflow("race", [
+    Step("pair", "work.step", timeout=10, for_each="items", max_parallel=2),
+    Step("join", "work.step", timeout=10),
+]), Workflow("wide", [
+    Step("each", "work.step", timeout=30, for_each="items", max_parallel=10),
+    Step("join", "work.step", timeout=10),
+]), Workflow("undo_on_failure", [
+    Step("first", "work.step", timeout=10, compensate="work.undo"),
+    Step("each", "work.step", timeout=10, compensate="work.undo", for_each="items", max_parallel=3),
+    Step("join", "work.step", timeout=10, compensate="work.undo"),
+]), Workflow("long_branch", [
+    Step("each", "work.step", timeout=4, for_each="items", max_parallel=2),
+    Step("join", "work.step", timeout=10),
+]), Workflow("versioned", [
+    Step("a", "work.step", timeout=10),
+    Step("renamed", "work.step", timeout=10),
+])]
+
+sas = SasApp()
+celery = sas.celery
+install(sas)

@@ -1,0 +1,158 @@
+"""Parallel steps, fan-outs and joins on real worker processes: they run at once, the join starts
+exactly once whoever finishes last, a branch whose worker dies is recovered, a branch that fails
+for good undoes what completed, a wide fan-out keeps to its bound, and a deployment that changed
+the definition (or dropped an action) treats runs in flight as they began."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from sas_app import SasApp, Settings, Step, Workflow
+from sas_app.store.tables import alerts
+from tests.integration.graph_app import calls, install
+from tests.support import wait_for
+
+pytestmark = pytest.mark.integration
+
+APP = {"SAS_APP": "tests.integration.graph_app:sas"}
+QUEUE = "sas.agent.work"
+
+
+@pytest.fixture
+def app(stack_env):
+    """The submitting side, in the test process: the same workflows and settings as the workers."""
+    sas = SasApp(Settings.from_env({k: v for k, v in stack_env.items() if k != "SAS_ALERT_HOOK"}))
+    install(sas)
+    sas.migrate()
+    yield sas
+    sas.store.dispose()
+
+
+def start(stack, *workers: tuple[str, int]) -> None:
+    stack.worker("scheduler", "sas.scheduler,sas.supervisor", env=APP, wait=False)
+    for name, concurrency in workers:
+        stack.worker(name, QUEUE, concurrency, env=APP, wait=False)
+    stack.beat(env=APP, wait=False)
+    stack.wait_ready()
+
+
+def called(home: Path, key: str, what: str = "do") -> int:
+    return sum(1 for c in calls(home) if c["key"] == key and c["what"] == what)
+
+
+def test_three_branches_of_one_second_run_at_once(stack, app):
+    start(stack, ("agents", 3))
+    view = app.submit("three_at_once", {"sleep": 1}, business_key="t-1").wait(30)
+    assert view.process_state == "processed"
+    branches = [view.step(name) for name in ("a", "b", "c")]
+    started = min(e.at for e in view.events if e.to_state == "running" and e.position in (0, 1, 2))
+    finished = max(s.completed_at for s in branches)
+    assert 1.0 <= finished - started < 2.0, f"three 1 s branches took {finished - started:.2f} s"
+
+
+def test_the_join_starts_exactly_once_when_the_last_two_branches_finish_together(stack, app, stack_env):
+    start(stack, ("w1", 1), ("w2", 1))
+    home = Path(stack_env["SAS_HOME"])
+    gaps = []
+    for i in range(8):
+        view = app.submit("race", {"items": [0, 1], "barrier": 2}, business_key=f"race-{i}").wait(30)
+        assert view.process_state == "processed"
+        join = view.step("join")
+        assert (join.state, join.attempt) == ("completed", 1)
+        assert called(home, join.idempotency_key) == 1
+        assert [e.to_state for e in view.events if e.position == join.position] == ["running", "completed"]
+        pair = [view.step("pair[0]"), view.step("pair[1]")]
+        assert len({s.result["pid"] for s in pair}) == 2  # on two worker processes
+        gaps.append(abs(pair[0].completed_at - pair[1].completed_at))
+    assert min(gaps) < 0.05, f"the branches never finished together: {gaps}"
+
+
+def test_a_branch_whose_worker_is_killed_is_recovered_and_the_join_happens_once(stack, app, stack_env):
+    start(stack, ("w1", 1), ("w2", 1))
+    home = Path(stack_env["SAS_HOME"])
+    handle = app.submit("long_branch", {"items": ["quick", "stuck"], "hang_first": "stuck"}, business_key="k-1")
+    key = f"{handle.id}:each:1"
+    [first] = wait_for(lambda: [c for c in calls(home) if c["key"] == key], 20, "the stuck branch to start")
+    os.kill(first["pid"], signal.SIGKILL)  # the worker process running it dies
+
+    view = handle.wait(40)
+    assert view.process_state == "processed"
+    stuck = view.step("each[1]")
+    assert stuck.attempt == 2 and stuck.failure_count == 1
+    assert called(home, key) == 2
+    assert called(home, view.step("join").idempotency_key) == 1
+    assert view.step("join").attempt == 1
+
+
+def test_a_branch_failing_for_good_undoes_its_completed_siblings_and_the_earlier_step(stack, app, stack_env):
+    start(stack, ("agents", 3))
+    home = Path(stack_env["SAS_HOME"])
+    handle = app.submit("undo_on_failure", {"items": ["x", "y", "bad"], "fail": ["bad"]}, business_key="u-1")
+    view = handle.wait(30)
+
+    assert view.process_state == "compensated"
+    assert view.step("each[2]").state == "failed"
+    undone = sorted(s.name for s in view.steps if s.compensates is not None)
+    assert undone == ["undo:each[0]", "undo:each[1]", "undo:first"]
+    assert view.step("undo:first").completed_at >= max(view.step(n).completed_at for n in undone)  # last
+    for name in ("first", "each[0]", "each[1]"):
+        assert called(home, view.step(name).idempotency_key + ":undo", "undo") == 1
+    assert called(home, view.step("each[2]").idempotency_key + ":undo", "undo") == 0  # it did nothing
+    assert view.step("join").state == "not_started"
+    with app.store.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(alerts).where(alerts.c.run_id == handle.id)).scalar() == 1
+
+
+def test_two_hundred_branches_never_more_than_ten_at_once(stack, app):
+    start(stack, ("w1", 6), ("w2", 6))
+    items = list(range(200))
+    view = app.submit("wide", {"items": items, "sleep": 0.02}, business_key="wide-1").wait(120)
+
+    assert view.process_state == "processed"
+    assert [r["item"] for r in view.step("each").result] == items
+    branches = {s.position for s in view.steps if s.branch_of is not None}
+    running, most = 0, 0
+    for e in view.events:  # in the order they were written
+        if e.position in branches and e.kind == "transition":
+            running += (e.to_state == "running") - (e.from_state == "running")
+            most = max(most, running)
+    assert most == 10  # the bound, and reached: twelve worker slots wait for work
+    assert Counter(s.state for s in view.steps if s.branch_of is not None) == {"completed": 200}
+
+
+def test_a_new_deployment_leaves_runs_in_flight_on_their_graph_and_fails_a_removed_action(stack, stack_env):
+    # This process submits with the definitions of the deployment before: "versioned" had a step
+    # "b" after "a", and a step "c" whose action ("work.gone") the workers' code no longer has.
+    before = SasApp(Settings.from_env({k: v for k, v in stack_env.items() if k != "SAS_ALERT_HOOK"}))
+    work = before.agent("work")
+    work.action(lambda call: {}, name="step")
+    work.action(lambda call: {}, name="gone")
+    before.register(Workflow("versioned", [Step("a", "work.step", timeout=10), Step("b", "work.step", timeout=10)]))
+    before.register(Workflow("dropped", [Step("a", "work.step", timeout=10), Step("c", "work.gone", timeout=10)]))
+    before.migrate()
+    stack.worker("scheduler", "sas.scheduler,sas.supervisor", env=APP, wait=False)
+    stack.beat(env=APP, wait=False)
+    stack.wait_ready()
+    try:
+        old = before.submit("versioned", {}, business_key="v-1")  # "a" is dispatched: nobody runs it yet
+        dropped = before.submit("dropped", {}, business_key="v-2")
+        stack.worker("agents", QUEUE, 2, env=APP)  # the new code comes up
+
+        view = old.wait(30)
+        assert view.process_state == "processed"
+        assert [s.name for s in view.steps] == ["a", "b"]  # its own graph, not the new "renamed"
+        assert view.run.version == before.workflows["versioned"].run_version
+
+        view = dropped.wait(30)
+        c = view.step("c")
+        assert c.state == "failed" and "'work.gone' is not in the deployed code" in c.error
+        assert view.process_state == "error" and "'work.gone'" in view.run.error
+        assert before.store.count_events("alert", dropped.id) == 1
+    finally:
+        before.store.dispose()
