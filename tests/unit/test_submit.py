@@ -38,8 +38,8 @@ def test_submit_writes_the_run_its_steps_and_the_order_row_together(shop):
     view = handle.status()
     assert (view.process_state, view.run.business_key, view.run.failure_count) == ("pending", "A-1", 0)
     assert view.run.locked_by is None and view.run.complete_by is not None
-    assert [s.state for s in view.steps] == ["not_started"] * 4
-    assert len({s.idempotency_key for s in view.steps}) == 4
+    assert [s.state for s in view.steps] == ["not_started"] * 5
+    assert len({s.idempotency_key for s in view.steps}) == 5
 
 
 @pytest.mark.parametrize(
