@@ -90,10 +90,17 @@ def test_an_operator_sees_the_chart_filters_runs_and_finds_the_supervisors_recov
     wait_for(lambda: filled["hung"] in browser.current_url, 10, "the run page")
     recovery = browser.find_element(By.CSS_SELECTOR, 'tr.lane[data-step="charge_payment"] li.recovery')
     assert "attempt 1 passed its complete-by: Supervisor recovery" in recovery.text
-    assert f"/task/{filled['hung']}-1-2" in browser.page_source  # the retry's task, linked into Flower
+    # the retry's task (charge_payment, position 2, attempt 2), linked into Flower
+    assert f"/task/{filled['hung']}-2-2" in browser.page_source
     segments = browser.find_elements(By.CSS_SELECTOR, 'tr.lane[data-step="charge_payment"] rect.segment')
     assert [s.get_attribute("class") for s in segments] == ["segment recovered", "segment completed"]
     assert all(s.size["width"] > 0 for s in segments)
+    # the shipment is a branch, listed under its step; the run's version is shown
+    lanes = [lane.get_attribute("data-step") for lane in browser.find_elements(By.CSS_SELECTOR, "tr.lane")]
+    assert lanes.index("schedule_shipping[0]") == lanes.index("schedule_shipping") + 1
+    assert "branch" in browser.find_element(By.CSS_SELECTOR, 'tr.lane[data-step="schedule_shipping[0]"]') \
+        .get_attribute("class")
+    assert len(browser.find_element(By.ID, "run-version").text) == 12
     browser.save_screenshot(str(tmp_path / "run.png"))
 
     browser.get(dashboard + "/alerts")
