@@ -55,7 +55,7 @@ from sas_app.states import TERMINAL_RUN_STATES
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-AGENT_QUEUES = "sas.agent.payment,sas.agent.warehouse,sas.agent.orders"
+AGENT_QUEUES = "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders"
 #: what the schedule can do, each at least ``--each`` times ("poison" submits a poison order)
 KINDS = ("kill_agent", "kill_scheduler", "kill_supervisor", "restart_redis", "restart_postgres", "zombie",
          "kill_after_call", "warm_shutdown", "flushall", "poison")

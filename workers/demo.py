@@ -26,7 +26,7 @@ from sas_app.states import RUN_STATES, TERMINAL_RUN_STATES
 
 from .orders import ORDER_WORKFLOW, install
 
-AGENT_QUEUES = "sas.agent.payment,sas.agent.warehouse,sas.agent.orders"
+AGENT_QUEUES = "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders"
 
 
 def plan_faults(orders: int, rate: float, rng: random.Random) -> list[str | None]:

@@ -2,8 +2,8 @@
 
 ``submit`` writes the order row and the run in one transaction (the pattern's submission
 process). The workflow then reserves the order's items at the warehouse (agent ``warehouse``)
-while the payment service checks it for fraud (agent ``payment``); once both are done it charges
-the customer, schedules one shipment per reserved item (up to five at once), and confirms the
+while the payment provider's risk API checks it for fraud (agent ``fraud``); once both are done
+it charges the customer at the payment service (agent ``payment``), schedules one shipment per reserved item (up to five at once), and confirms the
 order in the orders database (agent ``orders``). Each remote effect has an undo — release the
 stock, refund the charge, cancel a shipment — run last-first if the order cannot complete.
 
@@ -121,6 +121,7 @@ def install(
     payment step, ``step_timeout`` for the others)."""
     sas.register_tables(metadata)
     payment = sas.agent("payment")
+    fraud = sas.agent("fraud")  # the payment provider's risk API: its own queue, slots and breaker
     warehouse = sas.agent("warehouse")
     order_db = sas.agent("orders")
 
@@ -129,8 +130,8 @@ def install(
         reserved = call_service("warehouse", "do", "reserve", call)
         return {**reserved, "items": call.payload.get("items") or [{"sku": "item", "qty": 1}]}
 
-    @payment.action
-    def check_fraud(call: AgentCall) -> dict[str, Any]:
+    @fraud.action
+    def check(call: AgentCall) -> dict[str, Any]:
         return call_service("payment", "check", "check_fraud", call)
 
     @warehouse.action
@@ -169,7 +170,7 @@ def install(
             ORDER_WORKFLOW,
             [
                 Step("reserve_stock", reserve, timeout=step_timeout, max_failures=max_failures, compensate=release),
-                Step("fraud_check", check_fraud, timeout=step_timeout, max_failures=max_failures, after=[]),
+                Step("fraud_check", check, timeout=step_timeout, max_failures=max_failures, after=[]),
                 Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures, compensate=refund,
                      after=["reserve_stock", "fraud_check"]),
                 Step("schedule_shipping", ship, timeout=step_timeout, max_failures=max_failures,

@@ -64,7 +64,7 @@ def test_flower_shows_each_kind_of_task_and_asks_for_credentials(stack, stack_en
     events = {"SAS_TASK_EVENTS": "true"}
     stack.services()
     stack.worker("scheduler", "sas.scheduler,sas.supervisor", env=events)
-    stack.worker("agents", "sas.agent.payment,sas.agent.warehouse,sas.agent.orders", env=events)
+    stack.worker("agents", "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders", env=events)
     stack.beat()
     port = free_port()
     stack.start("flower", [str(Path(SAS).parent / "celery"), "-A", "workers.app", "flower", f"--port={port}",

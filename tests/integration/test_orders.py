@@ -261,7 +261,7 @@ def test_a_zombie_agent_that_wakes_up_late_is_refused_by_the_remote_service(stac
     stack.services()
     stack.scheduler()
     stack.beat()
-    stack.worker("others", "sas.agent.warehouse,sas.agent.orders")
+    stack.worker("others", "sas.agent.fraud,sas.agent.warehouse,sas.agent.orders")
     # This payment agent passes its complete-by check, then stalls 4 s before calling the service.
     # In the threads pool no time limit interrupts it (prefork's soft limit would): a zombie.
     stack.worker("zombie", "sas.agent.payment", 1, env={"SAS_FAULTS": "agent.before_call.charge_payment=sleep:4@once"},
