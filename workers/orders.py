@@ -3,8 +3,9 @@
 ``submit`` writes the order row and the run in one transaction (the pattern's submission
 process). The workflow then reserves the order's items at the warehouse (agent ``warehouse``)
 while the payment provider's risk API checks it for fraud (agent ``fraud``); once both are done
-it charges the customer at the payment service (agent ``payment``), schedules one shipment per reserved item (up to five at once), and confirms the
-order in the orders database (agent ``orders``). Each remote effect has an undo — release the
+it charges the customer at the payment service (agent ``payment``), schedules one shipment per
+reserved item (up to five at once), and confirms the order in the orders database (agent
+``orders``). Each remote effect has an undo — release the
 stock, refund the charge, cancel a shipment — run last-first if the order cannot complete.
 
 The payload: ``{"amount": 12.5, "items": [{"sku": "A1", "qty": 2}, ...]}``; without ``items`` the

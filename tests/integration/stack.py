@@ -49,8 +49,8 @@ class Stack(Processes):
 
     def agents(self, name: str = "agents", concurrency: int = 2, env: dict[str, str] | None = None,
                pool: str = "prefork", wait: bool = True) -> None:
-        self.worker(name, "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders", concurrency, pool=pool, env=env,
-                    wait=wait)
+        self.worker(name, "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders", concurrency,
+                    pool=pool, env=env, wait=wait)
 
     def up(self) -> None:
         """Every process of the example, started together."""

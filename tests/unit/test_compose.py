@@ -25,8 +25,8 @@ def services() -> dict:
 def test_every_command_resolves_to_a_real_entry_point(services):
     commands = {name: svc["command"] for name, svc in services.items() if "command" in svc and name not in
                 ("redis", "postgres")}
-    assert set(commands) >= {"migrate", "scheduler", "agent-payment", "agent-fraud", "agent-warehouse", "agent-orders", "beat",
-                             "payment-service", "warehouse-service", "flower", "dashboard"}
+    assert set(commands) >= {"migrate", "scheduler", "agent-payment", "agent-fraud", "agent-warehouse", "agent-orders",
+                             "beat", "payment-service", "warehouse-service", "flower", "dashboard"}
     consumed: set[str] = set()
     for name, argv in commands.items():
         if argv[0] == "sas":
