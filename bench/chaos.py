@@ -282,7 +282,8 @@ class Chaos:
                            wait=False)
         self.fleet.worker("scheduler", "sas.scheduler,sas.supervisor", 2, wait=False)
         for name in self.agent_names:
-            self.fleet.worker(name, AGENT_QUEUES, 2, wait=False)
+            # four slots each: an order is five to seven agent calls (one shipment per item)
+            self.fleet.worker(name, AGENT_QUEUES, 4, wait=False)
         for name in ("beat1", "beat2"):
             self.fleet.beat(name, wait=False)
         self.fleet.wait_ready()

@@ -74,6 +74,14 @@ class Moves:
     alerts: list[Alert | None] = field(default_factory=list)
     delay: float | None = None
 
+    def extend(self, other: Moves) -> None:
+        for message in other.messages:
+            if isinstance(message, Advance):
+                self.wait(message.run_id, message.delay)
+            else:
+                self.messages.append(message)
+        self.alerts += other.alerts
+
     def wait(self, run_id: str, seconds: float) -> None:
         if seconds > 0 and (self.delay is None or seconds < self.delay):
             self.delay = seconds
@@ -115,8 +123,8 @@ class Planner:
                      for s in graph.ready() if s.for_each is not None and s.state == StepState.NOT_STARTED}
             for parent in graph.fanning_out():
                 starting += to_start(graph.branches(parent), parent.max_parallel or 1)
-            problems: list[tuple[StepRow, Any]] = [(s, self._refusal(s)) for s in starting]
-            problems += [(graph.at(p), self._refusal(graph.at(p)) or r) for p, r in lists.items()]
+            problems: list[tuple[StepRow, Any]] = [(s, self.refusal(s)) for s in starting]
+            problems += [(graph.at(p), self.refusal(graph.at(p)) or r) for p, r in lists.items()]
             refused = next(((s, r) for s, r in problems if isinstance(r, str)), None)
             if refused is not None:
                 self._refuse(tx, run, *refused, moves)
@@ -150,7 +158,7 @@ class Planner:
                 continue
             if step.state not in (StepState.NOT_STARTED, StepState.PENDING):
                 return  # running or failed: an agent or the Supervisor owns it
-            reason = self._refusal(step)
+            reason = self.refusal(step)
             if reason:
                 self._refuse(tx, run, step, reason, moves)
                 return
@@ -168,14 +176,14 @@ class Planner:
         """A step the hot path has just marked running: its message, unless its action has gone
         from the deployed code (then it fails, and the run is undone)."""
         moves = Moves()
-        reason = self._refusal(step)
+        reason = self.refusal(step)
         if reason:
             self._refuse(tx, run, step, reason, moves)
         else:
             moves.messages.append(Dispatch(run, step, results))
         return moves
 
-    def _refusal(self, step: StepRow) -> str | None:
+    def refusal(self, step: StepRow) -> str | None:
         """Why ``step`` cannot be dispatched by this deployment, if it cannot."""
         if self.has_action is None or self.has_action(step.agent, step.action) is not False:
             return None

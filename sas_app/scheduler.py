@@ -128,15 +128,21 @@ class Scheduler:
             if done.step is None or done.run is None:
                 self._stale(tx, done.run, position, attempt, "step_done")
                 return
-            moves = Moves()
-            if done.following is not None:
-                earlier = (Graph(tx.steps_of(run_id)).results() if results is None
-                           else {**results, done.step: result})
-                moves = self.planner.dispatch(tx, done.run, done.following, earlier)
-            elif done.finished:
-                log.info("run %s (%s %s) processed", run_id, done.run.workflow, done.run.business_key)
-            else:  # the run row is as locked: completing a step changed only steps
-                moves = self.planner.next(tx, done.run)
+            refused = next((s for s in done.started if self.planner.refusal(s)), None)
+            if refused is not None:  # its action left the deployed code: it fails, and the run is undone
+                moves = self.planner.dispatch(tx, done.run, refused, {})
+            else:
+                moves = Moves()
+                if done.started:
+                    earlier = done.results
+                    if earlier is None:
+                        earlier = (Graph(tx.steps_of(run_id)).results() if results is None
+                                   else {**results, done.step: result})
+                    moves.messages += [Dispatch(done.run, step, earlier) for step in done.started]
+                if done.finished:
+                    log.info("run %s (%s %s) processed", run_id, done.run.workflow, done.run.business_key)
+                elif done.plan:  # the run row is as locked: completing a step changed only steps
+                    moves.extend(self.planner.next(tx, done.run))
         self._after_commit(tx, moves)
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None:

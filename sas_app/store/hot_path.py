@@ -13,7 +13,7 @@ row and event.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import bindparam, select, text
@@ -22,6 +22,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from .compensation import CompensationTx
 from .engine import PG_NOW
+from .graph_path import COMPLETE_IN_GRAPH
 from .rows import RunRow, StepRow, field_names, prefixed
 from .tables import steps
 from .transitions import RUN_DONE_CHANNEL
@@ -90,45 +91,71 @@ class Completion:
     run: RunRow | None
     #: the name of the step completed; None when the reply was stale (nothing changed)
     step: str | None = None
-    #: the next workflow step, now running (None if none was due)
-    following: StepRow | None = None
+    #: the steps this completion started (now running, to dispatch)
+    started: list[StepRow] = field(default_factory=list)
     #: the run is now processed
     finished: bool = False
+    #: something may still be due that only the Scheduler's planner can start
+    plan: bool = False
+    #: the results the started steps' agents are told (None: the caller works them out)
+    results: dict[str, Any] | None = None
 
 
 class HotPathTx(CompensationTx):
     def complete_and_advance(self, run_id: str, position: int, attempt: int, result: Any,
                              locked_by: str) -> Completion:
         """Complete the step at ``position`` if ``attempt`` still runs there and the run is live,
-        and start what follows it on the hot path: the next workflow step if it is due, or the
-        run's ``processed`` after its last step. Anything else that follows (a back-off not over,
-        a paused run, the next undo) is the Scheduler's to find."""
+        and start what follows it on the hot path: on a straight line the next step if it is due,
+        or the run's ``processed`` after its last step; in a graph, on PostgreSQL, what
+        :data:`~sas_app.store.graph_path.COMPLETE_IN_GRAPH` starts. Anything else that follows (a
+        back-off not over, a paused run, the next undo, a fan-out) is the planner's to find."""
+        run = None
         if self.is_postgresql:
-            done = self._in_one_statement(run_id, position, attempt, result, locked_by)
-            if done is not None:
-                return done
-        return self._step_by_step(run_id, position, attempt, result, locked_by)
+            row = self.conn.execute(COMPLETE_AND_ADVANCE, {
+                "b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result,
+                "b_locked_by": locked_by,
+            }).first()
+            if row is None:
+                return Completion(None)
+            run = prefixed(RunRow, row._mapping, "r_")  # locked now, whatever the statement did
+            if row.done_name is not None:
+                return self._completed_in_line(run, row, position, attempt)
+            if run.process_state == _PROCESSING and run.paused_by is None and not run.linear:
+                return self._completed_in_graph(run, position, attempt, result, locked_by)
+        return self._step_by_step(run_id, position, attempt, result, locked_by, run)
 
-    def _in_one_statement(self, run_id: str, position: int, attempt: int, result: Any,
-                          locked_by: str) -> Completion | None:
-        row = self.conn.execute(COMPLETE_AND_ADVANCE, {
-            "b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result,
-            "b_locked_by": locked_by,
-        }).first()
-        if row is None or row.done_name is None:
-            return None  # not the common case: the step-by-step path decides
+    def _completed_in_line(self, run: RunRow, row: Any, position: int, attempt: int) -> Completion:
         mapping = row._mapping
-        run = prefixed(RunRow, mapping, "r_")
-        following = None if mapping["n_id"] is None else prefixed(StepRow, mapping, "n_")
+        following = [] if mapping["n_id"] is None else [prefixed(StepRow, mapping, "n_")]
         finished = bool(row.finished)
         self._notify_completed(run, row.done_name, position, attempt, undo=False)
         if finished and run.reply_to is not None:
-            self.notify(run_id, run.reply_to, run.business_key, run.workflow, _PROCESSED, state=_PROCESSED)
-        return Completion(run, row.done_name, following, finished)
+            self.notify(run.id, run.reply_to, run.business_key, run.workflow, _PROCESSED, state=_PROCESSED)
+        return Completion(run, row.done_name, following, finished, plan=not following and not finished)
 
-    def _step_by_step(self, run_id: str, position: int, attempt: int, result: Any,
-                      locked_by: str) -> Completion:
-        run = self.lock_run(run_id)
+    def _completed_in_graph(self, run: RunRow, position: int, attempt: int, result: Any,
+                            locked_by: str) -> Completion:
+        rows = self.conn.execute(COMPLETE_IN_GRAPH, {
+            "b_run_id": run.id, "b_position": position, "b_attempt": attempt, "b_result": result,
+            "b_locked_by": locked_by,
+        }).all()
+        if not rows:
+            return Completion(run)  # stale: fenced out
+        first = rows[0]
+        started = [prefixed(StepRow, r._mapping, "n_") for r in rows if r._mapping["n_id"] is not None]
+        finished = bool(first.finished)
+        results = dict(first.results or {})
+        if first.done_branch_of is None:
+            results[first.done_name] = result
+        self._notify_completed(run, first.done_name, position, attempt, undo=False)
+        if finished and run.reply_to is not None:
+            self.notify(run.id, run.reply_to, run.business_key, run.workflow, _PROCESSED, state=_PROCESSED)
+        plan = bool(first.ready_left) or (first.done_branch_of is not None and not first.siblings_open)
+        return Completion(run, first.done_name, started, finished, plan, results)
+
+    def _step_by_step(self, run_id: str, position: int, attempt: int, result: Any, locked_by: str,
+                      locked: RunRow | None = None) -> Completion:
+        run = locked or self.lock_run(run_id)
         if run is None or run.process_state not in LIVE_RUN_STATES:
             return Completion(run)
         done = self.complete_step(run_id, position, attempt, result, actor=locked_by)
@@ -142,7 +169,8 @@ class HotPathTx(CompensationTx):
             following = self.mark_next_running(run_id, position + 1, locked_by)
             if following is None and not self._has_later_step(run_id, position):
                 finished = self.finish_run(run_id, RunState.PROCESSED, actor=locked_by)
-        return Completion(run, done.name, following, finished)
+        started = [] if following is None else [following]
+        return Completion(run, done.name, started, finished, plan=not started and not finished)
 
     def _notify_completed(self, run: RunRow, name: str, position: int, attempt: int, *, undo: bool) -> None:
         if run.reply_to is not None:

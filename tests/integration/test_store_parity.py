@@ -24,16 +24,19 @@ def sequences(app: SasApp) -> dict[str, Any]:
     """Run every sequence and return what the store holds for each run, by business key."""
     pump = Pump(app)
     pump.purge()
-    keys = []
+    keys: dict[str, str] = {}
     one_statement: list[str] = []
+    in_graph: list[str] = []
 
     @event.listens_for(app.store.engine, "before_cursor_execute")
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if statement.lstrip().startswith("WITH run AS"):
             one_statement.append(statement)
+        if statement.lstrip().startswith("WITH done AS"):
+            in_graph.append(statement)
 
     def submit(workflow: str, key: str, payload: dict[str, Any] | None = None) -> str:
-        keys.append(key)
+        keys[key] = workflow
         return app.submit(workflow, payload or {}, business_key=key, reply_to="parity-replies").id
 
     # the happy path, to the last step (the run's processed in the same statement on PostgreSQL)
@@ -60,11 +63,23 @@ def sequences(app: SasApp) -> dict[str, Any]:
     submit("saga", "undo", {"script": {"third": ["permanent"]}})
     pump.run()
 
-    state: dict[str, Any] = {"completions in one statement": len(one_statement)}
+    # steps side by side and their join; a fan-out two at a time; one over an earlier result; a
+    # branch failing for good while a sibling runs
+    submit("diamond", "diamond")
+    pump.run()
+    submit("fanout", "fanout", {"items": ["a", "b", "c"]})
+    pump.run()
+    submit("fanout_result", "over a result", {"items_from_result": [1, 2]})
+    pump.run()
+    submit("fanout", "branch fails", {"items": ["a", "b", "c"], "script": {"ship[1]": ["permanent"]}})
+    pump.run()
+
+    state: dict[str, Any] = {"completions in one statement": len(one_statement),
+                             "graph completions in one statement": len(in_graph)}
     with app.store.engine.connect() as conn:
         notes = conn.execute(select(outbox.c.run_id, outbox.c.body).order_by(outbox.c.id)).all()
-    for key in keys:
-        run = app.store.find_run("saga" if key == "undo" else "three", key)
+    for key, workflow in keys.items():
+        run = app.store.find_run(workflow, key)
         assert run is not None
         state[key] = {
             "run": (run.process_state, run.failure_count, run.error, run.paused_by, run.locked_by is None),
@@ -113,8 +128,57 @@ def test_the_same_sequences_leave_the_same_rows_events_and_notifications_on_both
     assert sqlite["happy"]["run"][0] == "processed" and sqlite["undo"]["run"][0] == "compensated"
     assert sum(e[1] == "stale_reply" for e in sqlite["stale"]["events"]) == 1
     assert sqlite["stale"]["run"][0] == "processed" and sqlite["paused"]["run"][0] == "processed"
-    # On PostgreSQL every success reply (14: 3 + 3 and a duplicate + 3 + 2 and 2 undos) tries the one statement
-    # first; the duplicate, the reply to the paused run and the undos then go step by step, as on SQLite.
-    assert (sqlite.pop("completions in one statement"), postgresql.pop("completions in one statement")) == (0, 14)
+    # On PostgreSQL every success reply tries the one statement first (it also takes the run's lock):
+    # 14 on straight lines (3 + 3 and a duplicate + 3 + 2 and 2 undos), then 18 in graphs; the
+    # duplicate, the reply to the paused run and the undos then go step by step, as on SQLite...
+    assert (sqlite.pop("completions in one statement"), postgresql.pop("completions in one statement")) == (0, 32)
+    # ... and a graph's completions take one statement more: diamond 4, fanout 1 + 3 + 1, over a result
+    # 1 + 2, and 2 where a branch fails (prepare, ship[0]; ship[2]'s late reply and the 3 undos are not)
+    assert (sqlite.pop("graph completions in one statement"),
+            postgresql.pop("graph completions in one statement")) == (0, 14)
+    assert sqlite["diamond"]["run"][0] == sqlite["fanout"]["run"][0] == "processed"
+    assert sqlite["branch fails"]["run"][0] == "compensated"
     for key in sqlite:
         assert postgresql[key] == sqlite[key], key
+
+
+def test_a_step_in_a_graph_costs_one_statement_more_than_on_a_straight_line(db_url, tmp_path):
+    """On PostgreSQL a reply completing a step on a straight line is one statement (the next step
+    started in it); a branch's, which starts the next branch, is two (the run's lock, then the
+    graph's statement). Each is one commit."""
+    app = SasApp(Settings(database_url=db_url, broker_url="memory://localhost/", home=tmp_path / "home",
+                          pickup_timeout=30, task_events=False, inline_replies=False))
+    install_test_workflows(app, timeout=30)
+    app.migrate()
+    pump = Pump(app)
+    pump.purge()
+    statements: list[str] = []
+    commits: list[int] = []
+    event.listen(app.store.engine, "before_cursor_execute", lambda c, cur, statement, *a: statements.append(statement))
+    event.listen(app.store.engine, "commit", lambda conn: commits.append(1))
+
+    def reply_cost() -> tuple[int, int]:
+        """Run the agents' calls waiting now, then count what handling the first reply costs
+        the Scheduler (the other replies are handled after it)."""
+        pump.run(["sas.agent.svc"])
+        first, *others = pump.take("sas.scheduler")
+        statements.clear()
+        commits.clear()
+        pump.execute(first)
+        cost = len(statements), len(commits)
+        for reply in others:
+            pump.execute(reply)
+        return cost
+
+    try:
+        app.submit("three", {}, business_key="line")
+        pump.run(["sas.scheduler"])
+        assert reply_cost() == (1, 1)  # "first" completes and "second" starts
+        pump.run()
+        app.submit("fanout", {"items": [1, 2, 3]}, business_key="fan")  # two branches at a time
+        pump.run(["sas.scheduler"])
+        pump.run(["sas.agent.svc"])
+        pump.run(["sas.scheduler"])  # "prepare" completes; the fan-out starts ship[0] and ship[1]
+        assert reply_cost() == (2, 1)  # a branch completes and ship[2] starts
+    finally:
+        app.store.dispose()
