@@ -1,5 +1,6 @@
-"""The benchmark's application: a 3-step workflow whose agent does no remote work, and the same
-three no-op tasks as a plain Celery chain, on the broker and database from the environment."""
+"""The benchmark's application: a 3-step workflow whose agent does no remote work (a straight
+line, and the same three steps as a graph: two side by side and their join), and the same three
+no-op tasks as a plain Celery chain, on the broker and database from the environment."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def silent_once(call: AgentCall) -> dict[str, Any]:
 
 
 sas.register(Workflow("noop3", [Step(name, work, timeout=30) for name in ("one", "two", "three")]))
+# the same three steps as a graph: one and two side by side, three their join
+sas.register(Workflow("noop3_graph", [Step("one", work, timeout=30), Step("two", work, timeout=30, after=[]),
+                                      Step("three", work, timeout=30, after=["one", "two"])]))
 sas.register(Workflow("recover", [Step("once", silent_once, timeout=1)]))
 
 # The baseline a user would hand-roll: the same three no-op tasks as a Celery chain, with the same

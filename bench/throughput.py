@@ -89,12 +89,12 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
         for rep in range(args.repeat):
             idle = []
             for i in range(args.idle_runs):
-                view = sas.submit("noop3", {}, business_key=f"idle-{rep}-{i}").wait(60)
+                view = sas.submit(args.workflow, {}, business_key=f"idle-{rep}-{i}").wait(60)
                 idle.append(view.run.updated_at - view.run.created_at)
             keys = [f"load-{rep}-{i}" for i in range(args.runs)]
             started = time.time()
             for key in keys:
-                sas.submit("noop3", {}, business_key=key)
+                sas.submit(args.workflow, {}, business_key=key)
             submitted = time.time() - started
             with sas.store.engine.connect() as conn:
                 where = runs.c.business_key.like(f"load-{rep}-%")
@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--skip-dbos", action="store_true")
+    parser.add_argument("--workflow", choices=("noop3", "noop3_graph"), default="noop3",
+                        help="sas_app's three steps in a straight line, or two side by side and their join")
     args = parser.parse_args(argv)
     logs = Path(os.environ.get("BENCH_LOGS", "/tmp/sas-bench"))
     redis.Redis.from_url(args.redis).flushdb()
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     dbos_reps = [] if args.skip_dbos else bench_dbos(args, logs / "dbos")
 
     result: dict[str, Any] = {
-        "date": date.today().isoformat(), "runs": args.runs, "repeat": args.repeat,
+        "date": date.today().isoformat(), "runs": args.runs, "repeat": args.repeat, "workflow": args.workflow,
         "workers": {"processes": 2, "concurrency_each": args.concurrency, "pool": args.pool}, "machine": machine(),
         "sas_app": summarise(sas_reps), "celery_chain": summarise(celery_reps),
         "dbos": summarise(dbos_reps) if dbos_reps else None,

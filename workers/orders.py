@@ -12,7 +12,8 @@ The payload: ``{"amount": 12.5, "items": [{"sku": "A1", "qty": 2}, ...]}``; with
 order is one item.
 
 Faults for a demo or a test ride in the payload: ``{"faults": {"charge": "transient:2"}}`` sends
-that fault spec (see workers.remote_service) with every request of that action. One fault acts in
+that fault spec (see workers.remote_service) with every request of that action (for ``ship``, of
+the first shipment). One fault acts in
 the agent instead: ``"poison"`` kills the worker process running the step, on every attempt, before
 any request is sent (a step that crashes whatever runs it).
 """
@@ -75,7 +76,10 @@ def _http() -> httpx.Client:
 def call_service(service: str, verb: str, action: str, call: AgentCall) -> dict[str, Any]:
     """One request to a remote service, its outcome mapped onto the agent's retry policy."""
     fault_name = UNDO_NAMES[action] if verb == "undo" else action
-    fault = (call.payload.get("faults") or {}).get(fault_name)
+    # a fault for a step that ships each item hits the first shipment (and its undo) only
+    first = call.index in (None, 0) and (call.undoes is None or not call.undoes["step"].endswith("]")
+                                         or call.undoes["step"].endswith("[0]"))
+    fault = (call.payload.get("faults") or {}).get(fault_name) if first else None
     if fault == "poison":
         os.kill(os.getpid(), signal.SIGKILL)
     body: dict[str, Any] = {
