@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from .states import StepState
@@ -30,11 +31,12 @@ class Graph:
         """The workflow's own steps (not its branches, not its undos), in position order."""
         return [s for s in self.steps if not s.is_undo and not s.is_branch]
 
+    @cached_property
+    def _by_position(self) -> dict[int, StepRow]:
+        return {s.position: s for s in self.steps}
+
     def at(self, position: int) -> StepRow:
-        for s in self.steps:
-            if s.position == position:
-                return s
-        raise KeyError(position)
+        return self._by_position[position]
 
     def done(self) -> bool:
         return all(s.state == StepState.COMPLETED for s in self.workflow_steps)
