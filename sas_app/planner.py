@@ -119,8 +119,10 @@ class Planner:
                 log.info("run %s (%s %s) processed", run.id, run.workflow, run.business_key)
                 return
             starting = [s for s in graph.ready() if s.for_each is None]
-            lists = {s.position: fan_out_list(s.for_each, run.payload, graph.results(), self.settings.max_branches)
-                     for s in graph.ready() if s.for_each is not None and s.state == StepState.NOT_STARTED}
+            # a fan-out's list is read when it starts (from an operator's edited input, if any)
+            lists = {s.position: fan_out_list(s.for_each, run.payload if s.input is None else s.input,
+                                              graph.results(), self.settings.max_branches)
+                     for s in graph.ready() if s.for_each is not None}
             for parent in graph.fanning_out():
                 starting += to_start(graph.branches(parent), parent.max_parallel or 1)
             problems: list[tuple[StepRow, Any]] = [(s, self.refusal(s)) for s in starting]

@@ -272,3 +272,17 @@ def test_a_run_in_flight_when_the_store_is_upgraded_keeps_running(settings, db_u
         assert view.run.linear and view.run.version is None
     finally:
         app.store.dispose()
+
+
+def test_a_fan_out_refused_for_its_list_is_resubmitted_with_an_edited_input(sas, pump):
+    sas.register(Workflow("fan_only", [Step("ship", "svc.work", timeout=0.3, for_each="items")]))
+    handle = sas.submit("fan_only", {"order": 1}, business_key="fan-edit")
+    pump.run()
+    view = handle.status()
+    assert view.process_state == "error" and "has no key 'items'" in view.step("ship").error
+
+    sas.resubmit(handle.id, by="ops", reason="the items came by mail", step="ship", step_input={"items": ["a", "b"]})
+    pump.run()
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert [r["item"] for r in view.step("ship").result] == ["a", "b"]
