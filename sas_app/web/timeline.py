@@ -57,6 +57,12 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
         if e.kind != EventKind.TRANSITION or e.position is None or e.position not in lanes:
             continue
         detail = e.detail if isinstance(e.detail, dict) else {}
+        if e.to_state == StepState.RUNNING and "branches" in detail:  # a fan-out: its branches are the lanes below
+            started = Segment(e.attempt or 0, e.at, None, None, "running",
+                              f"fanned out to {detail['branches']} branches", "")
+            lanes[e.position].segments.append(started)
+            open_[e.position] = started
+            continue
         if e.to_state == StepState.RUNNING:
             started = Segment(e.attempt or 0, e.at, None, detail.get("complete_by"), "running",
                               f"attempt {e.attempt} dispatched", dispatch_task_id(view.id, e.position, e.attempt or 0))
@@ -67,7 +73,9 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
         if segment is None:
             continue
         segment.end = e.at
-        if e.to_state == StepState.COMPLETED:
+        if e.to_state == StepState.COMPLETED and not segment.task_id:
+            segment.outcome, segment.label = "completed", f"{segment.label}: every one completed"
+        elif e.to_state == StepState.COMPLETED:
             segment.outcome, segment.label = "completed", f"attempt {segment.attempt} completed"
         elif e.to_state == StepState.PENDING and detail.get("reason") == Cause.EXPIRED:
             segment.outcome = "recovered"

@@ -73,6 +73,21 @@ def test_a_run_page_shows_the_supervisor_recovery_on_its_timeline(client, filled
     assert client.get("/runs/nope").status_code == 404
 
 
+def test_a_run_page_lists_branches_under_their_step_and_links_only_real_tasks(client, sas, pump):
+    handle = sas.submit("fanout", {"items": ["a", "b", "c"]}, business_key="fan-page")
+    pump.run()
+    sas.test_clock.advance(0.01)
+    page = client.get(f"/runs/{handle.id}").get_data(as_text=True)
+
+    lanes = re.findall(r'<tr class="lane( branch)?" data-step="([^"]+)"', page)
+    assert [name for _, name in lanes] == ["prepare", "ship", "ship[0]", "ship[1]", "ship[2]", "confirm"]
+    assert [name for branch, name in lanes if branch] == ["ship[0]", "ship[1]", "ship[2]"]
+    assert "fanned out to 3 branches: every one completed" in page
+    assert f"/task/{handle.id}-1-" not in page  # the fan-out itself is no Celery task
+    assert page.count(f"http://flower.example:5555/task/{handle.id}-") == 2 * 5  # five tasks, bar and list each
+    assert f'id="run-version">{handle.status().run.version}<' in page
+
+
 def test_current_alerts_are_those_whose_run_still_needs_someone(client, filled, sas, pump):
     stuck = sas.submit("three", {"script": {"second": ["permanent"]}}, business_key="stuck-1")
     pump.run()
