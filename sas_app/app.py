@@ -65,7 +65,8 @@ class SasApp:
         self.workflows: dict[str, Workflow] = {}
         self.tables: list[MetaData] = []
         self.router = Router(self.celery, self.settings, self.store.mark_sent)
-        self.scheduler = Scheduler(self.store, self.celery, self.settings, self.alerts, self.router, self.has_action)
+        self.scheduler = Scheduler(self.store, self.celery, self.settings, self.alerts, self.router, self.has_action,
+                                   self.workflows)
         self.supervisor = Supervisor(self.store, self.celery, self.settings, self.alerts, self.router)
         inline = self.scheduler if self.settings.inline_replies else None
         self.client = Client(self.store, self.settings, self.router, self.workflows, inline)
@@ -129,7 +130,8 @@ class SasApp:
         """Check ``workflow`` against the registered agents and make it submittable."""
         if workflow.name in self.workflows:
             raise WorkflowDefinitionError(f"a workflow named {workflow.name!r} is already registered")
-        check_workflow(workflow, self.actions(), visibility_timeout=self.settings.visibility_timeout)
+        check_workflow(workflow, self.actions(), visibility_timeout=self.settings.visibility_timeout,
+                       known_workflows=self.workflows)
         self.workflows[workflow.name] = workflow
         return workflow
 

@@ -219,6 +219,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         out: dict[str, Any] = asdict(view.run)
         out["steps"] = [asdict(s) for s in view.steps]
         out["events"] = [asdict(e) for e in view.events]
+        out["children"] = [asdict(c) for c in ctx.app.store.children(run_id)]
         click.echo(json.dumps(out, default=str))
         return
     r = view.run
@@ -226,11 +227,16 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
                   f"state=[bold]{r.process_state}[/] failures={r.failure_count} locked_by={r.locked_by or '-'}")
     if r.error:
         console.print(f"error: {r.error}")
+    if r.parent_run_id:
+        console.print(f"child of run {r.parent_run_id} (its step #{r.parent_position}), depth {r.depth}")
+    for child in ctx.app.store.children(r.id):
+        console.print(f"child run {child.id} ({child.workflow}, step #{child.parent_position}): {child.process_state}")
     graph = Graph(view.steps)
     steps = Table("#", "step", "after", "agent", "state", "attempt", "failures", "complete by", "error")
     for s, is_branch in graph.outline():
         after = "" if is_branch or s.is_undo else ", ".join(graph.waits_for_names(s)) or "-"
-        steps.add_row(str(s.position), f"  └ {s.name}" if is_branch else s.name, after, f"{s.agent}.{s.action}",
+        does = f"child run of {s.child}" if s.child else f"{s.agent}.{s.action}"
+        steps.add_row(str(s.position), f"  └ {s.name}" if is_branch else s.name, after, does,
                       s.state, str(s.attempt), f"{s.failure_count}/{s.max_failures}", when(s.complete_by),
                       s.error or "")
     console.print(steps)

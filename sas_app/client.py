@@ -12,12 +12,12 @@ from typing import Any
 
 from . import faults, tracing
 from .errors import DuplicateBusinessKey, InvalidSubmission, UnknownRun, UnknownWorkflow
-from .routing import Advance, Router, step_key
+from .routing import Advance, Router
 from .scheduler import Scheduler
 from .settings import Settings
 from .states import TERMINAL_RUN_STATES
-from .store import EventRow, NewStep, RunRow, StepRow, Store, dumps_payload
-from .workflow import Workflow, action_name
+from .store import EventRow, NewRun, RunRow, StepRow, Store, dumps_payload
+from .workflow import Workflow
 
 log = logging.getLogger("sas.client")
 
@@ -158,17 +158,10 @@ class Client:
 
     def _submit(self, wf: Workflow, run_id: str, payload: Any, business_key: str, reply_to: str | None,
                 priority: int) -> RunHandle:
-        new_steps = [
-            NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, step_key(run_id, s.name),
-                    undo=None if s.compensate is None else action_name(s.compensate), waits_for=waits,
-                    for_each=s.for_each, max_parallel=s.max_parallel if s.for_each else None)
-            for s, waits in zip(wf.steps, wf.waits_for, strict=True)
-        ]
-        run, created, notes = self.store.create_run(
-            run_id=run_id, workflow=wf.name, business_key=business_key, payload=payload, reply_to=reply_to,
-            priority=priority, new_steps=new_steps, pickup_timeout=self.settings.pickup_timeout,
-            version=wf.run_version, linear=wf.is_linear, on_insert=wf.on_submit,
-        )
+        new = NewRun(run_id, wf.name, business_key, payload, wf.new_steps(run_id), reply_to, priority,
+                     wf.run_version, wf.is_linear)
+        run, created, notes = self.store.create_run(new, pickup_timeout=self.settings.pickup_timeout,
+                                                    on_insert=wf.on_submit)
         if not created:
             if run.payload != payload:
                 raise DuplicateBusinessKey(

@@ -44,7 +44,7 @@ class Operator:
             tx.operator_event(run_id, failed.position, "resubmit", by, reason)
             tx.resubmit_step(failed, self.settings.pickup_timeout, by, step_input)
             tx.reopen_run(run, RunState.COMPENSATING if failed.is_undo else RunState.PROCESSING, by)
-        self.router.after_commit(tx.outbox, Advance(run_id))
+        self.router.after_commit(tx.outbox, Advance(run_id), *tx.follow_ups)
 
     def mark_done(self, run_id: str, step: str, *, by: str, reason: str = "", result: Any = None) -> None:
         """Record a step an operator completed by hand (or decided to skip) as completed; the run
@@ -61,7 +61,7 @@ class Operator:
                 tx.mark_compensated(run_id, target.compensates, by)
             if run.process_state == RunState.ERROR:
                 tx.reopen_run(run, RunState.COMPENSATING if target.is_undo else RunState.PROCESSING, by)
-        self.router.after_commit(tx.outbox, Advance(run_id))
+        self.router.after_commit(tx.outbox, Advance(run_id), *tx.follow_ups)
 
     def pause(self, run_id: str, *, by: str, reason: str = "") -> None:
         """Dispatch no further step of this run until :meth:`resume` (a running step finishes)."""
@@ -80,7 +80,7 @@ class Operator:
             if not tx.set_paused(run, None):
                 raise InvalidOperation(f"cannot resume run {run_id}: it is {run.process_state} and not paused")
             tx.operator_event(run_id, None, "resume", by, reason)
-        self.router.after_commit(tx.outbox, Advance(run_id))
+        self.router.after_commit(tx.outbox, Advance(run_id), *tx.follow_ups)
 
     def cancel(self, run_id: str, *, by: str, reason: str = "") -> str:
         """Stop a pending or processing run: no further step starts, and whatever may have been done
@@ -98,7 +98,8 @@ class Operator:
                 tx.finish_run(run_id, RunState.CANCELLED, from_state=run.process_state, actor=by, error=why,
                               cancelled_by=by)
                 state = RunState.CANCELLED
-        self.router.after_commit(tx.outbox, Advance(run_id) if state == RunState.COMPENSATING else None)
+        self.router.after_commit(tx.outbox, Advance(run_id) if state == RunState.COMPENSATING else None,
+                                 *tx.follow_ups)
         return state.value
 
     def compensate(self, run_id: str, *, by: str, reason: str = "") -> None:
@@ -112,7 +113,7 @@ class Operator:
             why = f"compensated by {by}" + (f": {reason}" if reason else "")
             if not undo_run(tx, run, why, self.settings, actor=by):
                 raise InvalidOperation(f"cannot compensate run {run_id}: none of its steps has anything to undo")
-        self.router.after_commit(tx.outbox, Advance(run_id))
+        self.router.after_commit(tx.outbox, Advance(run_id), *tx.follow_ups)
 
 
 def _locked(tx: Tx, run_id: str) -> RunRow:

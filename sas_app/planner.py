@@ -10,7 +10,8 @@ agent messages to send once that transaction commits (the Scheduler sends them).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +20,10 @@ from .graph import Graph, fan_out_list, to_start
 from .recovery import fail_run
 from .routing import Advance, AgentMessage
 from .settings import Settings, instance_id
-from .states import RunState, StepState
-from .store import RunRow, StepRow, Tx
+from .states import TERMINAL_RUN_STATES, RunState, StepState
+from .store import NewRun, RunRow, StepRow, Tx
+from .store.children import child_key
+from .workflow import Workflow
 
 log = logging.getLogger("sas.scheduler")
 
@@ -76,23 +79,28 @@ class Moves:
 
     def extend(self, other: Moves) -> None:
         for message in other.messages:
-            if isinstance(message, Advance):
+            if isinstance(message, Advance) and message.delay > 0:
                 self.wait(message.run_id, message.delay)
             else:
                 self.messages.append(message)
         self.alerts += other.alerts
 
     def wait(self, run_id: str, seconds: float) -> None:
+        """Look at ``run_id`` again in ``seconds`` (the soonest of the back-offs asked for)."""
         if seconds > 0 and (self.delay is None or seconds < self.delay):
             self.delay = seconds
-            self.messages = [m for m in self.messages if not isinstance(m, Advance)] + [Advance(run_id, seconds)]
+            self.messages = [m for m in self.messages if not (isinstance(m, Advance) and m.delay > 0)]
+            self.messages.append(Advance(run_id, seconds))
 
 
 class Planner:
-    def __init__(self, settings: Settings, alerts: Alerts, has_action: HasAction | None = None) -> None:
+    def __init__(self, settings: Settings, alerts: Alerts, has_action: HasAction | None = None,
+                 workflows: Mapping[str, Workflow] | None = None) -> None:
         self.settings = settings
         self.alerts = alerts
         self.has_action = has_action
+        #: the deployment's registered workflows, which child steps start (None: it cannot tell)
+        self.workflows = workflows
 
     def next(self, tx: Tx, run: RunRow) -> Moves:
         """Within the run's transaction: start every step that may start now (or the next undo,
@@ -118,14 +126,20 @@ class Planner:
                 tx.finish_run(run.id, RunState.PROCESSED, actor=instance_id())
                 log.info("run %s (%s %s) processed", run.id, run.workflow, run.business_key)
                 return
-            starting = [s for s in graph.ready() if s.for_each is None]
+            ended = self._children_ended(tx, run, graph, moves)
+            if ended == "failed":
+                return
+            if ended == "completed":
+                continue  # what waited for those steps may start now
+            starting = [s for s in graph.ready() if s.for_each is None and s.child is None]
+            children = [s for s in graph.ready() if s.child is not None]
             # a fan-out's list is read when it starts (from an operator's edited input, if any)
             lists = {s.position: fan_out_list(s.for_each, run.payload if s.input is None else s.input,
                                               graph.results(), self.settings.max_branches)
                      for s in graph.ready() if s.for_each is not None}
             for parent in graph.fanning_out():
                 starting += to_start(graph.branches(parent), parent.max_parallel or 1)
-            problems: list[tuple[StepRow, Any]] = [(s, self.refusal(s)) for s in starting]
+            problems: list[tuple[StepRow, Any]] = [(s, self.refusal(s, run)) for s in starting + children]
             problems += [(graph.at(p), self.refusal(graph.at(p)) or r) for p, r in lists.items()]
             refused = next(((s, r) for s, r in problems if isinstance(r, str)), None)
             if refused is not None:
@@ -141,6 +155,8 @@ class Planner:
                 assert isinstance(items, list)
                 changed |= tx.start_fan_out(graph.at(position), items, first_free, instance_id())
                 first_free += len(items)
+            for step in children:
+                self._start_child(tx, run, step, moves)
             results = graph.results()
             for step in starting:
                 running = tx.mark_step_running(step, instance_id())
@@ -185,8 +201,60 @@ class Planner:
             moves.messages.append(Dispatch(run, step, results))
         return moves
 
-    def refusal(self, step: StepRow) -> str | None:
-        """Why ``step`` cannot be dispatched by this deployment, if it cannot."""
+    def _start_child(self, tx: Tx, run: RunRow, step: StepRow, moves: Moves) -> None:
+        """Start ``step``'s child run (pending, asked of the Scheduler once this commits)."""
+        assert self.workflows is not None and step.child is not None
+        workflow = self.workflows[step.child]
+        child_id = uuid.uuid4().hex
+        started = tx.start_child_step(step, child_id, instance_id())
+        if started is None:
+            return
+        payload = run.payload if step.input is None else step.input
+        child, _ = tx.insert_run(NewRun(
+            child_id, workflow.name, child_key(run.id, step.name, started.attempt), payload,
+            workflow.new_steps(child_id), None, run.priority, workflow.run_version, workflow.is_linear,
+            parent_run_id=run.id, parent_position=step.position, depth=run.depth + 1,
+        ), self.settings.pickup_timeout)
+        moves.messages.append(Advance(child.id))
+
+    def _children_ended(self, tx: Tx, run: RunRow, graph: Graph, moves: Moves) -> str | None:
+        """Steps waiting for a child run that has ended: processed, the step completes with its
+        results ("completed"); otherwise it fails, and this run is undone ("failed")."""
+        waiting = [s for s in graph.workflow_steps if s.child is not None and s.state == StepState.RUNNING]
+        if not waiting:
+            return None
+        outcome = None
+        children = {c.business_key: c for c in tx.children_of(run.id)}
+        for step in waiting:
+            child = children.get(child_key(run.id, step.name, step.attempt))
+            if child is None or child.process_state not in TERMINAL_RUN_STATES:
+                continue
+            if child.process_state == RunState.PROCESSED:
+                if tx.finish_child_step(step, child, Graph(tx.steps_of(child.id)).results(), instance_id()):
+                    outcome = "completed"
+                continue
+            reason = f"step {step.name!r}: child run {child.id} ({child.workflow}) ended {child.process_state}"
+            if child.error:
+                reason += f": {child.error}"
+            failed = tx.fail_step(run.id, step.position, step.attempt, reason, actor=instance_id(), count_failure=True)
+            if failed is not None:
+                moves.alerts.append(fail_run(tx, self.alerts, self.settings, run, failed, reason, actor=instance_id()))
+                after = tx.lock_run(run.id)
+                if after is not None:
+                    self._plan(tx, after, moves)
+                return "failed"
+        return outcome
+
+    def refusal(self, step: StepRow, run: RunRow | None = None) -> str | None:
+        """Why ``step`` cannot be dispatched (or its child run started) by this deployment, if it cannot."""
+        if step.child is not None:
+            if self.workflows is not None and step.child not in self.workflows:
+                return (f"step {step.name!r}: child workflow {step.child!r} is not in the deployed code "
+                        "(removed or renamed since the run started)")
+            if run is not None and run.depth + 1 > self.settings.max_child_depth:
+                return (f"step {step.name!r}: its child run would nest {run.depth + 1} deep, over "
+                        f"SAS_MAX_CHILD_DEPTH ({self.settings.max_child_depth})")
+            return None
         if self.has_action is None or self.has_action(step.agent, step.action) is not False:
             return None
         return (f"step {step.name!r}: agent action '{step.agent}.{step.action}' is not in the deployed code "

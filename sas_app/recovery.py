@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .alerts import COMPENSATION_FAILED, FAILED, Alert, Alerts
+from .routing import Advance
 from .settings import Settings
 from .states import EXPIRED_ERROR, Cause, RunState, StepState
 from .store import RunRow, StepRow, Tx
@@ -61,12 +62,32 @@ def undo_run(tx: Tx, run: RunRow, reason: str, settings: Settings, *, actor: str
     """Start undoing ``run``: it goes to ``compensating`` with a compensation row for each step
     :func:`undoable` names. Returns those steps; none means nothing changed."""
     steps = tx.steps_of(run.id)
+    _cancel_children(tx, run, steps, reason, settings, actor)
     undo = undoable(steps)
     first_free = max((s.position for s in steps), default=-1) + 1
     if not tx.start_compensation(run, undo, reason, settings.pickup_timeout, actor=actor, first_free=first_free,
                                  cancelled_by=cancelled_by):
         return []
     return undo
+
+
+def _cancel_children(tx: Tx, run: RunRow, steps: Sequence[StepRow], reason: str, settings: Settings,
+                     actor: str) -> None:
+    """A run being undone (or failed) cancels its live child runs: each is undone in turn (its own
+    children too), or ends ``cancelled`` when it has nothing to undo."""
+    waiting = {s.position for s in steps if s.child is not None and s.state == StepState.RUNNING}
+    for child in tx.children_of(run.id) if waiting else []:
+        if child.parent_position not in waiting or child.process_state not in (RunState.PENDING,
+                                                                                RunState.PROCESSING):
+            continue
+        locked = tx.lock_run(child.id)
+        if locked is None:
+            continue
+        why = f"its parent run {run.id} is being undone: {reason}"
+        if not undo_run(tx, locked, why, settings, actor=actor, cancelled_by=actor):
+            tx.finish_run(child.id, RunState.CANCELLED, from_state=locked.process_state, actor=actor, error=why,
+                          cancelled_by=actor)
+        tx.follow_ups.append(Advance(child.id))
 
 
 def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: Cause, detail: str, *,

@@ -15,6 +15,7 @@ with an alert if an undo fails too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import faults
@@ -29,6 +30,8 @@ from .store import RunRow, Store, Tx
 
 if TYPE_CHECKING:
     from celery import Celery
+
+    from .workflow import Workflow
 
 log = logging.getLogger("sas.scheduler")
 
@@ -51,13 +54,13 @@ class Scheduler:
         return instance_id()
 
     def __init__(self, store: Store, celery: Celery, settings: Settings, alerts: Alerts, router: Router,
-                 has_action: HasAction | None = None) -> None:
+                 has_action: HasAction | None = None, workflows: Mapping[str, Workflow] | None = None) -> None:
         self.store = store
         self.celery = celery
         self.settings = settings
         self.alerts = alerts
         self.router = router
-        self.planner = Planner(settings, alerts, has_action)
+        self.planner = Planner(settings, alerts, has_action, workflows)
         self._register_tasks()
 
     def _register_tasks(self) -> None:
@@ -210,7 +213,8 @@ class Scheduler:
         """Once the transaction has committed: its alerts, its notifications, then its messages."""
         for alert in moves.alerts:
             self.alerts.emit(alert)
-        if not moves.messages and not tx.outbox:
+        if not moves.messages and not tx.outbox and not tx.follow_ups:
             return
         faults.hit("scheduler.after_commit")
-        self.router.after_commit(tx.outbox, *(m.message() if isinstance(m, Dispatch) else m for m in moves.messages))
+        self.router.after_commit(tx.outbox, *(m.message() if isinstance(m, Dispatch) else m for m in moves.messages),
+                                 *tx.follow_ups)

@@ -56,6 +56,9 @@ class Settings:
     #: SAS_MAX_BRANCHES — most branches one ``for_each`` step may fan out to; over it the step
     #: fails with that reason and nothing is dispatched. Default 1000.
     max_branches: int = 1000
+    #: SAS_MAX_CHILD_DEPTH — how deep child runs may nest (a child of a child …); a step that
+    #: would start one deeper fails with that reason. Default 5.
+    max_child_depth: int = 5
     #: SAS_ALERT_HOOK — ``module:function`` called with each alert, after it is stored. Default none.
     alert_hook: str = ""
     #: SAS_ALERT_WEBHOOK — URL that receives each alert as a JSON POST (retried). Default none.
@@ -103,7 +106,7 @@ class Settings:
         for name in ("supervisor_interval", "pickup_timeout", "retry_backoff", "visibility_timeout", "clock_skew"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
-        for name in ("sweep_batch", "max_branches"):
+        for name in ("sweep_batch", "max_branches", "max_child_depth"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
 

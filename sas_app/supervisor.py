@@ -111,6 +111,8 @@ class Supervisor:
                     raised.append(outcome.alert)
                     failed.append(step.run_id)
             requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
+            # parents whose child ended and who were not told (the message was lost)
+            requeued += tx.children_ended(s.pickup_timeout, s.sweep_batch)
         faults.hit("supervisor.after_commit")
         # A message the broker refuses is asked again by the next sweep: the state is committed.
         self.router.relay(tx.outbox)
@@ -124,6 +126,8 @@ class Supervisor:
             self.alerts.emit(alert)
         for run_id in failed:
             self.router.send(Advance(run_id))  # to undo it, if it is being compensated
+        for follow_up in tx.follow_ups:  # a child run ended, or is being cancelled with its parent
+            self.router.send(follow_up)
         report.retried += retried
         report.failed += failed
         report.requeued += requeued

@@ -16,6 +16,8 @@ from graphlib import CycleError, TopologicalSorter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import WorkflowDefinitionError
+from .routing import step_key
+from .store import NewStep
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -54,24 +56,30 @@ class Step:
     of an earlier step's result (``"reserve_stock.items"``) — each branch with its own attempts,
     complete-by and idempotency key (``<run>:<step>:<index>``), at most ``max_parallel`` at once.
     The step's result is the list of its branches' results, in order.
+
+    ``child`` (instead of ``action``) starts another registered workflow as a child run, with this
+    run's payload, and waits for it: the step completes with the child's results when it is
+    processed and fails when it ends otherwise. Cancelling or undoing this run cancels a live
+    child. The child is supervised like any run; its ``timeout`` does not apply.
     """
 
     name: str
-    action: str | ActionRef
+    action: str | ActionRef | None = None
     timeout: float = 30.0
     max_failures: int = 3
     compensate: str | ActionRef | None = None
     after: Sequence[str] | None = None
     for_each: str | None = None
     max_parallel: int = 10
+    child: str | None = None
 
     @property
     def agent(self) -> str:
-        return action_name(self.action).split(".", 1)[0]
+        return "" if self.action is None else action_name(self.action).split(".", 1)[0]
 
     @property
     def action_name(self) -> str:
-        return action_name(self.action).split(".", 1)[1]
+        return "" if self.action is None else action_name(self.action).split(".", 1)[1]
 
 
 OnSubmit = Callable[["Connection", "RunRow"], None]
@@ -103,11 +111,21 @@ class Workflow:
 
     @cached_property
     def is_linear(self) -> bool:
-        """Each step waits for the one before it and none fans out: the Scheduler's hot path."""
-        return all(s.for_each is None for s in self.steps) and self.waits_for == [
+        """Each step waits for the one before it, none fans out and none is a child run: the
+        Scheduler's hot path."""
+        return all(s.for_each is None and s.child is None for s in self.steps) and self.waits_for == [
             [i - 1] if i else [] for i in range(len(self.steps))
         ]
 
+
+    def new_steps(self, run_id: str) -> list[NewStep]:
+        """The step rows a run of this workflow starts with: a copy of the graph."""
+        return [
+            NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, step_key(run_id, s.name),
+                    undo=None if s.compensate is None else action_name(s.compensate), waits_for=waits,
+                    for_each=s.for_each, max_parallel=s.max_parallel if s.for_each else None, child=s.child)
+            for s, waits in zip(self.steps, self.waits_for, strict=True)
+        ]
 
     @cached_property
     def run_version(self) -> str:
@@ -116,8 +134,9 @@ class Workflow:
         if self.version is not None:
             return self.version
         graph = [
-            [s.name, action_name(s.action), None if s.compensate is None else action_name(s.compensate),
-             float(s.timeout), s.max_failures, waits, s.for_each, s.max_parallel if s.for_each else None]
+            [s.name, None if s.action is None else action_name(s.action),
+             None if s.compensate is None else action_name(s.compensate),
+             float(s.timeout), s.max_failures, waits, s.for_each, s.max_parallel if s.for_each else None, s.child]
             for s, waits in zip(self.steps, self.waits_for, strict=True)
         ]
         return hashlib.sha256(json.dumps(graph, separators=(",", ":")).encode()).hexdigest()[:12]
@@ -125,9 +144,11 @@ class Workflow:
 
 
 def check_workflow(
-    workflow: Workflow, known_actions: Iterable[str], *, visibility_timeout: float
+    workflow: Workflow, known_actions: Iterable[str], *, visibility_timeout: float,
+    known_workflows: Iterable[str] = (),
 ) -> None:
-    """Raise :class:`WorkflowDefinitionError` naming the first mistake in ``workflow``."""
+    """Raise :class:`WorkflowDefinitionError` naming the first mistake in ``workflow``
+    (``known_workflows``: those registered before it, which its child steps may start)."""
     known = set(known_actions)
     where = f"workflow {workflow.name!r}"
     if not isinstance(workflow.name, str) or not _NAME.match(workflow.name):
@@ -146,6 +167,7 @@ def check_workflow(
         if s.name in seen:
             raise WorkflowDefinitionError(f"{where}: duplicate step name {s.name!r}")
         seen.add(s.name)
+        _check_child(where, s, set(known_workflows))
         for label, ref in (("action", s.action), ("compensate", s.compensate)):
             if ref is None:
                 continue
@@ -174,6 +196,23 @@ def check_workflow(
     if workflow.version is not None and (not isinstance(workflow.version, str) or not _NAME.match(workflow.version)):
         raise WorkflowDefinitionError(f"{where}: version {workflow.version!r} must be a name (letters, digits, "
                                       "'_', '-')")
+
+
+def _check_child(where: str, s: Step, workflows: set[str]) -> None:
+    """A step runs an agent action or a child workflow, registered before this one (so a
+    workflow never starts itself)."""
+    if (s.action is None) == (s.child is None):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: give an agent action or child=<workflow>, "
+                                      "exactly one of them")
+    if s.child is None:
+        return
+    if s.child not in workflows:
+        raise WorkflowDefinitionError(
+            f"{where}, step {s.name!r}: child workflow {s.child!r} is not registered; register it before "
+            f"this one (registered: {sorted(workflows) or 'none'})"
+        )
+    if s.for_each is not None:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a child run cannot fan out (for_each) yet")
 
 
 def _check_fan_out(where: str, s: Step) -> None:

@@ -39,7 +39,8 @@ def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int 
     """``three``: three steps, nothing to undo. ``saga``: the same, each step with an undo.
     ``diamond``: ``left`` and ``right`` side by side, ``join`` after both, then ``last``.
     ``fanout``: ``prepare``, then ``ship`` once per element of the payload's ``items`` (two at a
-    time), then ``confirm``; every step but ``confirm`` with an undo."""
+    time), then ``confirm``; every step but ``confirm`` with an undo. ``parent``: ``before``, then
+    ``spawn`` (a child run of ``kid``: one step ``k1``), then ``after``."""
     svc = sas.agent("svc", retry_initial=0.01, retry_max=0.02)
     svc.action(scripted, name="work")
     svc.action(scripted, name="undo")
@@ -75,6 +76,16 @@ def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int 
             Step("prepare", "svc.work", timeout=timeout, max_failures=max_failures),
             Step("ship", "svc.work", timeout=timeout, max_failures=max_failures, for_each="prepare.items",
                  max_parallel=10),
+        ],
+    )
+    # a child run: "spawn" starts a run of "kid" (with the parent's payload) and waits for it
+    sas.workflow("kid", [Step("k1", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo")])
+    sas.workflow(
+        "parent",
+        [
+            Step("before", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo"),
+            Step("spawn", child="kid"),
+            Step("after", "svc.work", timeout=timeout, max_failures=max_failures),
         ],
     )
     sas.workflow(

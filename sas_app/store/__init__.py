@@ -1,8 +1,9 @@
 """The state store: every SQL statement sas_app runs lives in this package, one concern a module.
 
 ``tables`` the schema; ``rows`` the rows handed out; ``engine`` the connection and the database's
-clock; ``transitions`` the fenced transitions of runs and steps; ``hot_path`` completing a step and
-starting what follows; ``compensation``, ``operations`` and ``sweep`` the transitions of undoing a
+clock; ``transitions`` the fenced transitions of runs and steps; ``submission`` writing a new run;
+``hot_path`` and ``graph_path`` completing a step and starting what follows; ``fan_out`` a
+``for_each`` step's; ``compensation``, ``operations`` and ``sweep`` the transitions of undoing a
 run, of operators and the Supervisor's queries; ``queries`` and ``observe`` the read-only ones;
 ``database`` the :class:`Store` that opens transactions. Nothing here sends a message.
 """
@@ -11,12 +12,14 @@ from .database import Store, Tx, dumps_payload
 from .engine import db_now, make_engine
 from .hot_path import Completion
 from .rows import EventRow, NewStep, RunRow, StepRow
+from .submission import NewRun
 from .transitions import RUN_DONE_CHANNEL
 
 __all__ = [
     "RUN_DONE_CHANNEL",
     "Completion",
     "EventRow",
+    "NewRun",
     "NewStep",
     "RunRow",
     "StepRow",

@@ -11,25 +11,24 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Double, bindparam, insert, select, update
+from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..routing import Notification
-from ..states import RunState, StepState
+from .children import ChildTx
 from .engine import Clock, db_now, make_engine
 from .fan_out import FanOutTx
 from .hot_path import HotPathTx
 from .operations import OperationsTx
 from .queries import Queries
-from .rows import NewStep, RunRow, as_row
+from .rows import RunRow
+from .submission import NewRun, SubmissionTx
 from .sweep import SweepTx
-from .tables import outbox, runs, steps, supervisors
+from .tables import outbox, supervisors
 from .transitions import RUN_DONE_CHANNEL
 
-_INSERT_STEPS = insert(steps).values(created_at=db_now(), updated_at=db_now(), state=StepState.NOT_STARTED.value)
 
-
-class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx):
+class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx, SubmissionTx, ChildTx):
     """Every transition, inside one transaction (see :meth:`Store.begin`)."""
 
 
@@ -46,19 +45,6 @@ class Store(Queries):
         self._clock_offset = 0.0
         self._clock_checked: float | None = None
         insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
-        self._insert_run = (
-            insert_fn(runs)
-            .values(
-                id=bindparam("b_id"), workflow=bindparam("b_workflow"), business_key=bindparam("b_business_key"),
-                payload=bindparam("b_payload", type_=runs.c.payload.type), process_state=RunState.PENDING.value,
-                reply_to=bindparam("b_reply_to"), priority=bindparam("b_priority"),
-                version=bindparam("b_version"), linear=bindparam("b_linear"),
-                complete_by=db_now() + bindparam("b_pickup", type_=Double()), failure_count=0,
-                created_at=db_now(), updated_at=db_now(),
-            )
-            .on_conflict_do_nothing(index_elements=["workflow", "business_key"])
-            .returning(*runs.c)
-        )
         recovered = bindparam("b_recovered", type_=supervisors.c.recovered.type)
         upsert = insert_fn(supervisors).values(instance=bindparam("b_instance"), sweeps=1, recovered=recovered,
                                                last_sweep_at=db_now())
@@ -99,9 +85,7 @@ class Store(Queries):
             yield tx
             tx.flush_events()
 
-    def create_run(self, *, run_id: str, workflow: str, business_key: str, payload: Any, reply_to: str | None,
-                   new_steps: Sequence[NewStep], priority: int = 5, pickup_timeout: float,
-                   version: str | None = None, linear: bool = True,
+    def create_run(self, new: NewRun, *, pickup_timeout: float,
                    on_insert: Callable[[Connection, RunRow], None] | None = None,
                    ) -> tuple[RunRow, bool, list[Notification]]:
         """Insert a run, its steps, its first event, its "received" notification and whatever
@@ -109,28 +93,10 @@ class Store(Queries):
         workflow already has a run for this business key nothing is written and the existing run is
         returned."""
         with self.engine.begin() as conn:
-            row = conn.execute(self._insert_run, {
-                "b_id": run_id, "b_workflow": workflow, "b_business_key": business_key, "b_payload": payload,
-                "b_reply_to": reply_to, "b_priority": priority, "b_pickup": pickup_timeout,
-                "b_version": version, "b_linear": linear,
-            }).first()
-            if row is None:
-                existing = conn.execute(
-                    select(runs).where(runs.c.workflow == workflow, runs.c.business_key == business_key)
-                ).one()
-                return as_row(RunRow, existing), False, []
-            run = as_row(RunRow, row)
-            conn.execute(_INSERT_STEPS, [
-                {"run_id": run_id, "position": position, "name": s.name, "agent": s.agent, "action": s.action,
-                 "timeout": s.timeout, "max_failures": s.max_failures, "idempotency_key": s.idempotency_key,
-                 "undo": s.undo, "attempt": 0, "failure_count": 0, "waits_for": s.waits_for,
-                 "for_each": s.for_each, "max_parallel": s.max_parallel}
-                for position, s in enumerate(new_steps)
-            ])
             tx = Tx(conn)
-            tx.transition(run_id, None, None, RunState.PENDING, detail={"business_key": business_key})
-            if reply_to is not None:
-                tx.notify(run_id, reply_to, business_key, workflow, "received", state=RunState.PENDING)
+            run, created = tx.insert_run(new, pickup_timeout)
+            if not created:
+                return run, False, []
             if on_insert is not None:
                 on_insert(conn, run)
             tx.flush_events()

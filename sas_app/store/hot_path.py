@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import bindparam, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 
+from ..routing import Advance
 from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from .compensation import CompensationTx
 from .engine import PG_NOW
@@ -129,8 +130,8 @@ class HotPathTx(CompensationTx):
         following = [] if mapping["n_id"] is None else [prefixed(StepRow, mapping, "n_")]
         finished = bool(row.finished)
         self._notify_completed(run, row.done_name, position, attempt, undo=False)
-        if finished and run.reply_to is not None:
-            self.notify(run.id, run.reply_to, run.business_key, run.workflow, _PROCESSED, state=_PROCESSED)
+        if finished:
+            self._announce_processed(run)
         return Completion(run, row.done_name, following, finished, plan=not following and not finished)
 
     def _completed_in_graph(self, run: RunRow, position: int, attempt: int, result: Any,
@@ -148,8 +149,8 @@ class HotPathTx(CompensationTx):
         if first.done_branch_of is None:
             results[first.done_name] = result
         self._notify_completed(run, first.done_name, position, attempt, undo=False)
-        if finished and run.reply_to is not None:
-            self.notify(run.id, run.reply_to, run.business_key, run.workflow, _PROCESSED, state=_PROCESSED)
+        if finished:
+            self._announce_processed(run)
         plan = bool(first.ready_left) or (first.done_branch_of is not None and not first.siblings_open)
         return Completion(run, first.done_name, started, finished, plan, results)
 
@@ -171,6 +172,14 @@ class HotPathTx(CompensationTx):
                 finished = self.finish_run(run_id, RunState.PROCESSED, actor=locked_by)
         started = [] if following is None else [following]
         return Completion(run, done.name, started, finished, plan=not started and not finished)
+
+    def _announce_processed(self, run: RunRow) -> None:
+        """What :meth:`update_run` does for a run that statement finished: its notification, and
+        its parent's Scheduler asked, if it is a child run."""
+        if run.reply_to is not None:
+            self.notify(run.id, run.reply_to, run.business_key, run.workflow, _PROCESSED, state=_PROCESSED)
+        if run.parent_run_id is not None:
+            self.follow_ups.append(Advance(run.parent_run_id))
 
     def _notify_completed(self, run: RunRow, name: str, position: int, attempt: int, *, undo: bool) -> None:
         if run.reply_to is not None:

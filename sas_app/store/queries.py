@@ -57,6 +57,12 @@ class Queries:
         with self.engine.connect() as conn:
             return [as_row(RunRow, r) for r in conn.execute(query)]
 
+    def children(self, run_id: str) -> list[RunRow]:
+        """The child runs ``run_id``'s steps started, oldest first."""
+        query = select(runs).where(runs.c.parent_run_id == run_id).order_by(runs.c.created_at)
+        with self.engine.connect() as conn:
+            return [as_row(RunRow, r) for r in conn.execute(query)]
+
     def count_runs_by_state(self) -> dict[str, int]:
         query = select(runs.c.process_state, func.count()).group_by(runs.c.process_state)
         with self.engine.connect() as conn:

@@ -27,6 +27,9 @@ class RunRow:
     priority: int
     version: str | None
     linear: bool
+    parent_run_id: str | None
+    parent_position: int | None
+    depth: int
     created_at: float
     updated_at: float
 
@@ -56,6 +59,7 @@ class StepRow:
     branch_of: int | None
     branch: int | None
     item: Any
+    child: str | None
     input: Any
     result: Any
     error: str | None
@@ -110,6 +114,7 @@ class NewStep:
     waits_for: list[int] | None = None
     for_each: str | None = None
     max_parallel: int | None = None
+    child: str | None = None
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

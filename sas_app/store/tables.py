@@ -60,6 +60,10 @@ runs = Table(
     Column("version", String(100)),
     # Each step waits for the one before and none fans out: the Scheduler's one-statement path.
     Column("linear", Boolean, nullable=False, server_default=true()),
+    # A child run: the run and the position of the step that started it, and how deep it nests.
+    Column("parent_run_id", String(32)),
+    Column("parent_position", Integer),
+    Column("depth", Integer, nullable=False, server_default="0"),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     UniqueConstraint("workflow", "business_key", name="uq_runs_workflow_business_key"),
@@ -74,6 +78,9 @@ Index(
 Index("ix_runs_state_created", runs.c.process_state, runs.c.created_at)
 # The newest runs and runs submitted over time, whatever their state (the dashboard, `sas runs`).
 Index("ix_runs_created", runs.c.created_at)
+# A run's children (the planner reads them; the Supervisor looks for children that ended).
+Index("ix_runs_parent", runs.c.parent_run_id, postgresql_where=text("parent_run_id IS NOT NULL"),
+      sqlite_where=text("parent_run_id IS NOT NULL"))
 
 steps = Table(
     "steps",
@@ -111,6 +118,8 @@ steps = Table(
     Column("branch_of", Integer),
     Column("branch", Integer),
     Column("item", _json),
+    # On a step that starts a child run: the child's workflow.
+    Column("child", String(200)),
     # An operator's edited input for this step, sent instead of the run's payload.
     Column("input", _json),
     Column("result", _json),

@@ -14,7 +14,7 @@ from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 
-from ..routing import Notification
+from ..routing import Advance, Notification
 from ..states import TERMINAL_RUN_STATES, EventKind, RunState, StepState, Word
 from .engine import db_now
 from .rows import RunRow, StepRow, as_row
@@ -66,6 +66,9 @@ class TxBase:
         self.conn = conn
         #: notifications written in this transaction, to relay once it commits
         self.outbox: list[Notification] = []
+        #: runs the Scheduler is to be asked about once this commits: the parent of a child run
+        #: that ended here, a child run being cancelled with its parent
+        self.follow_ups: list[Advance] = []
         self._events: list[dict[str, Any]] = []
 
     @property
@@ -172,10 +175,12 @@ class TxBase:
             update(runs)
             .where(runs.c.id == run_id, runs.c.process_state == str(expected))
             .values(process_state=str(new), updated_at=db_now(), **values)
-            .returning(runs.c.reply_to, runs.c.business_key, runs.c.workflow)
+            .returning(runs.c.reply_to, runs.c.business_key, runs.c.workflow, runs.c.parent_run_id)
         ).first()
         if row is None:
             return False
+        if new in TERMINAL_RUN_STATES and row.parent_run_id is not None:
+            self.follow_ups.append(Advance(row.parent_run_id))
         if row.reply_to is not None:
             self.notify(run_id, row.reply_to, row.business_key, row.workflow, str(new), state=str(new))
         if new in TERMINAL_RUN_STATES and self.is_postgresql:

@@ -95,7 +95,8 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
             abort(404, f"no run with id {run_id!r}")
         now = observer.now()
         lanes, t0, t1 = timeline(view, now)
-        return render_template("run.html", view=view, lanes=lanes, t0=t0, t1=t1, now=now)
+        return render_template("run.html", view=view, lanes=lanes, t0=t0, t1=t1, now=now,
+                               children=sas.store.children(run_id))
 
     @app.get("/alerts")
     def alert_list() -> str:

@@ -48,7 +48,8 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
     steps that ran side by side overlap in time. Lanes in outline order (a step, then its branches)."""
     graph = Graph(view.steps)
     lanes = {
-        s.position: Lane(s.position, s.name, f"{s.agent}.{s.action}", s.state, branch,
+        s.position: Lane(s.position, s.name, f"child run of {s.child}" if s.child else f"{s.agent}.{s.action}",
+                         s.state, branch,
                          "" if branch or s.is_undo else ", ".join(graph.waits_for_names(s)))
         for s, branch in graph.outline()
     }
@@ -57,9 +58,11 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
         if e.kind != EventKind.TRANSITION or e.position is None or e.position not in lanes:
             continue
         detail = e.detail if isinstance(e.detail, dict) else {}
-        if e.to_state == StepState.RUNNING and "branches" in detail:  # a fan-out: its branches are the lanes below
-            started = Segment(e.attempt or 0, e.at, None, None, "running",
-                              f"fanned out to {detail['branches']} branches", "")
+        if e.to_state == StepState.RUNNING and ("branches" in detail or "child" in detail):
+            # a fan-out (its branches are the lanes below) or a child run (a run of its own): no task
+            what = (f"fanned out to {detail['branches']} branches" if "branches" in detail
+                    else f"child run {detail['child']}")
+            started = Segment(e.attempt or 0, e.at, None, None, "running", what, "")
             lanes[e.position].segments.append(started)
             open_[e.position] = started
             continue
@@ -74,7 +77,7 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
             continue
         segment.end = e.at
         if e.to_state == StepState.COMPLETED and not segment.task_id:
-            segment.outcome, segment.label = "completed", f"{segment.label}: every one completed"
+            segment.outcome, segment.label = "completed", f"{segment.label}: completed"
         elif e.to_state == StepState.COMPLETED:
             segment.outcome, segment.label = "completed", f"attempt {segment.attempt} completed"
         elif e.to_state == StepState.PENDING and detail.get("reason") == Cause.EXPIRED:

@@ -3,9 +3,10 @@
 ``$SAS_HOME/calls.jsonl`` (key, attempt, pid) so a test counts calls across processes.
 
 ``payload["sleep"]``: seconds each call sleeps. ``payload["fail"]``: the items whose branch fails
-for good. ``payload["barrier"]``: how many branches must reach the barrier before any returns, so
-they finish at the same moment on different workers. ``payload["hang_first"]``: the item whose
-first attempt hangs (long enough for a test to kill its worker).
+for good (``payload["fail_steps"]``: the steps). ``payload["barrier"]``: how many branches must
+reach the barrier before any returns, so they finish at the same moment on different workers.
+``payload["hang_first"]``: the item whose first attempt hangs (long enough for a test to kill its
+worker).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def calls(folder: Path) -> list[dict[str, Any]]:
 
 def step(call: AgentCall) -> dict[str, Any]:
     record(call, "do")
-    if call.item in (call.payload.get("fail") or []):
-        raise PermanentError(f"item {call.item!r} refused")
+    if call.item in (call.payload.get("fail") or []) or call.step in (call.payload.get("fail_steps") or []):
+        raise PermanentError(f"{call.step} refused")
     barrier = call.payload.get("barrier")
     if barrier and call.index is not None:
         folder = home() / "barrier" / call.run_id
@@ -63,6 +64,13 @@ def install(sas: SasApp) -> None:
     work.action(undo, name="undo")
     for workflow in WORKFLOWS:
         sas.register(workflow)
+    # a child run, registered before the workflow that starts it
+    sas.register(Workflow("kid", [Step("k", "work.step", timeout=10, compensate="work.undo")]))
+    sas.register(Workflow("with_child", [
+        Step("first", "work.step", timeout=10, compensate="work.undo"),
+        Step("spawn", child="kid"),
+        Step("last", "work.step", timeout=10),
+    ]))
 
 
 WORKFLOWS = [Workflow("three_at_once", [

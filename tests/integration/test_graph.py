@@ -126,6 +126,24 @@ def test_two_hundred_branches_never_more_than_ten_at_once(stack, app):
     assert Counter(s.state for s in view.steps if s.branch_of is not None) == {"completed": 200}
 
 
+def test_a_child_run_s_failure_compensates_the_parent_and_its_success_is_the_step_s_result(stack, app, stack_env):
+    start(stack, ("agents", 2))
+    home = Path(stack_env["SAS_HOME"])
+    ok = app.submit("with_child", {}, business_key="child-ok").wait(30)
+    assert ok.process_state == "processed"
+    [kid] = app.store.children(ok.id)
+    assert kid.process_state == "processed" and ok.step("spawn").result["k"]["step"] == "k"
+
+    failing = app.submit("with_child", {"fail_steps": ["k"]}, business_key="child-fails")
+    view = failing.wait(30)
+    [kid] = app.store.children(failing.id)
+    assert kid.process_state == "error" and kid.parent_run_id == failing.id
+    assert view.process_state == "compensated"
+    assert f"child run {kid.id} (kid) ended error" in view.step("spawn").error
+    assert called(home, view.step("first").idempotency_key + ":undo", "undo") == 1
+    assert view.step("last").state == "not_started"
+
+
 def test_a_new_deployment_leaves_runs_in_flight_on_their_graph_and_fails_a_removed_action(stack, stack_env):
     # This process submits with the definitions of the deployment before: "versioned" had a step
     # "b" after "a", and a step "c" whose action ("work.gone") the workers' code no longer has.

@@ -82,10 +82,24 @@ def test_a_run_page_lists_branches_under_their_step_and_links_only_real_tasks(cl
     lanes = re.findall(r'<tr class="lane( branch)?" data-step="([^"]+)"', page)
     assert [name for _, name in lanes] == ["prepare", "ship", "ship[0]", "ship[1]", "ship[2]", "confirm"]
     assert [name for branch, name in lanes if branch] == ["ship[0]", "ship[1]", "ship[2]"]
-    assert "fanned out to 3 branches: every one completed" in page
+    assert "fanned out to 3 branches: completed" in page
     assert f"/task/{handle.id}-1-" not in page  # the fan-out itself is no Celery task
     assert page.count(f"http://flower.example:5555/task/{handle.id}-") == 2 * 5  # five tasks, bar and list each
     assert f'id="run-version">{handle.status().run.version}<' in page
+
+
+def test_parent_and_child_runs_link_to_each_other(client, sas, pump):
+    handle = sas.submit("parent", {}, business_key="family")
+    pump.run()
+    [child] = sas.store.children(handle.id)
+    sas.test_clock.advance(0.01)
+
+    parent_page = client.get(f"/runs/{handle.id}").get_data(as_text=True)
+    assert f'<a href="/runs/{child.id}">kid {child.id}</a> (processed)' in parent_page
+    assert f"child run {child.id}: completed" in parent_page  # the step's bar on the timeline
+    assert f"/task/{handle.id}-1-" not in parent_page  # a child run is no Celery task
+    child_page = client.get(f"/runs/{child.id}").get_data(as_text=True)
+    assert f'child run of <a href="/runs/{handle.id}">{handle.id}</a> (its step #1), depth 1' in child_page
 
 
 def test_current_alerts_are_those_whose_run_still_needs_someone(client, filled, sas, pump):

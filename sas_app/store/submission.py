@@ -1,0 +1,91 @@
+"""Writing a new run: the run row (deduplicated on its workflow and business key), its steps — a
+copy of its workflow's graph — its first event and its "received" notification. The client does it
+in a transaction of its own; the planner does it for a child run inside its parent's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Double, bindparam, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ..states import RunState, StepState
+from .engine import db_now
+from .rows import NewStep, RunRow, as_row
+from .tables import runs, steps
+from .transitions import TxBase
+
+
+def _insert_run(insert_fn: Any) -> Any:
+    return (
+        insert_fn(runs)
+        .values(
+            id=bindparam("b_id"), workflow=bindparam("b_workflow"), business_key=bindparam("b_business_key"),
+            payload=bindparam("b_payload", type_=runs.c.payload.type), process_state=RunState.PENDING.value,
+            reply_to=bindparam("b_reply_to"), priority=bindparam("b_priority"),
+            version=bindparam("b_version"), linear=bindparam("b_linear"),
+            parent_run_id=bindparam("b_parent_run_id"), parent_position=bindparam("b_parent_position"),
+            depth=bindparam("b_depth"),
+            complete_by=db_now() + bindparam("b_pickup", type_=Double()), failure_count=0,
+            created_at=db_now(), updated_at=db_now(),
+        )
+        .on_conflict_do_nothing(index_elements=["workflow", "business_key"])
+        .returning(*runs.c)
+    )
+
+
+_INSERT_RUN = {"postgresql": _insert_run(postgresql.insert), "sqlite": _insert_run(sqlite.insert)}
+_INSERT_STEPS = insert(steps).values(created_at=db_now(), updated_at=db_now(), state=StepState.NOT_STARTED.value)
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run to write: what its submitter (or its parent) gave."""
+
+    run_id: str
+    workflow: str
+    business_key: str
+    payload: Any
+    steps: Sequence[NewStep]
+    reply_to: str | None = None
+    priority: int = 5
+    version: str | None = None
+    linear: bool = True
+    #: a child run: the run, and the position of the step, that started it
+    parent_run_id: str | None = None
+    parent_position: int | None = None
+    depth: int = 0
+
+
+class SubmissionTx(TxBase):
+    def insert_run(self, new: NewRun, pickup_timeout: float) -> tuple[RunRow, bool]:
+        """Write ``new`` pending, to be picked up within ``pickup_timeout``. Returns ``(run,
+        created)``; when its workflow already has a run for this business key nothing is written
+        and that run is returned."""
+        row = self.conn.execute(_INSERT_RUN[self.conn.dialect.name], {
+            "b_id": new.run_id, "b_workflow": new.workflow, "b_business_key": new.business_key,
+            "b_payload": new.payload, "b_reply_to": new.reply_to, "b_priority": new.priority,
+            "b_pickup": pickup_timeout, "b_version": new.version, "b_linear": new.linear,
+            "b_parent_run_id": new.parent_run_id, "b_parent_position": new.parent_position, "b_depth": new.depth,
+        }).first()
+        if row is None:
+            existing = self.conn.execute(
+                select(runs).where(runs.c.workflow == new.workflow, runs.c.business_key == new.business_key)
+            ).one()
+            return as_row(RunRow, existing), False
+        self.conn.execute(_INSERT_STEPS, [
+            {"run_id": new.run_id, "position": position, "name": s.name, "agent": s.agent, "action": s.action,
+             "timeout": s.timeout, "max_failures": s.max_failures, "idempotency_key": s.idempotency_key,
+             "undo": s.undo, "attempt": 0, "failure_count": 0, "waits_for": s.waits_for,
+             "for_each": s.for_each, "max_parallel": s.max_parallel, "child": s.child}
+            for position, s in enumerate(new.steps)
+        ])
+        detail: dict[str, Any] = {"business_key": new.business_key}
+        if new.parent_run_id is not None:
+            detail["parent"] = new.parent_run_id
+        self.transition(new.run_id, None, None, RunState.PENDING, detail=detail)
+        if new.reply_to is not None:
+            self.notify(new.run_id, new.reply_to, new.business_key, new.workflow, "received", state=RunState.PENDING)
+        return as_row(RunRow, row), True
