@@ -92,7 +92,8 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         prefix = f"demo-{stamp}-{seed}"
         handles = []
         for i, fault in enumerate(plan_faults(orders, fault_rate, rng)):
-            payload: dict[str, Any] = {"amount": round(rng.uniform(5, 200), 2)}
+            payload: dict[str, Any] = {"amount": round(rng.uniform(5, 200), 2),
+                                       "items": [{"sku": f"sku-{n}", "qty": 1} for n in range(rng.randint(1, 3))]}
             if fault:
                 payload["faults"] = {"charge": fault}
             handles.append(sas.submit(ORDER_WORKFLOW, payload, business_key=f"{prefix}-{i:05d}"))
@@ -127,8 +128,9 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
 def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float) -> dict[str, Any]:
     runs = [sas.store.get_run(run_id) for run_id in ids]
     states = Counter(run.process_state if run else "missing" for run in runs)
-    retried = alerts = at_risk = 0
+    retried = alerts = at_risk = shipments = 0
     for run_id in ids:
+        shipments += sum(s.branch_of is not None and s.state == "completed" for s in sas.store.get_steps(run_id))
         for e in sas.store.get_events(run_id):
             retried += (e.kind, e.from_state, e.to_state) == ("transition", "running", "pending") and not (
                 e.detail and "deferred" in e.detail)
@@ -141,6 +143,7 @@ def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float)
     return {
         "submitted": len(ids),
         "processed": states["processed"],
+        "shipments": shipments,  # one branch per item, up to five at once
         "retried_by_supervisor": retried,
         "compensated": states["compensated"],
         "error": states["error"],
@@ -161,7 +164,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     table = Table(title="sas demo")
     table.add_column("what")
     table.add_column("count", justify="right")
-    for key in ("submitted", "processed", "retried_by_supervisor", "compensated", "error", "alerts",
+    for key in ("submitted", "processed", "shipments", "retried_by_supervisor", "compensated", "error", "alerts",
                 "at_risk_warnings", "lost", "duplicate_charges", "charges_not_undone", "elapsed_s"):
         table.add_row(key.replace("_", " "), str(summary[key]))
     console.print(table)
