@@ -19,7 +19,7 @@ from .errors import (
 )
 from .migrate import migrate
 from .settings import Settings
-from .workflow import Step, Workflow
+from .workflow import Sleep, Step, Workflow
 
 __all__ = [
     "Agent",
@@ -34,6 +34,7 @@ __all__ = [
     "SasApp",
     "SasError",
     "Settings",
+    "Sleep",
     "StaleAttempt",
     "Step",
     "StepExpired",

@@ -131,7 +131,7 @@ class SasApp:
         if workflow.name in self.workflows:
             raise WorkflowDefinitionError(f"a workflow named {workflow.name!r} is already registered")
         check_workflow(workflow, self.actions(), visibility_timeout=self.settings.visibility_timeout,
-                       known_workflows=self.workflows)
+                       known_workflows=self.workflows, max_sleep=self.settings.max_sleep)
         self.workflows[workflow.name] = workflow
         return workflow
 

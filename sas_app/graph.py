@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any
 
@@ -85,6 +86,33 @@ def to_start(branches: Sequence[StepRow], max_parallel: int) -> list[StepRow]:
     running = sum(1 for b in branches if b.state == StepState.RUNNING)
     waiting = [b for b in branches if b.state in _WAITING]
     return waiting[:max(max_parallel - running, 0)]
+
+
+def wake_time(step: StepRow, payload: Any, results: dict[str, Any], now: float, longest: float) -> float | str:
+    """When a sleep that starts ``now`` wakes (epoch seconds), or why it cannot: its ``until``
+    missing or not a time, or further away than ``longest``."""
+    if step.sleep is not None:
+        return now + step.sleep
+    source = step.sleep_until or ""
+    owner, _, key = source.rpartition(".")
+    where = f"the result of step {owner!r}" if owner else "the payload"
+    container = results.get(owner) if owner else payload
+    if not isinstance(container, dict) or key not in container:
+        return f"until {source!r}: {where} has no key {key!r}"
+    value = container[key]
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return f"until {source!r}: {value!r} is not an ISO 8601 time or epoch seconds"
+        wake = (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        wake = float(value)
+    else:
+        return f"until {source!r}: {value!r} is not an ISO 8601 time or epoch seconds"
+    if wake - now > longest:
+        return f"until {source!r}: {value!r} is more than {longest:g} s away (SAS_MAX_SLEEP)"
+    return wake
 
 
 def fan_out_list(source: str, payload: Any, results: dict[str, Any], bound: int) -> list[Any] | str:

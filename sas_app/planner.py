@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .alerts import Alert, Alerts
-from .graph import Graph, fan_out_list, to_start
+from .graph import Graph, fan_out_list, to_start, wake_time
 from .recovery import fail_run
 from .routing import Advance, AgentMessage
 from .settings import Settings, instance_id
@@ -131,8 +131,12 @@ class Planner:
                 return
             if ended == "completed":
                 continue  # what waited for those steps may start now
-            starting = [s for s in graph.ready() if s.for_each is None and s.child is None]
+            starting = [s for s in graph.ready() if s.for_each is None and s.child is None and not s.is_sleep]
             children = [s for s in graph.ready() if s.child is not None]
+            sleeps = [s for s in graph.ready() if s.is_sleep]
+            woke = self._sleep(tx, run, graph, sleeps, moves)
+            if woke == "failed":
+                return
             # a fan-out's list is read when it starts (from an operator's edited input, if any)
             lists = {s.position: fan_out_list(s.for_each, run.payload if s.input is None else s.input,
                                               graph.results(), self.settings.max_branches)
@@ -164,8 +168,32 @@ class Planner:
                     moves.messages.append(Dispatch(run, running, results))
                 elif step.not_before is not None:
                     moves.wait(run.id, step.not_before - tx.now())
-            if not changed:
+            if not changed and not woke:
                 return
+
+    def _sleep(self, tx: Tx, run: RunRow, graph: Graph, sleeps: list[StepRow], moves: Moves) -> str | None:
+        """Sleeps that may start fall asleep until their time; those whose time has come wake
+        ("woke": what waited for them may start). A sleep is never a delayed message: the
+        Supervisor's sweep wakes it (its complete-by is its time). "failed": its ``until`` is no
+        time, and the run is being undone."""
+        if not sleeps:
+            return None
+        now, outcome = tx.now(), None
+        for step in sleeps:
+            if step.state == StepState.NOT_STARTED:
+                wake = wake_time(step, run.payload if step.input is None else step.input, graph.results(), now,
+                                 self.settings.max_sleep)
+                if isinstance(wake, str):
+                    self._refuse(tx, run, step, f"step {step.name!r}: {wake}", moves)
+                    return "failed"
+                if wake > now:
+                    tx.start_sleep(step, wake, instance_id())
+                    continue
+                outcome = "woke" if tx.start_sleep(step, wake, instance_id()) and tx.wake(
+                    replace(step, state=StepState.PENDING, not_before=wake), instance_id()) else outcome
+            elif step.not_before is not None and step.not_before <= now and tx.wake(step, instance_id()):
+                outcome = "woke"
+        return outcome
 
     def _plan_undo(self, tx: Tx, run: RunRow, moves: Moves) -> None:
         """The next undo, one at a time, last step first; the run ends once all are done."""

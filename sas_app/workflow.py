@@ -72,6 +72,9 @@ class Step:
     for_each: str | None = None
     max_parallel: int = 10
     child: str | None = None
+    #: a durable sleep (see :func:`Sleep`): seconds, or where the time to wake is
+    sleep: float | None = None
+    sleep_until: str | None = None
 
     @property
     def agent(self) -> str:
@@ -80,6 +83,17 @@ class Step:
     @property
     def action_name(self) -> str:
         return "" if self.action is None else action_name(self.action).split(".", 1)[1]
+
+
+def Sleep(name: str, seconds: float | None = None, *, until: str | None = None,
+          after: Sequence[str] | None = None) -> Step:
+    """A step that waits: ``seconds``, or until the time found at ``until`` (a payload key, or an
+    earlier step's result key ``"step.key"``; epoch seconds or an ISO 8601 time). The run waits in
+    the store, holding no message and no worker slot, and the Supervisor's sweep wakes it on the
+    database's clock. Its result is ``{"slept_until": <epoch seconds>}``."""
+    if (seconds is None) == (until is None):
+        raise WorkflowDefinitionError(f"sleep {name!r} needs seconds or until=, exactly one")
+    return Step(name, sleep=seconds, sleep_until=until, after=after)
 
 
 OnSubmit = Callable[["Connection", "RunRow"], None]
@@ -113,7 +127,8 @@ class Workflow:
     def is_linear(self) -> bool:
         """Each step waits for the one before it, none fans out and none is a child run: the
         Scheduler's hot path."""
-        return all(s.for_each is None and s.child is None for s in self.steps) and self.waits_for == [
+        return all(s.for_each is None and s.child is None and s.action is not None
+                   for s in self.steps) and self.waits_for == [
             [i - 1] if i else [] for i in range(len(self.steps))
         ]
 
@@ -123,7 +138,8 @@ class Workflow:
         return [
             NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, step_key(run_id, s.name),
                     undo=None if s.compensate is None else action_name(s.compensate), waits_for=waits,
-                    for_each=s.for_each, max_parallel=s.max_parallel if s.for_each else None, child=s.child)
+                    for_each=s.for_each, max_parallel=s.max_parallel if s.for_each else None, child=s.child,
+                    sleep=None if s.sleep is None else float(s.sleep), sleep_until=s.sleep_until)
             for s, waits in zip(self.steps, self.waits_for, strict=True)
         ]
 
@@ -136,7 +152,8 @@ class Workflow:
         graph = [
             [s.name, None if s.action is None else action_name(s.action),
              None if s.compensate is None else action_name(s.compensate),
-             float(s.timeout), s.max_failures, waits, s.for_each, s.max_parallel if s.for_each else None, s.child]
+             float(s.timeout), s.max_failures, waits, s.for_each, s.max_parallel if s.for_each else None, s.child,
+             s.sleep, s.sleep_until]
             for s, waits in zip(self.steps, self.waits_for, strict=True)
         ]
         return hashlib.sha256(json.dumps(graph, separators=(",", ":")).encode()).hexdigest()[:12]
@@ -145,7 +162,7 @@ class Workflow:
 
 def check_workflow(
     workflow: Workflow, known_actions: Iterable[str], *, visibility_timeout: float,
-    known_workflows: Iterable[str] = (),
+    known_workflows: Iterable[str] = (), max_sleep: float = 30 * 86400,
 ) -> None:
     """Raise :class:`WorkflowDefinitionError` naming the first mistake in ``workflow``
     (``known_workflows``: those registered before it, which its child steps may start)."""
@@ -167,6 +184,9 @@ def check_workflow(
         if s.name in seen:
             raise WorkflowDefinitionError(f"{where}: duplicate step name {s.name!r}")
         seen.add(s.name)
+        if s.sleep is not None or s.sleep_until is not None:
+            _check_sleep(where, s, max_sleep)
+            continue
         _check_child(where, s, set(known_workflows))
         for label, ref in (("action", s.action), ("compensate", s.compensate)):
             if ref is None:
@@ -196,6 +216,20 @@ def check_workflow(
     if workflow.version is not None and (not isinstance(workflow.version, str) or not _NAME.match(workflow.version)):
         raise WorkflowDefinitionError(f"{where}: version {workflow.version!r} must be a name (letters, digits, "
                                       "'_', '-')")
+
+
+def _check_sleep(where: str, s: Step, max_sleep: float) -> None:
+    if s.action is not None or s.child is not None or s.for_each is not None or s.compensate is not None:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a sleep runs no action, child, fan-out or undo")
+    if (s.sleep is None) == (s.sleep_until is None):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a sleep needs seconds or until=, exactly one")
+    if s.sleep is not None and (not _is_number(s.sleep) or not 0 < s.sleep <= max_sleep):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: sleep must be more than 0 and at most "
+                                      f"{max_sleep:g} seconds (SAS_MAX_SLEEP), got {s.sleep!r}")
+    if s.sleep_until is not None and (not isinstance(s.sleep_until, str)
+                                      or not all(_NAME.match(part) for part in s.sleep_until.split(".", 1))):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: until must name a payload key ('wake_at') or "
+                                      f"an earlier step's result key ('quote.valid_until'), got {s.sleep_until!r}")
 
 
 def _check_child(where: str, s: Step, workflows: set[str]) -> None:
@@ -255,12 +289,12 @@ def _check_graph(where: str, workflow: Workflow) -> None:
         cycle = " -> ".join(exc.args[1])
         raise WorkflowDefinitionError(f"{where}: the steps wait for each other in a cycle: {cycle}") from None
     for s in workflow.steps:
-        source = (s.for_each or "").split(".", 1)
+        source = (s.for_each or s.sleep_until or "").split(".", 1)
         if len(source) == 2 and source[0] not in _upstream(graph, s.name):
             raise WorkflowDefinitionError(
-                f"{where}, step {s.name!r}: for_each {s.for_each!r} reads the result of {source[0]!r}, "
+                f"{where}, step {s.name!r}: {'.'.join(source)!r} reads the result of {source[0]!r}, "
                 f"which it does not wait for (add it to after=)" if source[0] in names else
-                f"{where}, step {s.name!r}: for_each {s.for_each!r} names no step of this workflow; its steps: {names}"
+                f"{where}, step {s.name!r}: {'.'.join(source)!r} names no step of this workflow; its steps: {names}"
             )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from sas_app import AgentCall, PermanentError, SasApp, Step, StepExpired, TransientError
+from sas_app import AgentCall, PermanentError, SasApp, Sleep, Step, StepExpired, TransientError
 
 #: every call an agent received, per idempotency key: (attempt, outcome)
 CALLS: dict[str, list[tuple[int, str]]] = defaultdict(list)
@@ -88,6 +88,12 @@ def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int 
             Step("after", "svc.work", timeout=timeout, max_failures=max_failures),
         ],
     )
+    # durable sleeps: a fixed one, and one until a time the payload names
+    sas.workflow("nap", [Step("first", "svc.work", timeout=timeout, max_failures=max_failures),
+                         Sleep("cool_off", seconds=3 * 86400),
+                         Step("last", "svc.work", timeout=timeout, max_failures=max_failures)])
+    sas.workflow("alarm", [Sleep("until_then", until="wake_at"),
+                           Step("last", "svc.work", timeout=timeout, max_failures=max_failures)])
     sas.workflow(
         "three",
         [

@@ -26,9 +26,10 @@ from .submission import NewRun, SubmissionTx
 from .sweep import SweepTx
 from .tables import outbox, supervisors
 from .transitions import RUN_DONE_CHANNEL
+from .waits import WaitTx
 
 
-class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx, SubmissionTx, ChildTx):
+class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx, SubmissionTx, ChildTx, WaitTx):
     """Every transition, inside one transaction (see :meth:`Store.begin`)."""
 
 

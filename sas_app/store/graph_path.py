@@ -9,8 +9,8 @@ writes them, and returns the results the started steps' agents are told.
 
 What it leaves to the Scheduler's planner (and says so): the last branch of a ``for_each`` step
 (its step completes with the list of results), a ``for_each`` step that became due (its list is
-read and its branches written), a child run's step that became due, and a waiting step it could
-not start (a back-off not over).
+read and its branches written), a child run's step or a sleep that became due, and a waiting step
+it could not start (a back-off not over).
 
 The lock must come first, in a statement of its own: every sub-statement here sees the snapshot
 taken when the statement starts, so a statement that waited for the lock inside would not see the
@@ -53,7 +53,8 @@ WITH done AS (
     WHERE w.n <= (SELECT max_parallel FROM parent)
                  - (SELECT count(*) FROM siblings WHERE state = '{StepState.RUNNING}')
 ), ready AS (
-    SELECT s.id, s.for_each, s.child, s.not_before FROM steps s JOIN done d ON d.branch_of IS NULL
+    SELECT s.id, s.for_each, s.child, s.sleep, s.sleep_until, s.not_before FROM steps s
+    JOIN done d ON d.branch_of IS NULL
     WHERE s.run_id = :b_run_id AND s.compensates IS NULL AND s.branch_of IS NULL
       AND s.state IN {_WAITING} AND s.waits_for @> to_jsonb(d.position)
       AND NOT EXISTS (
@@ -64,7 +65,8 @@ WITH done AS (
     UPDATE steps SET state = '{StepState.RUNNING}', attempt = steps.attempt + 1, locked_by = :b_locked_by,
                      complete_by = {PG_NOW} + steps.timeout, not_before = NULL, updated_at = {PG_NOW}
     WHERE steps.id IN (SELECT id FROM next_branches
-                       UNION ALL SELECT id FROM ready WHERE for_each IS NULL AND child IS NULL AND {_DUE})
+                       UNION ALL SELECT id FROM ready WHERE for_each IS NULL AND child IS NULL
+                                               AND sleep IS NULL AND sleep_until IS NULL AND {_DUE})
     RETURNING steps.*
 ), fin AS (
     UPDATE runs SET process_state = '{RunState.PROCESSED}', locked_by = NULL, complete_by = NULL,

@@ -60,6 +60,8 @@ class StepRow:
     branch: int | None
     item: Any
     child: str | None
+    sleep: float | None
+    sleep_until: str | None
     input: Any
     result: Any
     error: str | None
@@ -70,6 +72,10 @@ class StepRow:
     @property
     def is_undo(self) -> bool:
         return self.compensates is not None
+
+    @property
+    def is_sleep(self) -> bool:
+        return self.sleep is not None or self.sleep_until is not None
 
     @property
     def is_branch(self) -> bool:
@@ -115,6 +121,8 @@ class NewStep:
     for_each: str | None = None
     max_parallel: int | None = None
     child: str | None = None
+    sleep: float | None = None
+    sleep_until: str | None = None
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

@@ -120,6 +120,9 @@ steps = Table(
     Column("item", _json),
     # On a step that starts a child run: the child's workflow.
     Column("child", String(200)),
+    # On a sleep: how long, or where the time to wake is (a payload or result key).
+    Column("sleep", Double),
+    Column("sleep_until", String(300)),
     # An operator's edited input for this step, sent instead of the run's payload.
     Column("input", _json),
     Column("result", _json),

@@ -66,13 +66,19 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
             lanes[e.position].segments.append(started)
             open_[e.position] = started
             continue
+        if e.to_state == StepState.PENDING and "sleep_until" in detail:  # a durable sleep: no task either
+            started = Segment(e.attempt or 0, e.at, None, None, "running",
+                              f"asleep until {when(detail['sleep_until'])}", "")
+            lanes[e.position].segments.append(started)
+            open_[e.position] = started
+            continue
         if e.to_state == StepState.RUNNING:
             started = Segment(e.attempt or 0, e.at, None, detail.get("complete_by"), "running",
                               f"attempt {e.attempt} dispatched", dispatch_task_id(view.id, e.position, e.attempt or 0))
             lanes[e.position].segments.append(started)
             open_[e.position] = started
             continue
-        segment = open_.pop(e.position, None) if e.from_state == "running" else None
+        segment = open_.pop(e.position, None) if e.from_state in ("running", "pending") else None
         if segment is None:
             continue
         segment.end = e.at

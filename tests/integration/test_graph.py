@@ -144,6 +144,22 @@ def test_a_child_run_s_failure_compensates_the_parent_and_its_success_is_the_ste
     assert view.step("last").state == "not_started"
 
 
+def test_a_two_second_sleep_survives_every_worker_restarted_and_wakes_within_a_sweep(stack, app, stack_env):
+    start(stack, ("agents", 2))
+    handle = app.submit("napper", {}, business_key="nap-1")
+    wait_for(lambda: handle.status().step("nap").state == "pending", 20, "the run to fall asleep")
+    for name in ("scheduler", "agents", "beat"):  # nothing of the sleep lives in a process
+        stack.restart(name, wait=True)
+
+    view = handle.wait(30)
+    assert view.process_state == "processed"
+    nap, b = view.step("nap"), view.step("b")
+    woke = next(e.at for e in view.events if e.position == b.position and e.to_state == "running")
+    interval = float(stack_env["SAS_SUPERVISOR_INTERVAL"])
+    assert nap.not_before - view.step("a").completed_at == pytest.approx(2.0, abs=0.05)
+    assert 0 <= woke - nap.not_before <= interval + 1.0, f"woke {woke - nap.not_before:.2f} s after its time"
+
+
 def test_a_new_deployment_leaves_runs_in_flight_on_their_graph_and_fails_a_removed_action(stack, stack_env):
     # This process submits with the definitions of the deployment before: "versioned" had a step
     # "b" after "a", and a step "c" whose action ("work.gone") the workers' code no longer has.

@@ -102,6 +102,20 @@ def test_parent_and_child_runs_link_to_each_other(client, sas, pump):
     assert f'child run of <a href="/runs/{handle.id}">{handle.id}</a> (its step #1), depth 1' in child_page
 
 
+def test_a_sleep_is_drawn_on_the_timeline_until_it_wakes(client, sas, pump):
+    handle = sas.submit("nap", {}, business_key="nap-page")
+    pump.run()
+    sas.test_clock.advance(0.01)
+    page = client.get(f"/runs/{handle.id}").get_data(as_text=True)
+    assert "asleep until " in page and f"/task/{handle.id}-1-" not in page
+    sas.test_clock.move_past(handle.status().step("cool_off").not_before)
+    sas.supervisor.sweep()
+    pump.run()
+    sas.test_clock.advance(0.01)
+    page = client.get(f"/runs/{handle.id}").get_data(as_text=True)
+    assert page.count('class="segment completed"') == 3  # first, the sleep, last
+
+
 def test_current_alerts_are_those_whose_run_still_needs_someone(client, filled, sas, pump):
     stuck = sas.submit("three", {"script": {"second": ["permanent"]}}, business_key="stuck-1")
     pump.run()
