@@ -88,18 +88,27 @@ def to_start(branches: Sequence[StepRow], max_parallel: int) -> list[StepRow]:
     return waiting[:max(max_parallel - running, 0)]
 
 
+def _look_up(source: str, payload: Any, results: dict[str, Any]) -> tuple[Any, str] | str:
+    """The value at ``source`` — a payload key (``items``) or a key of an earlier step's result
+    (``reserve_stock.items``) — and where it was, or the reason it is not there."""
+    step, _, key = source.rpartition(".")
+    where = f"the result of step {step!r}" if step else "the payload"
+    container = results.get(step) if step else payload
+    if not isinstance(container, dict) or key not in container:
+        return f"{where} has no key {key!r}"
+    return container[key], f"{where}'s {key!r}"
+
+
 def wake_time(step: StepRow, payload: Any, results: dict[str, Any], now: float, longest: float) -> float | str:
     """When a sleep that starts ``now`` wakes (epoch seconds), or why it cannot: its ``until``
     missing or not a time, or further away than ``longest``."""
     if step.sleep is not None:
         return now + step.sleep
     source = step.sleep_until or ""
-    owner, _, key = source.rpartition(".")
-    where = f"the result of step {owner!r}" if owner else "the payload"
-    container = results.get(owner) if owner else payload
-    if not isinstance(container, dict) or key not in container:
-        return f"until {source!r}: {where} has no key {key!r}"
-    value = container[key]
+    found = _look_up(source, payload, results)
+    if isinstance(found, str):
+        return f"until {source!r}: {found}"
+    value, _ = found
     if isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -118,14 +127,12 @@ def wake_time(step: StepRow, payload: Any, results: dict[str, Any], now: float, 
 def fan_out_list(source: str, payload: Any, results: dict[str, Any], bound: int) -> list[Any] | str:
     """The list a ``for_each`` step fans out over (``items``: a payload key; ``step.key``: a key
     of an earlier step's result), or the reason it cannot: missing, not a list, over ``bound``."""
-    step, _, key = source.rpartition(".")
-    where = f"the result of step {step!r}" if step else "the payload"
-    container = results.get(step) if step else payload
-    if not isinstance(container, dict) or key not in container:
-        return f"for_each {source!r}: {where} has no key {key!r}"
-    value = container[key]
+    found = _look_up(source, payload, results)
+    if isinstance(found, str):
+        return f"for_each {source!r}: {found}"
+    value, where = found
     if not isinstance(value, list):
-        return f"for_each {source!r}: {where}'s {key!r} is a {type(value).__name__}, not a list"
+        return f"for_each {source!r}: {where} is a {type(value).__name__}, not a list"
     if len(value) > bound:
         return f"for_each {source!r}: {len(value)} elements, over the bound of {bound} branches (SAS_MAX_BRANCHES)"
     return value

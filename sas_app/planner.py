@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .alerts import Alert, Alerts
@@ -26,6 +26,11 @@ from .store.children import child_key
 from .workflow import Workflow
 
 log = logging.getLogger("sas.scheduler")
+
+
+def step_input(run: RunRow, step: StepRow) -> Any:
+    """What a step works from: an operator's edited input, else the run's payload."""
+    return run.payload if step.input is None else step.input
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,7 @@ class Dispatch:
             "position": self.step.position,
             "attempt": self.step.attempt,
             "idempotency_key": self.step.idempotency_key,
-            "payload": self.run.payload if self.step.input is None else self.step.input,
+            "payload": step_input(self.run, self.step),
             "results": self.results,
             "complete_by": self.step.complete_by,
             "budget": self.step.timeout,
@@ -75,7 +80,6 @@ class Moves:
 
     messages: list[Dispatch | Advance] = field(default_factory=list)
     alerts: list[Alert | None] = field(default_factory=list)
-    delay: float | None = None
 
     def extend(self, other: Moves) -> None:
         for message in other.messages:
@@ -87,9 +91,9 @@ class Moves:
 
     def wait(self, run_id: str, seconds: float) -> None:
         """Look at ``run_id`` again in ``seconds`` (the soonest of the back-offs asked for)."""
-        if seconds > 0 and (self.delay is None or seconds < self.delay):
-            self.delay = seconds
-            self.messages = [m for m in self.messages if not (isinstance(m, Advance) and m.delay > 0)]
+        later = next((m for m in self.messages if isinstance(m, Advance) and m.delay > 0), None)
+        if seconds > 0 and (later is None or seconds < later.delay):
+            self.messages = [m for m in self.messages if m is not later]
             self.messages.append(Advance(run_id, seconds))
 
 
@@ -131,16 +135,15 @@ class Planner:
                 return
             if ended == "completed":
                 continue  # what waited for those steps may start now
-            starting = [s for s in graph.ready() if s.for_each is None and s.child is None and not s.is_sleep]
-            children = [s for s in graph.ready() if s.child is not None]
-            sleeps = [s for s in graph.ready() if s.is_sleep]
-            woke = self._sleep(tx, run, graph, sleeps, moves)
+            ready, results = graph.ready(), graph.results()
+            starting = [s for s in ready if s.for_each is None and s.child is None and not s.is_sleep]
+            children = [s for s in ready if s.child is not None]
+            woke = self._sleep(tx, run, results, [s for s in ready if s.is_sleep], moves)
             if woke == "failed":
                 return
             # a fan-out's list is read when it starts (from an operator's edited input, if any)
-            lists = {s.position: fan_out_list(s.for_each, run.payload if s.input is None else s.input,
-                                              graph.results(), self.settings.max_branches)
-                     for s in graph.ready() if s.for_each is not None}
+            lists = {s.position: fan_out_list(s.for_each, step_input(run, s), results, self.settings.max_branches)
+                     for s in ready if s.for_each is not None}
             for parent in graph.fanning_out():
                 starting += to_start(graph.branches(parent), parent.max_parallel or 1)
             problems: list[tuple[StepRow, Any]] = [(s, self.refusal(s, run)) for s in starting + children]
@@ -161,7 +164,6 @@ class Planner:
                 first_free += len(items)
             for step in children:
                 self._start_child(tx, run, step, moves)
-            results = graph.results()
             for step in starting:
                 running = tx.mark_step_running(step, instance_id())
                 if running is not None:
@@ -171,7 +173,7 @@ class Planner:
             if not changed and not woke:
                 return
 
-    def _sleep(self, tx: Tx, run: RunRow, graph: Graph, sleeps: list[StepRow], moves: Moves) -> str | None:
+    def _sleep(self, tx: Tx, run: RunRow, results: dict[str, Any], sleeps: list[StepRow], moves: Moves) -> str | None:
         """Sleeps that may start fall asleep until their time; those whose time has come wake
         ("woke": what waited for them may start). A sleep is never a delayed message: the
         Supervisor's sweep wakes it (its complete-by is its time). "failed": its ``until`` is no
@@ -181,17 +183,15 @@ class Planner:
         now, outcome = tx.now(), None
         for step in sleeps:
             if step.state == StepState.NOT_STARTED:
-                wake = wake_time(step, run.payload if step.input is None else step.input, graph.results(), now,
-                                 self.settings.max_sleep)
+                wake = wake_time(step, step_input(run, step), results, now, self.settings.max_sleep)
                 if isinstance(wake, str):
                     self._refuse(tx, run, step, f"step {step.name!r}: {wake}", moves)
                     return "failed"
-                if wake > now:
-                    tx.start_sleep(step, wake, instance_id())
+                asleep = tx.start_sleep(step, wake, instance_id())
+                if asleep is None:
                     continue
-                outcome = "woke" if tx.start_sleep(step, wake, instance_id()) and tx.wake(
-                    replace(step, state=StepState.PENDING, not_before=wake), instance_id()) else outcome
-            elif step.not_before is not None and step.not_before <= now and tx.wake(step, instance_id()):
+                step = asleep  # a time already past wakes it at once, below
+            if step.not_before is not None and step.not_before <= now and tx.wake(step, instance_id()):
                 outcome = "woke"
         return outcome
 
@@ -237,9 +237,8 @@ class Planner:
         started = tx.start_child_step(step, child_id, instance_id())
         if started is None:
             return
-        payload = run.payload if step.input is None else step.input
         child, _ = tx.insert_run(NewRun(
-            child_id, workflow.name, child_key(run.id, step.name, started.attempt), payload,
+            child_id, workflow.name, child_key(run.id, step.name, started.attempt), step_input(run, step),
             workflow.new_steps(child_id), None, run.priority, workflow.run_version, workflow.is_linear,
             parent_run_id=run.id, parent_position=step.position, depth=run.depth + 1,
         ), self.settings.pickup_timeout)
@@ -266,10 +265,7 @@ class Planner:
                 reason += f": {child.error}"
             failed = tx.fail_step(run.id, step.position, step.attempt, reason, actor=instance_id(), count_failure=True)
             if failed is not None:
-                moves.alerts.append(fail_run(tx, self.alerts, self.settings, run, failed, reason, actor=instance_id()))
-                after = tx.lock_run(run.id)
-                if after is not None:
-                    self._plan(tx, after, moves)
+                self._fail_run(tx, run, failed, reason, moves)
                 return "failed"
         return outcome
 
@@ -291,9 +287,12 @@ class Planner:
     def _refuse(self, tx: Tx, run: RunRow, step: StepRow, reason: str, moves: Moves) -> None:
         """``step`` cannot start: it fails with ``reason`` and one alert, and the run is undone."""
         failed = tx.refuse_step(step, reason, instance_id())
-        if failed is None:
-            return
-        log.error("run %s: %s", run.id, reason)
+        if failed is not None:
+            log.error("run %s: %s", run.id, reason)
+            self._fail_run(tx, run, failed, reason, moves)
+
+    def _fail_run(self, tx: Tx, run: RunRow, failed: StepRow, reason: str, moves: Moves) -> None:
+        """``failed`` failed for good: its alert, the run undone (or in error), and its undo started."""
         moves.alerts.append(fail_run(tx, self.alerts, self.settings, run, failed, reason, actor=instance_id()))
         after = tx.lock_run(run.id)
         if after is not None:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .alerts import COMPENSATION_FAILED, FAILED, Alert, Alerts
+from .graph import Graph
 from .routing import Advance
 from .settings import Settings
 from .states import EXPIRED_ERROR, Cause, RunState, StepState
@@ -64,8 +65,8 @@ def undo_run(tx: Tx, run: RunRow, reason: str, settings: Settings, *, actor: str
     steps = tx.steps_of(run.id)
     _cancel_children(tx, run, steps, reason, settings, actor)
     undo = undoable(steps)
-    first_free = max((s.position for s in steps), default=-1) + 1
-    if not tx.start_compensation(run, undo, reason, settings.pickup_timeout, actor=actor, first_free=first_free,
+    if not tx.start_compensation(run, undo, reason, settings.pickup_timeout, actor=actor,
+                                 first_free=Graph(steps).next_free(),
                                  cancelled_by=cancelled_by):
         return []
     return undo

@@ -38,12 +38,8 @@ class ChildTx(TxBase):
 
     def finish_child_step(self, step: StepRow, child: RunRow, result: Any, actor: str) -> bool:
         """The child was processed: the step completes with its results."""
-        won = self.update_step(step.run_id, step.position, step.attempt, StepState.RUNNING, StepState.COMPLETED,
-                               result=result, locked_by=None, completed_at=db_now())
-        if won is not None:
-            self.transition(step.run_id, step.position, StepState.RUNNING, StepState.COMPLETED, attempt=step.attempt,
-                            actor=actor, detail={"child": child.id})
-        return won is not None
+        return self.move_step(step, StepState.COMPLETED, actor=actor, detail={"child": child.id}, result=result,
+                              locked_by=None, completed_at=db_now()) is not None
 
     def children_of(self, run_id: str) -> list[RunRow]:
         rows = self.conn.execute(select(runs).where(runs.c.parent_run_id == run_id).order_by(runs.c.created_at))

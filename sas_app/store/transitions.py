@@ -287,6 +287,20 @@ class TxBase:
                             detail={"deferred": delay, "reason": reason})
         return won is not None
 
+    def move_step(self, step: StepRow, new: str, *, actor: str, detail: Any = None, **values: Any) -> StepRow | None:
+        """``step`` from the state and attempt it was read at → ``new`` (fenced), with its event."""
+        moved = self.update_step(step.run_id, step.position, step.attempt, step.state, new, **values)
+        if moved is not None:
+            self.transition(step.run_id, step.position, step.state, new, attempt=step.attempt, actor=actor,
+                            detail=detail)
+        return moved
+
+    def refuse_step(self, step: StepRow, reason: str, actor: str) -> StepRow | None:
+        """A step that cannot start or go on (its list is missing or too long, its action or child
+        workflow is not in the deployed code, its time is no time) fails at once, nothing dispatched."""
+        return self.move_step(step, StepState.FAILED, actor=actor, detail={"error": reason}, error=reason,
+                              locked_by=None, complete_by=None)
+
     def update_step(self, run_id: str, position: int, attempt: int, expected: str, new: str,
                     **values: Any) -> StepRow | None:
         """``expected`` → ``new``, fenced on the step's state and attempt."""

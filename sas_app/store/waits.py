@@ -12,20 +12,12 @@ from .transitions import TxBase
 
 
 class WaitTx(TxBase):
-    def start_sleep(self, step: StepRow, wake: float, actor: str) -> bool:
+    def start_sleep(self, step: StepRow, wake: float, actor: str) -> StepRow | None:
         """not_started → pending until ``wake`` (epoch seconds, the database's clock)."""
-        won = self.update_step(step.run_id, step.position, step.attempt, step.state, StepState.PENDING,
-                               not_before=wake, complete_by=wake, locked_by=None)
-        if won is not None:
-            self.transition(step.run_id, step.position, step.state, StepState.PENDING, attempt=step.attempt,
-                            actor=actor, detail={"sleep_until": wake})
-        return won is not None
+        return self.move_step(step, StepState.PENDING, actor=actor, detail={"sleep_until": wake}, not_before=wake,
+                              complete_by=wake, locked_by=None)
 
     def wake(self, step: StepRow, actor: str) -> bool:
         """A sleep whose time has come: pending → completed."""
-        won = self.update_step(step.run_id, step.position, step.attempt, StepState.PENDING, StepState.COMPLETED,
-                               result={"slept_until": step.not_before}, completed_at=db_now(), complete_by=None)
-        if won is not None:
-            self.transition(step.run_id, step.position, StepState.PENDING, StepState.COMPLETED, attempt=step.attempt,
-                            actor=actor)
-        return won is not None
+        return self.move_step(step, StepState.COMPLETED, actor=actor, result={"slept_until": step.not_before},
+                              completed_at=db_now(), complete_by=None) is not None

@@ -58,23 +58,8 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
         if e.kind != EventKind.TRANSITION or e.position is None or e.position not in lanes:
             continue
         detail = e.detail if isinstance(e.detail, dict) else {}
-        if e.to_state == StepState.RUNNING and ("branches" in detail or "child" in detail):
-            # a fan-out (its branches are the lanes below) or a child run (a run of its own): no task
-            what = (f"fanned out to {detail['branches']} branches" if "branches" in detail
-                    else f"child run {detail['child']}")
-            started = Segment(e.attempt or 0, e.at, None, None, "running", what, "")
-            lanes[e.position].segments.append(started)
-            open_[e.position] = started
-            continue
-        if e.to_state == StepState.PENDING and "sleep_until" in detail:  # a durable sleep: no task either
-            started = Segment(e.attempt or 0, e.at, None, None, "running",
-                              f"asleep until {when(detail['sleep_until'])}", "")
-            lanes[e.position].segments.append(started)
-            open_[e.position] = started
-            continue
-        if e.to_state == StepState.RUNNING:
-            started = Segment(e.attempt or 0, e.at, None, detail.get("complete_by"), "running",
-                              f"attempt {e.attempt} dispatched", dispatch_task_id(view.id, e.position, e.attempt or 0))
+        started = _opened(view.id, e.position, e.to_state, e.attempt or 0, e.at, detail)
+        if started is not None:
             lanes[e.position].segments.append(started)
             open_[e.position] = started
             continue
@@ -111,6 +96,23 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
             if seg.complete_by is not None and t0 <= seg.complete_by <= t1:
                 seg.deadline_x = (seg.complete_by - t0) * scale
     return list(lanes.values()), t0, t1
+
+
+def _opened(run_id: str, position: int, to_state: str | None, attempt: int, at: float,
+            detail: dict[str, Any]) -> Segment | None:
+    """The bar a step's event starts, if it starts one: a dispatched attempt (its Celery task
+    linked), or — with no task — a fan-out (its branches are the lanes below), a child run (a run of
+    its own) or a durable sleep."""
+    if to_state == StepState.RUNNING and "branches" in detail:
+        return Segment(attempt, at, None, None, "running", f"fanned out to {detail['branches']} branches", "")
+    if to_state == StepState.RUNNING and "child" in detail:
+        return Segment(attempt, at, None, None, "running", f"child run {detail['child']}", "")
+    if to_state == StepState.PENDING and "sleep_until" in detail:
+        return Segment(attempt, at, None, None, "running", f"asleep until {when(detail['sleep_until'])}", "")
+    if to_state == StepState.RUNNING:
+        return Segment(attempt, at, None, detail.get("complete_by"), "running", f"attempt {attempt} dispatched",
+                       dispatch_task_id(run_id, position, attempt))
+    return None
 
 
 def chart(observer: Observer, now: float, window: float, buckets: int = 60, width: float = 900.0,
