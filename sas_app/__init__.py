@@ -7,6 +7,7 @@ from .client import RunHandle, RunView
 from .errors import (
     DuplicateBusinessKey,
     InvalidOperation,
+    InvalidSignal,
     InvalidSubmission,
     PermanentError,
     SasError,
@@ -19,7 +20,8 @@ from .errors import (
 )
 from .migrate import migrate
 from .settings import Settings
-from .workflow import Sleep, Step, Workflow
+from .signals import SignalReceipt
+from .workflow import Sleep, Step, WaitFor, Workflow
 
 __all__ = [
     "Agent",
@@ -27,6 +29,7 @@ __all__ = [
     "Alert",
     "DuplicateBusinessKey",
     "InvalidOperation",
+    "InvalidSignal",
     "InvalidSubmission",
     "PermanentError",
     "RunHandle",
@@ -34,6 +37,7 @@ __all__ = [
     "SasApp",
     "SasError",
     "Settings",
+    "SignalReceipt",
     "Sleep",
     "StaleAttempt",
     "Step",
@@ -41,6 +45,7 @@ __all__ = [
     "TransientError",
     "UnknownRun",
     "UnknownWorkflow",
+    "WaitFor",
     "Workflow",
     "WorkflowDefinitionError",
     "migrate",

@@ -25,6 +25,7 @@ from .operator import Operator
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, Router
 from .scheduler import Scheduler
 from .settings import Settings
+from .signals import SignalReceipt, Signals
 from .store import Store
 from .store.engine import Clock
 from .supervisor import Supervisor
@@ -71,6 +72,7 @@ class SasApp:
         inline = self.scheduler if self.settings.inline_replies else None
         self.client = Client(self.store, self.settings, self.router, self.workflows, inline)
         self.operator = Operator(self.store, self.settings, self.router)
+        self.signals = Signals(self.store, self.settings, self.scheduler, self.celery)
         worker_process_init.connect(self._after_fork, weak=True)
         worker_ready.connect(self._ready, weak=True)
         beat_init.connect(self._ready, weak=True)
@@ -146,6 +148,13 @@ class SasApp:
         """Start a run (see :meth:`Client.submit`). ``priority`` 0-9: a more urgent run's steps
         overtake less urgent ones waiting on the same agent queue."""
         return self.client.submit(workflow, payload, business_key=business_key, reply_to=reply_to, priority=priority)
+
+    def signal(self, run: str | tuple[str, str], event: str, payload: Any = None, *, by: str = "") -> SignalReceipt:
+        """Send ``event`` to a run waiting for it (:func:`WaitFor`): ``run`` is its id or its
+        ``(workflow, business_key)``; ``payload`` (a JSON object) becomes the wait's result. A
+        signal that comes before the run reaches its wait is kept until it does (see
+        :class:`SignalReceipt`)."""
+        return self.signals.send(run, event, payload, by=by)
 
     def get_run(self, run_id: str) -> RunView:
         return self.client.get_run(run_id)

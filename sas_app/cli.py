@@ -30,7 +30,7 @@ from .graph import Graph
 from .migrate import schema_problem
 from .settings import mask_secrets, redact_url
 from .states import RUN_STATES
-from .web.formatting import when
+from .web.formatting import does, when
 
 DEFAULT_APP = "workers.app:sas"
 # Piped or redirected output is not cut to 80 columns: every id and name stays whole.
@@ -220,6 +220,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         out["steps"] = [asdict(s) for s in view.steps]
         out["events"] = [asdict(e) for e in view.events]
         out["children"] = [asdict(c) for c in ctx.app.store.children(run_id)]
+        out["signals"] = [asdict(s) for s in ctx.app.store.signals_of(run_id)]
         click.echo(json.dumps(out, default=str))
         return
     r = view.run
@@ -235,11 +236,16 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     steps = Table("#", "step", "after", "agent", "state", "attempt", "failures", "complete by", "error")
     for s, is_branch in graph.outline():
         after = "" if is_branch or s.is_undo else ", ".join(graph.waits_for_names(s)) or "-"
-        does = f"child run of {s.child}" if s.child else f"{s.agent}.{s.action}"
-        steps.add_row(str(s.position), f"  └ {s.name}" if is_branch else s.name, after, does,
+        steps.add_row(str(s.position), f"  └ {s.name}" if is_branch else s.name, after, does(s),
                       s.state, str(s.attempt), f"{s.failure_count}/{s.max_failures}", when(s.complete_by),
                       s.error or "")
     console.print(steps)
+    signals = ctx.app.store.signals_of(r.id)
+    if signals:
+        table = Table("received", "event", "status", "by", "payload")
+        for sig in signals:
+            table.add_row(when(sig.received_at), sig.event, sig.status, sig.sent_by or "", json.dumps(sig.payload))
+        console.print(table)
     history = Table("at", "step", "event", "from", "to", "attempt", "actor")
     for e in view.events:
         history.add_row(when(e.at), "-" if e.position is None else str(e.position), e.kind,
@@ -281,6 +287,25 @@ def resubmit(ctx: Context, run_id: str, step: str | None, step_input: str | None
     edited = _json_option(step_input, "--input")
     _operate(lambda: ctx.app.resubmit(run_id, by=by, reason=reason, step=step, step_input=edited))
     click.echo(f"run {run_id} resubmitted")
+
+
+@main.command()
+@click.argument("run")
+@click.argument("event")
+@click.option("--payload", default="{}", show_default=True, help="The signal's payload (the wait's result), as JSON.")
+@click.option("--by", default=lambda: os.environ.get("USER") or "operator", show_default="$USER",
+              help="Who sends it (recorded in the run's history).")
+@pass_ctx
+def signal(ctx: Context, run: str, event: str, payload: str, by: str) -> None:
+    """Send EVENT to a run waiting for it (a WaitFor step). RUN is a run id or WORKFLOW:BUSINESS_KEY."""
+    workflow, colon, key = run.partition(":")
+    target: str | tuple[str, str] = (workflow, key) if colon else run
+    value = _json_option(payload, "--payload")
+    try:
+        receipt = ctx.app.signal(target, event, value, by=by)
+    except SasError as exc:
+        fail(str(exc))
+    click.echo(f"signal {event!r} for run {receipt.run_id}: {receipt.status}")
 
 
 @main.command("mark-done")
@@ -345,9 +370,13 @@ def compensate(ctx: Context, run_id: str, by: str, reason: str) -> None:
 @click.option("--flower-url", envvar="SAS_FLOWER_URL", default="",
               help="Flower's address, for links to each dispatch's task (env SAS_FLOWER_URL).")
 @click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--secret", envvar="SAS_DASHBOARD_SECRET", default="",
+              help="Signs the forms' CSRF tokens (env SAS_DASHBOARD_SECRET; default: random per process).")
 @pass_ctx
-def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: str, threads: int) -> None:
-    """Serve the read-only dashboard and the Prometheus metrics (/metrics) of the state store."""
+def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: str, threads: int,
+              secret: str) -> None:
+    """Serve the dashboard and the Prometheus metrics (/metrics) of the state store. With
+    --basic-auth, runs waiting for an event can be approved or rejected from their page."""
     from waitress import serve
 
     from .web.dashboard import create_dashboard, parse_basic_auth
@@ -359,7 +388,7 @@ def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: s
     problem = schema_problem(ctx.app.store.engine)
     if problem:
         fail(problem)
-    app = create_dashboard(ctx.app, basic_auth=credentials, flower_url=flower_url)
+    app = create_dashboard(ctx.app, basic_auth=credentials, flower_url=flower_url, secret=secret)
     click.echo(f"sas dashboard on http://{host}:{port}/" + (" (basic auth)" if credentials else ""), err=True)
     serve(app, host=host, port=port, threads=threads, ident="sas-dashboard")
 

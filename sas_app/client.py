@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -16,7 +15,7 @@ from .routing import Advance, Router
 from .scheduler import Scheduler
 from .settings import Settings
 from .states import TERMINAL_RUN_STATES
-from .store import EventRow, NewRun, RunRow, StepRow, Store, dumps_payload
+from .store import EventRow, NewRun, RunRow, StepRow, Store, stored_object
 from .workflow import Workflow
 
 log = logging.getLogger("sas.client")
@@ -145,16 +144,10 @@ class Client:
             raise InvalidSubmission(f"reply_to must be a queue name, got {reply_to!r}")
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
             raise InvalidSubmission(f"priority must be an integer from 0 (least urgent) to 9, got {priority!r}")
-        if not isinstance(payload, dict):
-            raise InvalidSubmission(f"payload must be a JSON object (a dict), got {type(payload).__name__}")
         try:
-            encoded = dumps_payload(payload)
-        except (TypeError, ValueError) as exc:
-            raise InvalidSubmission(f"payload is not JSON-serialisable: {exc}") from None
-        limit = self.settings.max_payload_bytes
-        if len(encoded.encode()) > limit:
-            raise InvalidSubmission(f"payload is {len(encoded.encode())} bytes, over the {limit}-byte limit")
-        return json.loads(encoded)
+            return stored_object(payload, self.settings.max_payload_bytes)
+        except ValueError as exc:
+            raise InvalidSubmission(str(exc)) from None
 
     def _submit(self, wf: Workflow, run_id: str, payload: Any, business_key: str, reply_to: str | None,
                 priority: int) -> RunHandle:

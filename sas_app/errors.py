@@ -51,3 +51,7 @@ class InvalidOperation(SasError, ValueError):
 
 class DuplicateBusinessKey(InvalidSubmission):
     """The business key already names a run of this workflow with a different payload."""
+
+
+class InvalidSignal(SasError, ValueError):
+    """A signal the run cannot take (it has ended, or never waits for that event); nothing was written."""

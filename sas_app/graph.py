@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from .states import StepState
-from .store import StepRow
+from .store import RunRow, StepRow
 
 _WAITING = (StepState.NOT_STARTED, StepState.PENDING)
 
@@ -78,6 +78,11 @@ class Graph:
         """The results of the workflow steps that completed (even if since undone), by name: what
         the next agent, or an undo, is told."""
         return {s.name: s.result for s in self.workflow_steps if s.result is not None}
+
+
+def step_input(run: RunRow, step: StepRow) -> Any:
+    """What a step works from: an operator's edited input, else the run's payload."""
+    return run.payload if step.input is None else step.input
 
 
 def to_start(branches: Sequence[StepRow], max_parallel: int) -> list[StepRow]:

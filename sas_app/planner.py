@@ -16,21 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .alerts import Alert, Alerts
-from .graph import Graph, fan_out_list, to_start, wake_time
+from .graph import Graph, fan_out_list, step_input, to_start
 from .recovery import fail_run
 from .routing import Advance, AgentMessage
 from .settings import Settings, instance_id
 from .states import TERMINAL_RUN_STATES, RunState, StepState
 from .store import NewRun, RunRow, StepRow, Tx
 from .store.children import child_key
+from .waiting import plan_waits
 from .workflow import Workflow
 
 log = logging.getLogger("sas.scheduler")
-
-
-def step_input(run: RunRow, step: StepRow) -> Any:
-    """What a step works from: an operator's edited input, else the run's payload."""
-    return run.payload if step.input is None else step.input
 
 
 @dataclass(frozen=True)
@@ -136,10 +132,11 @@ class Planner:
             if ended == "completed":
                 continue  # what waited for those steps may start now
             ready, results = graph.ready(), graph.results()
-            starting = [s for s in ready if s.for_each is None and s.child is None and not s.is_sleep]
+            starting = [s for s in ready if s.for_each is None and s.child is None and not s.in_store]
             children = [s for s in ready if s.child is not None]
-            woke = self._sleep(tx, run, results, [s for s in ready if s.is_sleep], moves)
-            if woke == "failed":
+            waited = plan_waits(tx, run, results, [s for s in ready if s.in_store], self.settings)
+            if waited.failed is not None:
+                self._refuse(tx, run, waited.failed, waited.reason, moves, undo=waited.undo)
                 return
             # a fan-out's list is read when it starts (from an operator's edited input, if any)
             lists = {s.position: fan_out_list(s.for_each, step_input(run, s), results, self.settings.max_branches)
@@ -170,30 +167,8 @@ class Planner:
                     moves.messages.append(Dispatch(run, running, results))
                 elif step.not_before is not None:
                     moves.wait(run.id, step.not_before - tx.now())
-            if not changed and not woke:
+            if not changed and not waited.ended:
                 return
-
-    def _sleep(self, tx: Tx, run: RunRow, results: dict[str, Any], sleeps: list[StepRow], moves: Moves) -> str | None:
-        """Sleeps that may start fall asleep until their time; those whose time has come wake
-        ("woke": what waited for them may start). A sleep is never a delayed message: the
-        Supervisor's sweep wakes it (its complete-by is its time). "failed": its ``until`` is no
-        time, and the run is being undone."""
-        if not sleeps:
-            return None
-        now, outcome = tx.now(), None
-        for step in sleeps:
-            if step.state == StepState.NOT_STARTED:
-                wake = wake_time(step, step_input(run, step), results, now, self.settings.max_sleep)
-                if isinstance(wake, str):
-                    self._refuse(tx, run, step, f"step {step.name!r}: {wake}", moves)
-                    return "failed"
-                asleep = tx.start_sleep(step, wake, instance_id())
-                if asleep is None:
-                    continue
-                step = asleep  # a time already past wakes it at once, below
-            if step.not_before is not None and step.not_before <= now and tx.wake(step, instance_id()):
-                outcome = "woke"
-        return outcome
 
     def _plan_undo(self, tx: Tx, run: RunRow, moves: Moves) -> None:
         """The next undo, one at a time, last step first; the run ends once all are done."""
@@ -284,16 +259,19 @@ class Planner:
         return (f"step {step.name!r}: agent action '{step.agent}.{step.action}' is not in the deployed code "
                 "(removed or renamed since the run started)")
 
-    def _refuse(self, tx: Tx, run: RunRow, step: StepRow, reason: str, moves: Moves) -> None:
-        """``step`` cannot start: it fails with ``reason`` and one alert, and the run is undone."""
+    def _refuse(self, tx: Tx, run: RunRow, step: StepRow, reason: str, moves: Moves, *, undo: bool = True) -> None:
+        """``step`` cannot start or go on: it fails with ``reason`` and one alert, and the run is
+        undone (or, without ``undo``, left in error for an operator)."""
         failed = tx.refuse_step(step, reason, instance_id())
         if failed is not None:
             log.error("run %s: %s", run.id, reason)
-            self._fail_run(tx, run, failed, reason, moves)
+            self._fail_run(tx, run, failed, reason, moves, undo=undo)
 
-    def _fail_run(self, tx: Tx, run: RunRow, failed: StepRow, reason: str, moves: Moves) -> None:
+    def _fail_run(self, tx: Tx, run: RunRow, failed: StepRow, reason: str, moves: Moves, *,
+                  undo: bool = True) -> None:
         """``failed`` failed for good: its alert, the run undone (or in error), and its undo started."""
-        moves.alerts.append(fail_run(tx, self.alerts, self.settings, run, failed, reason, actor=instance_id()))
+        moves.alerts.append(fail_run(tx, self.alerts, self.settings, run, failed, reason, actor=instance_id(),
+                                     undo=undo))
         after = tx.lock_run(run.id)
         if after is not None:
             self._plan(tx, after, moves)

@@ -114,9 +114,10 @@ def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why:
 
 
 def fail_run(tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, step: StepRow, reason: str, *,
-             actor: str) -> Alert | None:
+             actor: str, undo: bool = True) -> Alert | None:
     """Once ``step`` has failed for good: raise its alert, then start undoing the run, or put it in
-    ``error`` if there is nothing to undo or an undo itself failed."""
+    ``error`` if there is nothing to undo, an undo itself failed or ``undo`` is False (left to an
+    operator as it stands)."""
     kind = COMPENSATION_FAILED if step.is_undo else FAILED
     alert = alerts.record(
         tx, Alert(run.id, run.workflow, run.business_key, step.name, step.position, step.attempt, reason, kind),
@@ -126,6 +127,6 @@ def fail_run(tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, step: Step
     if step.is_undo:
         tx.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor,
                       error=f"compensation failed: {reason}")
-    elif not undo_run(tx, run, reason, settings, actor=actor):
+    elif not undo or not undo_run(tx, run, reason, settings, actor=actor):
         tx.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor, error=reason)
     return alert

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from . import faults
 from .alerts import Alerts
+from .errors import InvalidSignal, UnknownRun
 from .graph import Graph
 from .planner import Dispatch, HasAction, Moves, Planner
 from .recovery import fail_run, recover_step
 from .routing import ADVANCE, STEP_DEFERRED, STEP_DONE, STEP_FAILED, STEP_LOST, Advance, Router
 from .settings import Settings, instance_id
-from .states import LIVE_RUN_STATES, Cause, EventKind
+from .states import LIVE_RUN_STATES, Cause, EventKind, RunState, SignalStatus, StepState
 from .store import RunRow, Store, Tx
 
 if TYPE_CHECKING:
@@ -198,6 +199,34 @@ class Scheduler:
         log.warning("run %s step %s attempt %s: worker lost (%s); %s", run_id, position, attempt, reason,
                     "failed for good" if outcome.failed else f"retry in {outcome.backoff:.1f}s")
         self._after_commit(tx, Moves([Advance(run_id, outcome.backoff)], [outcome.alert]))
+
+    def signal(self, run_id: str, event: str, payload: Any, by: str) -> str:
+        """Record a signal for the run's wait for ``event`` and, if the run is waiting there, end
+        the wait and go on — one transaction. Returns the signal's status: ``consumed``, ``kept``
+        (the run has not reached the wait: it is consumed when it does) or ``ignored`` (the wait
+        has had its signal, or has ended). Refused with :class:`InvalidSignal` (nothing written)
+        when the run has ended or never waits for ``event``."""
+        with self.store.begin() as tx:
+            run = tx.lock_run(run_id)
+            if run is None:
+                raise UnknownRun(f"no run with id {run_id!r}")
+            what = f"run {run.id} ({run.workflow} {run.business_key})"
+            if run.process_state not in (RunState.PENDING, RunState.PROCESSING):
+                raise InvalidSignal(f"{what} is {run.process_state}: it takes no more signals")
+            steps = tx.steps_of(run_id)
+            wait = next((s for s in steps if s.event == event and not s.is_undo), None)
+            if wait is None:
+                events = sorted(s.event for s in steps if s.event is not None)
+                raise InvalidSignal(f"{what} never waits for event {event!r}; it waits for "
+                                    f"{', '.join(map(repr, events)) if events else 'no event'}")
+            signal_id, status = tx.record_signal(wait, payload, by)
+            moves = Moves()
+            if status == SignalStatus.KEPT and wait.state == StepState.PENDING:
+                moves = self.planner.next(tx, run)
+                status = tx.signal_status(signal_id)
+        log.info("%s: signal %r %s", what, event, status)
+        self._after_commit(tx, moves)
+        return status
 
     # -- internals --------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ class EventKind(Word):
     STALE_REPLY = "stale_reply"  # a late or duplicate message refused by the fence
     REQUEUE = "requeue"  # the Supervisor asked the Scheduler again about a pending run or step
     OPERATOR = "operator"  # an operator acted (detail: action, by, reason)
+    SIGNAL = "signal"  # a signal arrived for a wait (detail: event, status, by)
 
 
 class Cause(Word):
@@ -62,6 +63,14 @@ class Cause(Word):
 
     EXPIRED = "expired"  # its complete-by passed (found by the Supervisor)
     WORKER_LOST = "worker_lost"  # its worker process died (reported by the worker's main process)
+
+
+class SignalStatus(Word):
+    """``signals.status``: what became of a signal sent to a run."""
+
+    KEPT = "kept"  # the run has not reached its wait yet: consumed when it does
+    CONSUMED = "consumed"  # it ended its wait (its payload is the wait's result)
+    IGNORED = "ignored"  # a second signal for a wait that has one already, or has ended: recorded only
 
 
 #: ``steps.error`` of a step the Supervisor failed: nobody knows whether its effect was applied.

@@ -75,6 +75,9 @@ class Step:
     #: a durable sleep (see :func:`Sleep`): seconds, or where the time to wake is
     sleep: float | None = None
     sleep_until: str | None = None
+    #: a wait for an event (see :func:`WaitFor`), and what its timeout does
+    event: str | None = None
+    on_timeout: str = "compensate"
 
     @property
     def agent(self) -> str:
@@ -94,6 +97,21 @@ def Sleep(name: str, seconds: float | None = None, *, until: str | None = None,
     if (seconds is None) == (until is None):
         raise WorkflowDefinitionError(f"sleep {name!r} needs seconds or until=, exactly one")
     return Step(name, sleep=seconds, sleep_until=until, after=after)
+
+
+#: what a wait's timeout does: undo the run, leave it in error for an operator, or go on without the event
+ON_TIMEOUT = ("compensate", "error", "continue")
+
+
+def WaitFor(name: str, event: str, *, timeout: float, on_timeout: str = "compensate",
+            after: Sequence[str] | None = None) -> Step:
+    """A step that waits for ``event``: ``sas.signal(run, event, payload)`` ends it, and the
+    signal's payload is its result. A signal sent before the run gets here is kept and consumed
+    when it does. After ``timeout`` seconds with none, ``on_timeout``: ``"compensate"`` (the run is
+    undone), ``"error"`` (the run is left in error for an operator) or ``"continue"`` (the result
+    is ``{"timed_out": true}``). Like a sleep, it waits in the store, holding no message and no
+    worker slot."""
+    return Step(name, timeout=timeout, event=event, on_timeout=on_timeout, after=after)
 
 
 OnSubmit = Callable[["Connection", "RunRow"], None]
@@ -139,7 +157,8 @@ class Workflow:
             NewStep(s.name, s.agent, s.action_name, float(s.timeout), s.max_failures, step_key(run_id, s.name),
                     undo=None if s.compensate is None else action_name(s.compensate), waits_for=waits,
                     for_each=s.for_each, max_parallel=s.max_parallel if s.for_each else None, child=s.child,
-                    sleep=None if s.sleep is None else float(s.sleep), sleep_until=s.sleep_until)
+                    sleep=None if s.sleep is None else float(s.sleep), sleep_until=s.sleep_until,
+                    event=s.event, on_timeout=s.on_timeout if s.event is not None else None)
             for s, waits in zip(self.steps, self.waits_for, strict=True)
         ]
 
@@ -153,7 +172,7 @@ class Workflow:
             [s.name, None if s.action is None else action_name(s.action),
              None if s.compensate is None else action_name(s.compensate),
              float(s.timeout), s.max_failures, waits, s.for_each, s.max_parallel if s.for_each else None, s.child,
-             s.sleep, s.sleep_until]
+             s.sleep, s.sleep_until, *([s.event, s.on_timeout] if s.event is not None else [])]
             for s, waits in zip(self.steps, self.waits_for, strict=True)
         ]
         return hashlib.sha256(json.dumps(graph, separators=(",", ":")).encode()).hexdigest()[:12]
@@ -187,6 +206,9 @@ def check_workflow(
         if s.sleep is not None or s.sleep_until is not None:
             _check_sleep(where, s, max_sleep)
             continue
+        if s.event is not None:
+            _check_wait(where, s, max_sleep)
+            continue
         _check_child(where, s, set(known_workflows))
         for label, ref in (("action", s.action), ("compensate", s.compensate)):
             if ref is None:
@@ -213,13 +235,19 @@ def check_workflow(
             )
         _check_fan_out(where, s)
     _check_graph(where, workflow)
+    events = [s.event for s in workflow.steps if s.event is not None]
+    twice = sorted({e for e in events if events.count(e) > 1})
+    if twice:
+        raise WorkflowDefinitionError(f"{where}: more than one step waits for event {twice[0]!r}; give each wait "
+                                      "its own event, so a signal names one wait")
     if workflow.version is not None and (not isinstance(workflow.version, str) or not _NAME.match(workflow.version)):
         raise WorkflowDefinitionError(f"{where}: version {workflow.version!r} must be a name (letters, digits, "
                                       "'_', '-')")
 
 
 def _check_sleep(where: str, s: Step, max_sleep: float) -> None:
-    if s.action is not None or s.child is not None or s.for_each is not None or s.compensate is not None:
+    if (s.action is not None or s.child is not None or s.for_each is not None or s.compensate is not None
+            or s.event is not None):
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a sleep runs no action, child, fan-out or undo")
     if (s.sleep is None) == (s.sleep_until is None):
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a sleep needs seconds or until=, exactly one")
@@ -230,6 +258,20 @@ def _check_sleep(where: str, s: Step, max_sleep: float) -> None:
                                       or not all(_NAME.match(part) for part in s.sleep_until.split(".", 1))):
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: until must name a payload key ('wake_at') or "
                                       f"an earlier step's result key ('quote.valid_until'), got {s.sleep_until!r}")
+
+
+def _check_wait(where: str, s: Step, max_wait: float) -> None:
+    if s.action is not None or s.child is not None or s.for_each is not None or s.compensate is not None:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a wait runs no action, child, fan-out or undo")
+    if not isinstance(s.event, str) or not _NAME.match(s.event):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: event {s.event!r} must be a name (letters, "
+                                      "digits, '_', '-')")
+    if not _is_number(s.timeout) or not 0 < s.timeout <= max_wait:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a wait's timeout must be more than 0 and at most "
+                                      f"{max_wait:g} seconds (SAS_MAX_SLEEP), got {s.timeout!r}")
+    if s.on_timeout not in ON_TIMEOUT:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: on_timeout must be one of {', '.join(ON_TIMEOUT)}; "
+                                      f"got {s.on_timeout!r}")
 
 
 def _check_child(where: str, s: Step, workflows: set[str]) -> None:

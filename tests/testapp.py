@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from sas_app import AgentCall, PermanentError, SasApp, Sleep, Step, StepExpired, TransientError
+from sas_app import AgentCall, PermanentError, SasApp, Sleep, Step, StepExpired, TransientError, WaitFor
 
 #: every call an agent received, per idempotency key: (attempt, outcome)
 CALLS: dict[str, list[tuple[int, str]]] = defaultdict(list)
@@ -40,7 +40,8 @@ def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int 
     ``diamond``: ``left`` and ``right`` side by side, ``join`` after both, then ``last``.
     ``fanout``: ``prepare``, then ``ship`` once per element of the payload's ``items`` (two at a
     time), then ``confirm``; every step but ``confirm`` with an undo. ``parent``: ``before``, then
-    ``spawn`` (a child run of ``kid``: one step ``k1``), then ``after``."""
+    ``spawn`` (a child run of ``kid``: one step ``k1``), then ``after``. ``claim``: ``file`` (with
+    an undo), ``manager`` waiting up to two days for the event ``approval``, then ``pay``."""
     svc = sas.agent("svc", retry_initial=0.01, retry_max=0.02)
     svc.action(scripted, name="work")
     svc.action(scripted, name="undo")
@@ -92,6 +93,9 @@ def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int 
     sas.workflow("nap", [Step("first", "svc.work", timeout=timeout, max_failures=max_failures),
                          Sleep("cool_off", seconds=3 * 86400),
                          Step("last", "svc.work", timeout=timeout, max_failures=max_failures)])
+    sas.workflow("claim", [Step("file", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo"),
+                           WaitFor("manager", "approval", timeout=2 * 86400),
+                           Step("pay", "svc.work", timeout=timeout, max_failures=max_failures)])
     sas.workflow("alarm", [Sleep("until_then", until="wake_at"),
                            Step("last", "svc.work", timeout=timeout, max_failures=max_failures)])
     sas.workflow(

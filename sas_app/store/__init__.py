@@ -3,15 +3,16 @@
 ``tables`` the schema; ``rows`` the rows handed out; ``engine`` the connection and the database's
 clock; ``transitions`` the fenced transitions of runs and steps; ``submission`` writing a new run;
 ``hot_path`` and ``graph_path`` completing a step and starting what follows; ``fan_out`` a
-``for_each`` step's; ``compensation``, ``operations`` and ``sweep`` the transitions of undoing a
-run, of operators and the Supervisor's queries; ``queries`` and ``observe`` the read-only ones;
+``for_each`` step's; ``waits`` a sleep's or a wait's, and ``signals`` the signals that end waits;
+``compensation``, ``operations`` and ``sweep`` the transitions of undoing a run, of operators and
+the Supervisor's queries; ``queries`` and ``observe`` the read-only ones;
 ``database`` the :class:`Store` that opens transactions. Nothing here sends a message.
 """
 
-from .database import Store, Tx, dumps_payload
+from .database import Store, Tx, dumps_payload, stored_object
 from .engine import db_now, make_engine
 from .hot_path import Completion
-from .rows import EventRow, NewStep, RunRow, StepRow
+from .rows import EventRow, NewStep, RunRow, SignalRow, StepRow
 from .submission import NewRun
 from .transitions import RUN_DONE_CHANNEL
 
@@ -22,10 +23,12 @@ __all__ = [
     "NewRun",
     "NewStep",
     "RunRow",
+    "SignalRow",
     "StepRow",
     "Store",
     "Tx",
     "db_now",
     "dumps_payload",
     "make_engine",
+    "stored_object",
 ]

@@ -22,6 +22,7 @@ from .hot_path import HotPathTx
 from .operations import OperationsTx
 from .queries import Queries
 from .rows import RunRow
+from .signals import SignalTx
 from .submission import NewRun, SubmissionTx
 from .sweep import SweepTx
 from .tables import outbox, supervisors
@@ -29,7 +30,7 @@ from .transitions import RUN_DONE_CHANNEL
 from .waits import WaitTx
 
 
-class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx, SubmissionTx, ChildTx, WaitTx):
+class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx, SubmissionTx, ChildTx, WaitTx, SignalTx):
     """Every transition, inside one transaction (see :meth:`Store.begin`)."""
 
 
@@ -158,5 +159,19 @@ class Store(Queries):
 def dumps_payload(payload: Any) -> str:
     """Serialise a payload exactly as the store and the broker will, refusing NaN and non-JSON."""
     return json.dumps(payload, allow_nan=False, separators=(",", ":"), sort_keys=True)
+
+
+def stored_object(value: Any, limit: int, what: str = "payload") -> Any:
+    """``value`` as the store will hold it: a JSON object of at most ``limit`` bytes encoded.
+    ``ValueError`` naming the problem otherwise."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
+    try:
+        encoded = dumps_payload(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} is not JSON-serialisable: {exc}") from None
+    if len(encoded.encode()) > limit:
+        raise ValueError(f"{what} is {len(encoded.encode())} bytes, over the {limit}-byte limit")
+    return json.loads(encoded)
 
 

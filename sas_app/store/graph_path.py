@@ -53,7 +53,7 @@ WITH done AS (
     WHERE w.n <= (SELECT max_parallel FROM parent)
                  - (SELECT count(*) FROM siblings WHERE state = '{StepState.RUNNING}')
 ), ready AS (
-    SELECT s.id, s.for_each, s.child, s.sleep, s.sleep_until, s.not_before FROM steps s
+    SELECT s.id, s.for_each, s.child, s.sleep, s.sleep_until, s.event, s.not_before FROM steps s
     JOIN done d ON d.branch_of IS NULL
     WHERE s.run_id = :b_run_id AND s.compensates IS NULL AND s.branch_of IS NULL
       AND s.state IN {_WAITING} AND s.waits_for @> to_jsonb(d.position)
@@ -66,7 +66,8 @@ WITH done AS (
                      complete_by = {PG_NOW} + steps.timeout, not_before = NULL, updated_at = {PG_NOW}
     WHERE steps.id IN (SELECT id FROM next_branches
                        UNION ALL SELECT id FROM ready WHERE for_each IS NULL AND child IS NULL
-                                               AND sleep IS NULL AND sleep_until IS NULL AND {_DUE})
+                                               AND sleep IS NULL AND sleep_until IS NULL
+                                               AND event IS NULL AND {_DUE})
     RETURNING steps.*
 ), fin AS (
     UPDATE runs SET process_state = '{RunState.PROCESSED}', locked_by = NULL, complete_by = NULL,

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, or_, select
 
-from ..states import OPEN_RUN_STATES
+from ..states import OPEN_RUN_STATES, RunState, StepState
 from .database import Store
 from .rows import as_row
 from .tables import alerts, events, runs, steps, supervisors
@@ -58,6 +58,26 @@ class HistoryEvent(NamedTuple):
     workflow: str | None
     agent: str | None
     dispatched_at: float | None
+
+
+@dataclass(frozen=True)
+class WaitingView:
+    """A run waiting in the store: its step asleep (``kind`` "sleep") or waiting for an event ("event") until when."""
+
+    run_id: str
+    workflow: str
+    business_key: str
+    step: str
+    kind: str
+    event: str | None
+    until: float
+    since: float
+
+
+_KIND = case((steps.c.event.is_not(None), "event"), else_="sleep")
+# steps waiting in the store (pending, with a time), of runs going forward: on the live-steps index
+_WAITING = (steps.c.state == StepState.PENDING.value, steps.c.not_before.is_not(None),
+            or_(steps.c.event.is_not(None), steps.c.sleep.is_not(None), steps.c.sleep_until.is_not(None)))
 
 
 class Observer:
@@ -109,6 +129,24 @@ class Observer:
         """How many alerts are current (see :meth:`alerts`), by kind."""
         query = (select(alerts.c.kind, func.count()).join(runs, runs.c.id == alerts.c.run_id)
                  .where(runs.c.process_state.in_(OPEN_RUN_STATES)).group_by(alerts.c.kind))
+        with self.engine.connect() as conn:
+            return [(kind, int(n)) for kind, n in conn.execute(query)]
+
+    def waiting(self, limit: int) -> list[WaitingView]:
+        """Runs waiting in the store (asleep, or for an event), soonest to wake or time out first."""
+        query = (select(steps.c.run_id, runs.c.workflow, runs.c.business_key, steps.c.name.label("step"),
+                        _KIND.label("kind"), steps.c.event, steps.c.not_before.label("until"),
+                        steps.c.updated_at.label("since"))
+                 .join(runs, runs.c.id == steps.c.run_id)
+                 .where(*_WAITING, runs.c.process_state == RunState.PROCESSING.value)
+                 .order_by(steps.c.complete_by).limit(limit))
+        with self.engine.connect() as conn:
+            return [WaitingView(*r) for r in conn.execute(query)]
+
+    def waiting_by_kind(self) -> list[tuple[str, int]]:
+        """How many runs wait in the store now, by kind ("sleep", "event")."""
+        query = (select(_KIND, func.count(func.distinct(steps.c.run_id))).join(runs, runs.c.id == steps.c.run_id)
+                 .where(*_WAITING, runs.c.process_state == RunState.PROCESSING.value).group_by(_KIND))
         with self.engine.connect() as conn:
             return [(kind, int(n)) for kind, n in conn.execute(query)]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from sqlalchemy import Engine, func, select
 
 from .engine import db_now
-from .rows import EventRow, RunRow, StepRow, as_row
-from .tables import events, runs, steps
+from .rows import EventRow, RunRow, SignalRow, StepRow, as_row
+from .tables import events, runs, signals, steps
 
 
 class Queries:
@@ -39,6 +39,12 @@ class Queries:
         with self.engine.connect() as conn:
             rows = conn.execute(select(events).where(events.c.run_id == run_id).order_by(events.c.id))
             return [as_row(EventRow, r) for r in rows]
+
+    def signals_of(self, run_id: str) -> list[SignalRow]:
+        """Every signal sent to the run, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(signals).where(signals.c.run_id == run_id).order_by(signals.c.id))
+            return [as_row(SignalRow, r) for r in rows]
 
     def list_runs(self, *, state: str | None = None, workflow: str | None = None, key: str | None = None,
                   version: str | None = None, limit: int = 50) -> list[RunRow]:

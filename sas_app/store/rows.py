@@ -62,6 +62,8 @@ class StepRow:
     child: str | None
     sleep: float | None
     sleep_until: str | None
+    event: str | None
+    on_timeout: str | None
     input: Any
     result: Any
     error: str | None
@@ -76,6 +78,15 @@ class StepRow:
     @property
     def is_sleep(self) -> bool:
         return self.sleep is not None or self.sleep_until is not None
+
+    @property
+    def is_wait(self) -> bool:
+        return self.event is not None
+
+    @property
+    def in_store(self) -> bool:
+        """A sleep or a wait for an event: the step waits in the store and no agent runs it."""
+        return self.is_sleep or self.is_wait
 
     @property
     def is_branch(self) -> bool:
@@ -123,6 +134,20 @@ class NewStep:
     child: str | None = None
     sleep: float | None = None
     sleep_until: str | None = None
+    event: str | None = None
+    on_timeout: str | None = None
+
+
+@dataclass(frozen=True)
+class SignalRow:
+    id: int
+    run_id: str
+    event: str
+    payload: Any
+    status: str
+    position: int | None
+    sent_by: str | None
+    received_at: float
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

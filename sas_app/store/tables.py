@@ -123,6 +123,9 @@ steps = Table(
     # On a sleep: how long, or where the time to wake is (a payload or result key).
     Column("sleep", Double),
     Column("sleep_until", String(300)),
+    # On a wait: the event it waits for, and what its timeout (``timeout``) does.
+    Column("event", String(100)),
+    Column("on_timeout", String(20)),
     # An operator's edited input for this step, sent instead of the run's payload.
     Column("input", _json),
     Column("result", _json),
@@ -157,6 +160,25 @@ events = Table(
     Column("detail", _json),
 )
 Index("ix_events_run", events.c.run_id, events.c.id)
+
+
+# Signals sent to runs (``sas.signal``): every one is recorded; a wait consumes the first ``kept``
+# one for its event, whether it came before the run reached the wait or while it waited.
+signals = Table(
+    "signals",
+    metadata,
+    Column("id", _event_id, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("event", String(100), nullable=False),
+    Column("payload", _json),
+    # a SignalStatus: kept (not consumed yet), consumed, ignored (a duplicate)
+    Column("status", String(10), nullable=False),
+    # the wait that consumed it
+    Column("position", Integer),
+    Column("sent_by", String(200)),
+    Column("received_at", Double, nullable=False),
+)
+Index("ix_signals_run_event", signals.c.run_id, signals.c.event)
 
 
 # Progress notifications for submitters that gave a ``reply_to`` queue: written in the same
@@ -208,4 +230,5 @@ supervisors = Table(
     Column("last_sweep_at", Double, nullable=False),
 )
 
-__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "events", "metadata", "outbox", "runs", "steps", "supervisors"]
+__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "events", "metadata", "outbox", "runs", "signals", "steps",
+           "supervisors"]

@@ -1,9 +1,12 @@
-"""Steps that wait in the store: a durable sleep is ``pending`` until its time (``not_before``),
-with its complete-by at that same time, so the Supervisor's sweep — which asks the Scheduler
-about pending steps whose complete-by has passed — wakes it on the database's clock. No message
-and no worker slot is held meanwhile."""
+"""Steps that wait in the store, holding no message and no worker slot: a durable sleep is
+``pending`` until its time, a wait for an event until its timeout (``not_before``), each with its
+complete-by at that same time, so the Supervisor's sweep — which asks the Scheduler about pending
+steps whose complete-by has passed — wakes it on the database's clock. A signal ends a wait
+sooner (:mod:`sas_app.store.signals`)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..states import StepState
 from .engine import db_now
@@ -13,11 +16,20 @@ from .transitions import TxBase
 
 class WaitTx(TxBase):
     def start_sleep(self, step: StepRow, wake: float, actor: str) -> StepRow | None:
-        """not_started → pending until ``wake`` (epoch seconds, the database's clock)."""
+        """not_started (or pending, resubmitted) → pending until ``wake`` (epoch seconds, the database's clock)."""
         return self.move_step(step, StepState.PENDING, actor=actor, detail={"sleep_until": wake}, not_before=wake,
                               complete_by=wake, locked_by=None)
 
+    def start_wait(self, step: StepRow, until: float, actor: str) -> StepRow | None:
+        """not_started (or pending, resubmitted) → pending for its event until ``until``, its timeout."""
+        return self.move_step(step, StepState.PENDING, actor=actor, detail={"event": step.event, "wait_until": until},
+                              not_before=until, complete_by=until, locked_by=None)
+
     def wake(self, step: StepRow, actor: str) -> bool:
         """A sleep whose time has come: pending → completed."""
-        return self.move_step(step, StepState.COMPLETED, actor=actor, result={"slept_until": step.not_before},
+        return self.end_wait(step, {"slept_until": step.not_before}, actor)
+
+    def end_wait(self, step: StepRow, result: Any, actor: str, detail: Any = None) -> bool:
+        """A sleep or a wait that is over: pending → completed with ``result``."""
+        return self.move_step(step, StepState.COMPLETED, actor=actor, detail=detail, result=result,
                               completed_at=db_now(), complete_by=None) is not None

@@ -4,22 +4,30 @@ Flower shows Celery tasks one by one; this shows what an operator of the pattern
 state over time, runs filtered by state, workflow and key, each run's steps as a timeline
 (dispatches, complete-by, completions, Supervisor recoveries, lost workers, undos) with its history
 and links to each dispatch's task in Flower, the alerts, the Supervisors' heartbeats, and the
-Prometheus metrics at ``/metrics``. Server-rendered HTML and inline SVG: no build step, no script.
-It only reads; with basic-auth credentials (the same ``user:password`` list as Flower's
-``--basic-auth`` / ``FLOWER_BASIC_AUTH``) every page but ``/healthz`` asks for them.
+Prometheus metrics at ``/metrics``, and the runs waiting in the store. Server-rendered HTML and
+inline SVG: no build step, no script.
+
+With basic-auth credentials (the same ``user:password`` list as Flower's ``--basic-auth`` /
+``FLOWER_BASIC_AUTH``) every page but ``/healthz`` asks for them, and a run waiting for an event
+can be approved or rejected from its page (the signal's payload ``{"approved": …, "by": <user>}``);
+without credentials the dashboard only reads. Those forms carry a CSRF token (Flask-WTF), signed
+with ``secret`` (``SAS_DASHBOARD_SECRET``; left out, a random one per process, so a form outlives
+neither a restart nor a hop to another dashboard process).
 """
 
 from __future__ import annotations
 
 import hmac
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, abort, render_template, request
+from flask import Flask, Response, abort, redirect, render_template, request
+from flask_wtf.csrf import CSRFProtect, generate_csrf  # type: ignore[import-untyped]
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..errors import UnknownRun
-from ..states import RUN_STATES
+from ..errors import SasError, UnknownRun
+from ..states import RUN_STATES, StepState
 from ..store.observe import Observer
 from .formatting import STATE_COLOURS, detail_text, when
 from .metrics import MARGIN, registry_for
@@ -41,16 +49,19 @@ def parse_basic_auth(spec: str) -> list[tuple[str, str]]:
 
 
 def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (), flower_url: str = "",
-                     metrics_margin: float = MARGIN) -> Flask:
+                     metrics_margin: float = MARGIN, secret: str = "") -> Flask:
     """The dashboard's WSGI application for ``sas`` (served by ``sas dashboard`` with waitress).
     ``metrics_margin``: see :data:`sas_app.web.metrics.MARGIN`."""
     app = Flask(__name__)
+    app.config["SECRET_KEY"] = secret or os.urandom(32)
     observer = Observer(sas.store)
     registry = registry_for(sas, metrics_margin)
     flower = flower_url.rstrip("/")
 
     @app.before_request
     def authenticate() -> Response | None:
+        if not basic_auth and request.method == "POST":
+            return Response("acting from the dashboard needs its basic auth (sas dashboard --basic-auth)\n", 403)
         if not basic_auth or request.path == "/healthz":
             return None
         given = request.authorization
@@ -61,10 +72,12 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
             return None
         return Response("credentials required\n", 401, {"WWW-Authenticate": 'Basic realm="sas dashboard"'})
 
+    CSRFProtect(app)  # after the credentials are checked: a stranger is asked for them, not for a token
+
     @app.context_processor
     def helpers() -> dict[str, Any]:
         return {"when": when, "detail_text": detail_text, "colours": STATE_COLOURS, "flower": flower,
-                "states": RUN_STATES}
+                "states": RUN_STATES, "csrf_token": generate_csrf, "can_act": bool(basic_auth)}
 
     @app.get("/")
     def overview() -> str:
@@ -72,7 +85,7 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         window = min(max(request.args.get("window", 3600.0, type=float) or 3600.0, 60.0), 7 * 86400.0)
         return render_template("overview.html", counts=sas.store.count_runs_by_state(),
                                chart=chart(observer, now, window), supervisors=observer.supervisors(),
-                               alerts=observer.alerts(10, current=True), now=now)
+                               alerts=observer.alerts(10, current=True), waiting=observer.waiting(20), now=now)
 
     @app.get("/runs")
     def run_list() -> str:
@@ -95,8 +108,26 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
             abort(404, f"no run with id {run_id!r}")
         now = observer.now()
         lanes, t0, t1 = timeline(view, now)
+        waiting = [s for s in view.steps if s.in_store and s.state == StepState.PENDING and s.not_before]
         return render_template("run.html", view=view, lanes=lanes, t0=t0, t1=t1, now=now,
-                               children=sas.store.children(run_id))
+                               children=sas.store.children(run_id), waiting=waiting,
+                               signals=sas.store.signals_of(run_id), sent=request.args.get("sent"))
+
+    @app.post("/runs/<run_id>/signal")
+    def send_signal(run_id: str) -> Any:
+        """Approve or Reject: the signal ``{"approved": …, "by": <user>}`` for the event named."""
+        decision = request.form.get("decision")
+        if decision not in ("approve", "reject"):
+            abort(400, f"decision must be approve or reject, got {decision!r}")
+        user = str(request.authorization.username if request.authorization else "")
+        try:
+            receipt = sas.signal(run_id, request.form.get("event", ""), {"approved": decision == "approve", "by": user},
+                                 by=user)
+        except UnknownRun:
+            abort(404, f"no run with id {run_id!r}")
+        except SasError as exc:
+            abort(409, str(exc))
+        return redirect(f"/runs/{run_id}?sent={decision}d: {receipt.status}", code=303)
 
     @app.get("/alerts")
     def alert_list() -> str:

@@ -1,9 +1,11 @@
-"""How the dashboard and the CLI show things to people: times, event details, state colours."""
+"""How the dashboard and the CLI show things to people: times, event details, state colours, what a step does."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from typing import Any
+
+from ..store import StepRow
 
 
 def when(epoch: float | None) -> str:
@@ -35,3 +37,12 @@ def detail_text(detail: Any) -> str:
             value = when(value)
         parts.append(f"{key}: {value}")
     return ", ".join(parts)
+
+
+def does(step: StepRow) -> str:
+    """What a step does, in a few words: its agent action, child run, sleep or wait."""
+    if step.child:
+        return f"child run of {step.child}"
+    if step.is_wait:
+        return f"waits for {step.event!r} ({step.on_timeout} after {step.timeout:g} s)"
+    return "sleeps" if step.is_sleep else f"{step.agent}.{step.action}"

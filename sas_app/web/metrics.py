@@ -156,6 +156,9 @@ class StoreCollector(Collector):
                      (((workflow, state), n) for workflow, state, n in self.observer.runs_by_workflow_and_state()))
         yield family(GaugeMetricFamily, "sas_alerts_current", "Alerts whose run is in error or not finished, by kind",
                      ["kind"], (((kind,), n) for kind, n in self.observer.current_alerts_by_kind()))
+        waiting = dict(self.observer.waiting_by_kind())
+        yield family(GaugeMetricFamily, "sas_runs_waiting", "Runs waiting in the store now: asleep, or for an event",
+                     ["kind"], (((kind,), waiting.get(kind, 0)) for kind in ("sleep", "event")))
         now = self.observer.now()
         supervisors = self.observer.supervisors()
         yield family(CounterMetricFamily, "sas_supervisor_sweeps", "Sweeps made by each Supervisor process",

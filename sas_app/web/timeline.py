@@ -11,7 +11,7 @@ from ..graph import Graph
 from ..routing import dispatch_task_id
 from ..states import RUN_STATES, Cause, EventKind, StepState
 from ..store.observe import Observer
-from .formatting import STATE_COLOURS, when
+from .formatting import STATE_COLOURS, does, when
 
 
 @dataclass
@@ -48,8 +48,7 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
     steps that ran side by side overlap in time. Lanes in outline order (a step, then its branches)."""
     graph = Graph(view.steps)
     lanes = {
-        s.position: Lane(s.position, s.name, f"child run of {s.child}" if s.child else f"{s.agent}.{s.action}",
-                         s.state, branch,
+        s.position: Lane(s.position, s.name, does(s), s.state, branch,
                          "" if branch or s.is_undo else ", ".join(graph.waits_for_names(s)))
         for s, branch in graph.outline()
     }
@@ -102,13 +101,16 @@ def _opened(run_id: str, position: int, to_state: str | None, attempt: int, at: 
             detail: dict[str, Any]) -> Segment | None:
     """The bar a step's event starts, if it starts one: a dispatched attempt (its Celery task
     linked), or — with no task — a fan-out (its branches are the lanes below), a child run (a run of
-    its own) or a durable sleep."""
+    its own), a durable sleep or a wait for an event (its timeout the red tick)."""
     if to_state == StepState.RUNNING and "branches" in detail:
         return Segment(attempt, at, None, None, "running", f"fanned out to {detail['branches']} branches", "")
     if to_state == StepState.RUNNING and "child" in detail:
         return Segment(attempt, at, None, None, "running", f"child run {detail['child']}", "")
     if to_state == StepState.PENDING and "sleep_until" in detail:
         return Segment(attempt, at, None, None, "running", f"asleep until {when(detail['sleep_until'])}", "")
+    if to_state == StepState.PENDING and "wait_until" in detail:
+        return Segment(attempt, at, None, detail["wait_until"], "running",
+                       f"waiting for {detail['event']!r} until {when(detail['wait_until'])}", "")
     if to_state == StepState.RUNNING:
         return Segment(attempt, at, None, detail.get("complete_by"), "running", f"attempt {attempt} dispatched",
                        dispatch_task_id(run_id, position, attempt))

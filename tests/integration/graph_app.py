@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sas_app import AgentCall, PermanentError, SasApp, Sleep, Step, Workflow
+from sas_app import AgentCall, PermanentError, SasApp, Sleep, Step, WaitFor, Workflow
 
 
 def home() -> Path:
@@ -68,6 +68,9 @@ def install(sas: SasApp) -> None:
     sas.register(Workflow("kid", [Step("k", "work.step", timeout=10, compensate="work.undo")]))
     sas.register(Workflow("napper", [Step("a", "work.step", timeout=10), Sleep("nap", seconds=2),
                                      Step("b", "work.step", timeout=10)]))
+    sas.register(Workflow("approval", [Step("first", "work.step", timeout=10, compensate="work.undo"),
+                                       WaitFor("approve", "approval", timeout=2),
+                                       Step("last", "work.step", timeout=10)]))
     sas.register(Workflow("with_child", [
         Step("first", "work.step", timeout=10, compensate="work.undo"),
         Step("spawn", child="kid"),

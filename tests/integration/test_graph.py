@@ -160,6 +160,38 @@ def test_a_two_second_sleep_survives_every_worker_restarted_and_wakes_within_a_s
     assert 0 <= woke - nap.not_before <= interval + 1.0, f"woke {woke - nap.not_before:.2f} s after its time"
 
 
+def test_a_signal_sent_through_the_broker_before_the_run_waits_is_kept_and_consumed(stack, app):
+    start(stack, ("agents", 1))
+    handle = app.submit("approval", {"sleep": 1}, business_key="early-1")  # `first` takes 1 s
+    # a producer with only the broker
+    app.celery.send_task("sas.signal", kwargs={"workflow": "approval", "business_key": "early-1",
+                                               "event": "approval", "payload": {"approved": True}, "by": "hook"})
+    view = handle.wait(30)
+    assert view.process_state == "processed"
+    assert view.step("approve").result == {"approved": True}
+    [signal] = app.store.signals_of(handle.id)
+    assert (signal.status, signal.sent_by) == ("consumed", "hook")
+    assert signal.received_at < view.step("first").completed_at, "the signal came before the run waited"
+
+
+def test_a_wait_that_times_out_undoes_the_run_with_every_worker_restarted_meanwhile(stack, app, stack_env):
+    start(stack, ("agents", 1))
+    handle = app.submit("approval", {}, business_key="late-1")
+    wait_for(lambda: handle.status().step("approve").state == "pending", 20, "the run to wait")
+    for name in ("scheduler", "agents", "beat"):
+        stack.restart(name, wait=True)
+    view = handle.wait(30)
+    assert view.process_state == "compensated"
+    approve = view.step("approve")
+    assert "no 'approval' signal came within 2 s" in approve.error
+    gave_up = next(e.at for e in view.events if e.position == approve.position and e.to_state == "failed")
+    interval = float(stack_env["SAS_SUPERVISOR_INTERVAL"])
+    assert 0 <= gave_up - approve.not_before <= interval + 1.0
+    assert called(Path(stack_env["SAS_HOME"]), view.step("first").idempotency_key + ":undo", "undo") == 1
+    with app.store.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(alerts).where(alerts.c.run_id == handle.id)).scalar() == 1
+
+
 def test_a_new_deployment_leaves_runs_in_flight_on_their_graph_and_fails_a_removed_action(stack, stack_env):
     # This process submits with the definitions of the deployment before: "versioned" had a step
     # "b" after "a", and a step "c" whose action ("work.gone") the workers' code no longer has.

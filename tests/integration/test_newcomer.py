@@ -60,6 +60,38 @@ def test_the_fanout_example_runs_steps_side_by_side_then_joins(stack, stack_env)
     assert started[hotel["position"]] < flight["completed_at"] and started[flight["position"]] < hotel["completed_at"]
 
 
+def test_the_approval_example_waits_for_its_manager_from_python_and_from_the_cli(stack, stack_env):
+    assert "python -m examples.approval" in (REPO / "README.md").read_text(), "the README shows the approval example"
+    env = {"SAS_APP": "examples.approval:sas"}
+    cli = {**stack.env, **env}
+    stack.worker("claims", "sas.scheduler,sas.supervisor,sas.agent.ledger", env=env)
+    stack.beat("beat", env=env)
+    subprocess.run([SAS, "migrate"], env=cli, check=True, timeout=60, capture_output=True)
+
+    done = subprocess.run([sys.executable, "-m", "examples.approval"], env=stack.env, cwd=REPO,
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert ": waiting for approval\n" in done.stdout
+    assert "signal consumed; processed: paid 120.0 to ann" in done.stdout
+
+    def sas(*args: str) -> str:
+        return subprocess.run([SAS, *args], env=cli, capture_output=True, text=True, check=True, timeout=60).stdout
+
+    claim = '{"employee": "cy", "amount": 9}'
+    run_id = sas("submit", "expense_claim", "--key", "claim-cli", "--payload", claim).strip()
+    wait_for(lambda: json.loads(sas("show", run_id, "--json"))["steps"][1]["state"] == "pending", 30,
+             "the claim to wait for its manager")
+    assert "waits for 'approval'" in sas("show", run_id)
+    said = sas("signal", "expense_claim:claim-cli", "approval", "--payload", '{"approved": false}', "--by", "dee")
+    assert said.strip() == f"signal 'approval' for run {run_id}: consumed"
+    wait_for(lambda: json.loads(sas("show", run_id, "--json"))["process_state"] == "processed", 30, "the claim to end")
+    shown = json.loads(sas("show", run_id, "--json"))
+    assert shown["steps"][2]["result"] == {"paid": 0, "why": "rejected by the manager"}
+    assert [(s["status"], s["sent_by"]) for s in shown["signals"]] == [("consumed", "dee")]
+    refused = subprocess.run([SAS, "signal", run_id, "approval"], env=cli, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "is processed: it takes no more signals" in refused.stderr
+
+
 def test_flower_shows_each_kind_of_task_and_asks_for_credentials(stack, stack_env, shop):
     events = {"SAS_TASK_EVENTS": "true"}
     stack.services()

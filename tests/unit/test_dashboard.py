@@ -225,3 +225,45 @@ def test_each_supervisor_process_counts_its_sweeps_and_recoveries(sas, pump):
     [me] = Observer(sas.store).supervisors()
     assert me.instance == sas.supervisor.instance_id
     assert me.sweeps >= 2 and me.recovered == 1
+
+
+def test_a_waiting_run_is_approved_from_its_page_behind_auth_and_csrf(sas, pump):
+    waiting = sas.submit("claim", {"amount": 80}, business_key="claim-1")
+    sas.submit("nap", {}, business_key="nap-1")
+    pump.run()
+    ops = {"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}
+    app = create_dashboard(sas, basic_auth=parse_basic_auth("ops:s3cret"), metrics_margin=0.0).test_client()
+
+    overview = app.get("/", headers=ops).get_data(as_text=True)
+    rows = re.findall(r'<tr class="waiting" data-kind="(\w+)">.*?>(\w+) ([\w-]+)</a></td><td>(\w+)</td>', overview)
+    assert sorted(rows) == [("event", "claim", "claim-1", "manager"), ("sleep", "nap", "nap-1", "cool_off")]
+    metrics = app.get("/metrics", headers=ops).get_data(as_text=True)
+    assert 'sas_runs_waiting{kind="event"} 1.0' in metrics and 'sas_runs_waiting{kind="sleep"} 1.0' in metrics
+
+    page = app.get(f"/runs/{waiting.id}", headers=ops).get_data(as_text=True)
+    assert "Approve" in page and "Reject" in page
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    form = {"event": "approval", "decision": "approve"}
+    assert app.post(f"/runs/{waiting.id}/signal", data=form).status_code == 401  # no credentials
+    assert app.post(f"/runs/{waiting.id}/signal", data=form, headers=ops).status_code == 400  # no token
+    assert sas.store.signals_of(waiting.id) == []
+    sent = app.post(f"/runs/{waiting.id}/signal", data={**form, "csrf_token": token}, headers=ops)
+    assert sent.status_code == 303
+    assert "signal approved: consumed" in app.get(sent.location, headers=ops).get_data(as_text=True)
+    pump.run()
+    view = waiting.status()
+    assert (view.process_state, view.step("manager").result) == ("processed", {"approved": True, "by": "ops"})
+    assert [(s.status, s.sent_by) for s in sas.store.signals_of(waiting.id)] == [("consumed", "ops")]
+    late = app.post(f"/runs/{waiting.id}/signal", data={**form, "csrf_token": token}, headers=ops)
+    assert late.status_code == 409 and "it takes no more signals" in late.get_data(as_text=True)
+
+
+def test_without_credentials_the_dashboard_only_reads(sas, pump):
+    waiting = sas.submit("claim", {}, business_key="claim-2")
+    pump.run()
+    app = create_dashboard(sas, metrics_margin=0.0).test_client()
+    page = app.get(f"/runs/{waiting.id}").get_data(as_text=True)
+    assert "Approve" not in page and f"sas signal {waiting.id} approval" in page
+    refused = app.post(f"/runs/{waiting.id}/signal", data={"event": "approval", "decision": "approve"})
+    assert refused.status_code == 403 and "needs its basic auth" in refused.get_data(as_text=True)
+    assert sas.store.signals_of(waiting.id) == []

@@ -1,0 +1,89 @@
+"""An expense claim that waits for a manager: recorded in the ledger, then approved or rejected —
+from the command line, the dashboard or another service — and paid out (or not); with no answer
+within the approval window, the claim is voided.
+
+Run it (with SAS_* set as for any sas_app process):
+    SAS_APP=examples.approval:sas sas worker &
+    SAS_APP=examples.approval:sas sas beat &
+    python -m examples.approval             # submits a claim, approves it as its manager, prints the outcome
+    python -m examples.approval --reject
+
+A manager answers a waiting claim from anywhere:
+    SAS_APP=examples.approval:sas sas signal expense_claim:claim-42 approval --payload '{"approved": true}'
+or with the dashboard's Approve and Reject buttons (`sas dashboard --basic-auth user:password`), or
+from a service that has only the broker:
+    celery_app.send_task("sas.signal", kwargs={"workflow": "expense_claim", "business_key": "claim-42",
+                                               "event": "approval", "payload": {"approved": True}})
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+from sas_app import AgentCall, SasApp, Step, WaitFor, Workflow
+
+sas = SasApp()
+celery = sas.celery
+ledger = sas.agent("ledger")
+
+#: how long a claim waits for its manager (a day; shorter to try the timeout)
+APPROVAL_WINDOW = float(os.environ.get("CLAIM_APPROVAL_WINDOW", 86400))
+
+
+@ledger.action
+def record_claim(call: AgentCall) -> dict[str, Any]:
+    return {"claim": call.business_key, "employee": call.payload["employee"], "amount": call.payload["amount"]}
+
+
+@ledger.action
+def void_claim(call: AgentCall) -> dict[str, Any]:
+    assert call.undoes is not None
+    return {"voided": call.business_key}
+
+
+@ledger.action
+def pay_out(call: AgentCall) -> dict[str, Any]:
+    decision = call.results["manager_approval"]  # the signal's payload
+    if decision.get("timed_out") or not decision.get("approved"):
+        return {"paid": 0, "why": f"rejected by {decision.get('by', 'the manager')}"}
+    return {"paid": call.payload["amount"], "to": call.payload["employee"]}
+
+
+sas.register(
+    Workflow(
+        "expense_claim",
+        [
+            Step("record_claim", record_claim, timeout=10, compensate=void_claim),
+            # waits in the store — no worker held — until a signal 'approval' comes, or the window ends
+            WaitFor("manager_approval", "approval", timeout=APPROVAL_WINDOW, on_timeout="compensate"),
+            Step("pay_out", pay_out, timeout=10),
+        ],
+        description="an expense claim: recorded, approved by a manager, paid out",
+    )
+)
+
+
+def main(approve: bool) -> int:
+    key = f"claim-{uuid.uuid4().hex[:8]}"
+    handle = sas.submit("expense_claim", {"employee": "ann", "amount": 120.0}, business_key=key)
+    deadline = time.monotonic() + 30
+    while handle.status().step("manager_approval").state != "pending":  # recorded, now waiting
+        if time.monotonic() > deadline:
+            print(f"{key}: never reached its wait; are the worker and beat running?", file=sys.stderr)
+            return 1
+        time.sleep(0.1)
+    print(f"{key}: waiting for approval")
+    receipt = sas.signal(("expense_claim", key), "approval", {"approved": approve, "by": "bob"}, by="bob")
+    view = handle.wait(timeout=60)
+    paid = view.step("pay_out").result or {}
+    outcome = f"paid {paid.get('paid')} to {paid['to']}" if paid.get("to") else f"paid nothing ({paid.get('why')})"
+    print(f"{key}: signal {receipt.status}; {view.process_state}: {outcome}")
+    return 0 if view.process_state == "processed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(approve="--reject" not in sys.argv[1:]))

@@ -1,0 +1,53 @@
+"""Signals sent to runs: each is recorded in the run's transaction (its row locked), ``kept`` until
+the run's wait for that event consumes it — at once when the run is waiting, or when it reaches
+the wait — and ``ignored`` when that wait already has one or has ended."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from ..states import EventKind, SignalStatus, StepState
+from .engine import db_now
+from .rows import SignalRow, StepRow, as_row
+from .tables import signals
+from .transitions import TxBase
+
+
+class SignalTx(TxBase):
+    def record_signal(self, wait: StepRow, payload: Any, sent_by: str) -> tuple[int, str]:
+        """Record a signal for ``wait``'s event (the caller holds the run's lock): ``kept``, or
+        ``ignored`` when a signal for it is kept or consumed already or the wait has ended.
+        Returns its id and status."""
+        assert wait.event is not None
+        taken = self.conn.execute(
+            select(signals.c.id).where(signals.c.run_id == wait.run_id, signals.c.event == wait.event,
+                                       signals.c.status.in_((SignalStatus.KEPT.value, SignalStatus.CONSUMED.value)))
+            .limit(1)
+        ).first()
+        open_ = wait.state in (StepState.NOT_STARTED, StepState.PENDING)
+        status = SignalStatus.KEPT if open_ and taken is None else SignalStatus.IGNORED
+        signal_id = self.conn.execute(
+            insert(signals).values(run_id=wait.run_id, event=wait.event, payload=payload, status=status.value,
+                                   sent_by=sent_by, received_at=db_now()).returning(signals.c.id)
+        ).scalar_one()
+        self.event(wait.run_id, wait.position, EventKind.SIGNAL, None, None, actor=sent_by,
+                   detail={"event": wait.event, "status": status.value, "signal": signal_id})
+        return int(signal_id), status.value
+
+    def take_signal(self, wait: StepRow) -> SignalRow | None:
+        """The first kept signal for ``wait``'s event, now consumed by it; None if none came."""
+        row = self.conn.execute(
+            update(signals)
+            .where(signals.c.id == select(signals.c.id)
+                   .where(signals.c.run_id == wait.run_id, signals.c.event == wait.event,
+                          signals.c.status == SignalStatus.KEPT.value)
+                   .order_by(signals.c.id).limit(1).scalar_subquery())
+            .values(status=SignalStatus.CONSUMED.value, position=wait.position)
+            .returning(*signals.c)
+        ).first()
+        return None if row is None else as_row(SignalRow, row)
+
+    def signal_status(self, signal_id: int) -> str:
+        return str(self.conn.execute(select(signals.c.status).where(signals.c.id == signal_id)).scalar_one())

@@ -1,0 +1,149 @@
+"""Waits for an event, ended by a signal: consumed while the run waits, kept when it comes before
+the run gets there, ignored the second time; a timeout that undoes the run, leaves it in error or
+goes on; signals the run cannot take refused with nothing written. On SQLite here (a timeout of
+days on the injected clock) and, as integration tests, on PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from sas_app import InvalidSignal, Step, UnknownRun, WaitFor, Workflow
+from sas_app.errors import WorkflowDefinitionError
+from sas_app.routing import SIGNAL
+from tests.support import pass_time
+
+pytestmark = pytest.mark.both_stores
+
+
+def test_a_signal_ends_the_wait_and_its_payload_is_the_result(sas, pump):
+    handle = sas.submit("claim", {"amount": 120}, business_key="c1")
+    pump.run()
+    view = handle.status()
+    manager = view.step("manager")
+    assert (view.process_state, manager.state) == ("processing", "pending")
+    assert manager.complete_by == pytest.approx(view.step("file").completed_at + 2 * 86400, abs=1)
+    assert [m for q in pump.queues() for m in pump.take(q)] == []  # no message held while it waits
+
+    receipt = sas.signal(handle.id, "approval", {"approved": True, "by": "ana"}, by="ana")
+    assert (receipt.run_id, receipt.status) == (handle.id, "consumed")
+    again = sas.signal(("claim", "c1"), "approval", {"approved": False}, by="bob")  # before pay ends
+    assert again.status == "ignored"
+    pump.run()
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert view.step("manager").result == {"approved": True, "by": "ana"}
+    got = [(s.status, s.payload, s.sent_by) for s in sas.store.signals_of(handle.id)]
+    assert got == [("consumed", {"approved": True, "by": "ana"}, "ana"), ("ignored", {"approved": False}, "bob")]
+    history = [e.detail["status"] for e in view.events if e.kind == "signal"]
+    assert history == ["kept", "ignored"]
+
+
+def test_a_signal_sent_before_the_run_waits_is_kept_and_consumed_when_it_gets_there(sas, pump):
+    handle = sas.submit("claim", {}, business_key="c2")  # `file` dispatched, not yet done
+    early = sas.signal(handle.id, "approval", {"approved": True})
+    second = sas.signal(handle.id, "approval", {"approved": False})
+    assert (early.status, second.status) == ("kept", "ignored")
+    assert handle.status().step("manager").state == "not_started"
+    pump.run()
+    view = handle.status()
+    assert view.process_state == "processed"
+    assert view.step("manager").result == {"approved": True}
+    assert [s.status for s in sas.store.signals_of(handle.id)] == ["consumed", "ignored"]
+
+
+def test_a_signal_sent_through_the_broker(sas, pump):
+    handle = sas.submit("claim", {}, business_key="c3")
+    pump.run()
+    sas.celery.send_task(SIGNAL, kwargs={"workflow": "claim", "business_key": "c3", "event": "approval",
+                                         "payload": {"approved": True}, "by": "webhook"})
+    sas.celery.send_task(SIGNAL, kwargs={"run_id": handle.id, "event": "nope"})  # refused, logged
+    pump.run()
+    assert handle.status().process_state == "processed"
+    assert [(s.event, s.sent_by) for s in sas.store.signals_of(handle.id)] == [("approval", "webhook")]
+
+
+def _waits(sas, on_timeout: str) -> str:
+    name = f"wait_{on_timeout}"
+    timeout = 3600 if sas.test_clock is not None else 0.5
+    sas.register(Workflow(name, [Step("file", "svc.work", timeout=5, compensate="svc.undo"),
+                                 WaitFor("manager", "approval", timeout=timeout, on_timeout=on_timeout),
+                                 Step("pay", "svc.work", timeout=5)]))
+    return name
+
+
+@pytest.mark.parametrize("on_timeout, state, manager, file_undone", [
+    ("compensate", "compensated", "failed", True),
+    ("error", "error", "failed", False),
+    ("continue", "processed", "completed", False),
+])
+def test_a_wait_that_times_out(sas, pump, on_timeout, state, manager, file_undone):
+    handle = sas.submit(_waits(sas, on_timeout), {}, business_key="t1")
+    pump.run()
+    sas.supervisor.sweep()
+    pump.run()
+    assert handle.status().step("manager").state == "pending"  # not yet
+    pass_time(sas, handle.status().step("manager").not_before, "the wait's timeout")
+    sas.supervisor.sweep()
+    pump.run()
+    view = handle.status()
+    assert (view.process_state, view.step("manager").state) == (state, manager)
+    assert any(s.name == "undo:file" and s.state == "completed" for s in view.steps) == file_undone
+    alerts = [e.detail for e in view.events if e.kind == "alert"]
+    if on_timeout == "continue":
+        assert view.step("manager").result == {"timed_out": True} and alerts == []
+    else:
+        assert "no 'approval' signal came within" in view.step("manager").error
+        assert len(alerts) == 1
+    with pytest.raises(InvalidSignal, match=f"is {state}: it takes no more signals"):
+        sas.signal(handle.id, "approval", {"approved": True})
+
+
+def test_signals_a_run_cannot_take_are_refused_with_nothing_written(sas, pump):
+    handle = sas.submit("claim", {}, business_key="c4")
+    pump.run()
+    before = len(handle.status().events)
+    with pytest.raises(UnknownRun, match="no run with id 'nope'"):
+        sas.signal("nope", "approval")
+    with pytest.raises(UnknownRun, match="no run of workflow 'claim' with business key 'c9'"):
+        sas.signal(("claim", "c9"), "approval")
+    with pytest.raises(InvalidSignal, match="never waits for event 'shipped'; it waits for 'approval'"):
+        sas.signal(handle.id, "shipped")
+    with pytest.raises(InvalidSignal, match="payload must be a JSON object"):
+        sas.signal(handle.id, "approval", ["yes"])
+    with pytest.raises(InvalidSignal, match="event must be a name"):
+        sas.signal(handle.id, "")
+    three = sas.submit("three", {}, business_key="c4")
+    with pytest.raises(InvalidSignal, match="never waits for event 'approval'; it waits for no event"):
+        sas.signal(three.id, "approval")
+    assert sas.store.signals_of(handle.id) == [] and len(handle.status().events) == before
+    assert handle.status().step("manager").state == "pending"
+
+
+def test_an_operator_resubmits_a_wait_that_timed_out_and_it_waits_again(sas, pump):
+    handle = sas.submit(_waits(sas, "error"), {}, business_key="t2")
+    pump.run()
+    pass_time(sas, handle.status().step("manager").not_before, "the wait's timeout")
+    sas.supervisor.sweep()
+    pump.run()
+    assert handle.status().process_state == "error"
+    sas.resubmit(handle.id, by="ops", reason="the manager is back")
+    pump.run()
+    assert handle.status().step("manager").state == "pending"
+    assert sas.signal(handle.id, "approval", {"approved": True}).status == "consumed"
+    pump.run()
+    assert handle.status().process_state == "processed"
+
+
+@pytest.mark.parametrize("steps, message", [
+    ([WaitFor("w", "approval", timeout=-1)], "a wait's timeout must be more than 0 and at most"),
+    ([WaitFor("w", "approval", timeout=31 * 86400)], "at most 2.592e\\+06 seconds"),
+    ([WaitFor("w", "approval", timeout=60, on_timeout="retry")], "on_timeout must be one of compensate, error, "
+                                                                  "continue; got 'retry'"),
+    ([WaitFor("w", "not an event", timeout=60)], "event 'not an event' must be a name"),
+    ([WaitFor("w", "approval", timeout=60), WaitFor("v", "approval", timeout=60)],
+     "more than one step waits for event 'approval'"),
+])
+def test_a_wait_that_cannot_be_is_refused_when_registered(sas, steps, message):
+    with pytest.raises(WorkflowDefinitionError, match=message):
+        sas.register(Workflow("bad", [Step("a", "svc.work"), *steps]))
+    assert "bad" not in sas.workflows
