@@ -32,7 +32,7 @@ log = logging.getLogger("sas.alerts")
 AlertHook = Callable[["Alert"], Any]
 
 #: what an alert reports
-FAILED, COMPENSATION_FAILED, AT_RISK = "failed", "compensation_failed", "at_risk"
+FAILED, COMPENSATION_FAILED, AT_RISK, DEADLINE = "failed", "compensation_failed", "at_risk", "deadline"
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,8 @@ class SasApp:
         if workflow.name in self.workflows:
             raise WorkflowDefinitionError(f"a workflow named {workflow.name!r} is already registered")
         check_workflow(workflow, self.actions(), visibility_timeout=self.settings.visibility_timeout,
-                       known_workflows=self.workflows, max_sleep=self.settings.max_sleep)
+                       known_workflows=self.workflows, max_sleep=self.settings.max_sleep,
+                       max_deadline=self.settings.max_deadline)
         self.workflows[workflow.name] = workflow
         return workflow
 

@@ -226,6 +226,8 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     r = view.run
     console.print(f"[bold]{r.id}[/] {r.workflow} version={r.version or '-'} key={r.business_key} "
                   f"state=[bold]{r.process_state}[/] failures={r.failure_count} locked_by={r.locked_by or '-'}")
+    if r.deadline:
+        console.print(f"deadline {when(r.deadline)} UTC")
     if r.error:
         console.print(f"error: {r.error}")
     if r.parent_run_id:

@@ -152,7 +152,7 @@ class Client:
     def _submit(self, wf: Workflow, run_id: str, payload: Any, business_key: str, reply_to: str | None,
                 priority: int) -> RunHandle:
         new = NewRun(run_id, wf.name, business_key, payload, wf.new_steps(run_id), reply_to, priority,
-                     wf.run_version, wf.is_linear)
+                     wf.run_version, wf.is_linear, deadline=wf.deadline_seconds)
         run, created, notes = self.store.create_run(new, pickup_timeout=self.settings.pickup_timeout,
                                                     on_insert=wf.on_submit)
         if not created:

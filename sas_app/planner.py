@@ -216,6 +216,7 @@ class Planner:
             child_id, workflow.name, child_key(run.id, step.name, started.attempt), step_input(run, step),
             workflow.new_steps(child_id), None, run.priority, workflow.run_version, workflow.is_linear,
             parent_run_id=run.id, parent_position=step.position, depth=run.depth + 1,
+            deadline=workflow.deadline_seconds,
         ), self.settings.pickup_timeout)
         moves.messages.append(Advance(child.id))
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .alerts import COMPENSATION_FAILED, FAILED, Alert, Alerts
+from .alerts import COMPENSATION_FAILED, DEADLINE, FAILED, Alert, Alerts
 from .graph import Graph
 from .routing import Advance
 from .settings import Settings
@@ -111,6 +111,18 @@ def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why:
         return Recovery(retried=False, failed=False, backoff=0.0)
     return Recovery(retried=False, failed=True, backoff=0.0,
                     alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor))
+
+
+def past_deadline(tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, *, actor: str) -> Alert | None:
+    """A live run (locked by the caller) past its deadline: one alert, no further step, and the
+    run is undone — or goes to ``error`` when there is nothing to undo."""
+    allowed = (run.deadline or 0.0) - run.created_at
+    reason = f"run passed its deadline ({allowed:g} s after it was submitted)"
+    alert = alerts.record(tx, Alert(run.id, run.workflow, run.business_key, None, None, None, reason, DEADLINE), actor)
+    tx.count_run_failure(run.id)
+    if not undo_run(tx, run, reason, settings, actor=actor):
+        tx.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor, error=reason)
+    return alert
 
 
 def fail_run(tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, step: StepRow, reason: str, *,

@@ -62,6 +62,8 @@ class Settings:
     #: SAS_MAX_SLEEP — longest durable sleep, in seconds, a workflow may declare (or a run's
     #: ``until=`` time may be away); longer is refused. Default 30 days.
     max_sleep: float = 30 * 86400.0
+    #: SAS_MAX_DEADLINE — longest run deadline, in seconds, a workflow may declare. Default 90 days.
+    max_deadline: float = 90 * 86400.0
     #: SAS_ALERT_HOOK — ``module:function`` called with each alert, after it is stored. Default none.
     alert_hook: str = ""
     #: SAS_ALERT_WEBHOOK — URL that receives each alert as a JSON POST (retried). Default none.

@@ -6,6 +6,8 @@ It only decides and asks; the Scheduler and the agents do the work. Each sweep, 
   it goes back to ``pending`` with a back-off and a new complete-by, and the Scheduler is asked to
   retry it; at the threshold the step fails with one alert and the run is undone — or goes to
   ``error`` when there is nothing to undo (:mod:`sas_app.recovery` decides);
+* every run past its workflow's deadline raises one alert and is undone (or goes to ``error``
+  when there is nothing to undo);
 * every run or step left ``pending`` past its complete-by (the Scheduler's message was lost) gets a
   new complete-by and the Scheduler is asked again.
 
@@ -24,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts
-from .recovery import recover_step
+from .recovery import past_deadline, recover_step
 from .routing import SUPERVISOR_QUEUE, SWEEP, Advance, Router, agent_queue
 from .settings import Settings, instance_id
 from .states import Cause
@@ -110,6 +112,9 @@ class Supervisor:
                 elif outcome.failed:
                     raised.append(outcome.alert)
                     failed.append(step.run_id)
+            for run in tx.past_deadline(s.sweep_batch):
+                raised.append(past_deadline(tx, self.alerts, s, run, actor=self.instance_id))
+                failed.append(run.id)
             requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
             # parents whose child ended and who were not told (the message was lost)
             requeued += tx.children_ended(s.pickup_timeout, s.sweep_batch)

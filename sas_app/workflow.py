@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import cached_property
 from graphlib import CycleError, TopologicalSorter
 from typing import TYPE_CHECKING, Any, Protocol
@@ -88,7 +89,11 @@ class Step:
         return "" if self.action is None else action_name(self.action).split(".", 1)[1]
 
 
-def Sleep(name: str, seconds: float | None = None, *, until: str | None = None,
+def _seconds(value: Any) -> Any:
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+def Sleep(name: str, seconds: float | timedelta | None = None, *, until: str | None = None,
           after: Sequence[str] | None = None) -> Step:
     """A step that waits: ``seconds``, or until the time found at ``until`` (a payload key, or an
     earlier step's result key ``"step.key"``; epoch seconds or an ISO 8601 time). The run waits in
@@ -96,14 +101,14 @@ def Sleep(name: str, seconds: float | None = None, *, until: str | None = None,
     database's clock. Its result is ``{"slept_until": <epoch seconds>}``."""
     if (seconds is None) == (until is None):
         raise WorkflowDefinitionError(f"sleep {name!r} needs seconds or until=, exactly one")
-    return Step(name, sleep=seconds, sleep_until=until, after=after)
+    return Step(name, sleep=_seconds(seconds), sleep_until=until, after=after)
 
 
 #: what a wait's timeout does: undo the run, leave it in error for an operator, or go on without the event
 ON_TIMEOUT = ("compensate", "error", "continue")
 
 
-def WaitFor(name: str, event: str, *, timeout: float, on_timeout: str = "compensate",
+def WaitFor(name: str, event: str, *, timeout: float | timedelta, on_timeout: str = "compensate",
             after: Sequence[str] | None = None) -> Step:
     """A step that waits for ``event``: ``sas.signal(run, event, payload)`` ends it, and the
     signal's payload is its result. A signal sent before the run gets here is kept and consumed
@@ -111,7 +116,7 @@ def WaitFor(name: str, event: str, *, timeout: float, on_timeout: str = "compens
     undone), ``"error"`` (the run is left in error for an operator) or ``"continue"`` (the result
     is ``{"timed_out": true}``). Like a sleep, it waits in the store, holding no message and no
     worker slot."""
-    return Step(name, timeout=timeout, event=event, on_timeout=on_timeout, after=after)
+    return Step(name, timeout=_seconds(timeout), event=event, on_timeout=on_timeout, after=after)
 
 
 OnSubmit = Callable[["Connection", "RunRow"], None]
@@ -131,6 +136,12 @@ class Workflow:
     description: str = ""
     #: recorded on each run; left out, a hash of the step graph (see :func:`definition_version`)
     version: str | None = None
+    #: how long a run may take in all (seconds or a timedelta): past it the Supervisor undoes it
+    deadline: float | timedelta | None = None
+
+    @property
+    def deadline_seconds(self) -> float | None:
+        return _seconds(self.deadline)  # type: ignore[no-any-return]
 
     @cached_property
     def waits_for(self) -> list[list[int]]:
@@ -181,7 +192,7 @@ class Workflow:
 
 def check_workflow(
     workflow: Workflow, known_actions: Iterable[str], *, visibility_timeout: float,
-    known_workflows: Iterable[str] = (), max_sleep: float = 30 * 86400,
+    known_workflows: Iterable[str] = (), max_sleep: float = 30 * 86400, max_deadline: float = 90 * 86400,
 ) -> None:
     """Raise :class:`WorkflowDefinitionError` naming the first mistake in ``workflow``
     (``known_workflows``: those registered before it, which its child steps may start)."""
@@ -235,6 +246,10 @@ def check_workflow(
             )
         _check_fan_out(where, s)
     _check_graph(where, workflow)
+    deadline = workflow.deadline_seconds
+    if deadline is not None and (not _is_number(deadline) or not 0 < deadline <= max_deadline):
+        raise WorkflowDefinitionError(f"{where}: deadline must be more than 0 and at most {max_deadline:g} seconds "
+                                      f"(SAS_MAX_DEADLINE), got {workflow.deadline!r}")
     events = [s.event for s in workflow.steps if s.event is not None]
     twice = sorted({e for e in events if events.count(e) > 1})
     if twice:

@@ -30,6 +30,7 @@ class RunRow:
     parent_run_id: str | None
     parent_position: int | None
     depth: int
+    deadline: float | None
     created_at: float
     updated_at: float
 

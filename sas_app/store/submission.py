@@ -28,6 +28,7 @@ def _insert_run(insert_fn: Any) -> Any:
             version=bindparam("b_version"), linear=bindparam("b_linear"),
             parent_run_id=bindparam("b_parent_run_id"), parent_position=bindparam("b_parent_position"),
             depth=bindparam("b_depth"),
+            deadline=db_now() + bindparam("b_deadline", type_=Double()),
             complete_by=db_now() + bindparam("b_pickup", type_=Double()), failure_count=0,
             created_at=db_now(), updated_at=db_now(),
         )
@@ -57,6 +58,8 @@ class NewRun:
     parent_run_id: str | None = None
     parent_position: int | None = None
     depth: int = 0
+    #: seconds from now by which the run must have ended, if it must
+    deadline: float | None = None
 
 
 class SubmissionTx(TxBase):
@@ -69,6 +72,7 @@ class SubmissionTx(TxBase):
             "b_payload": new.payload, "b_reply_to": new.reply_to, "b_priority": new.priority,
             "b_pickup": pickup_timeout, "b_version": new.version, "b_linear": new.linear,
             "b_parent_run_id": new.parent_run_id, "b_parent_position": new.parent_position, "b_depth": new.depth,
+            "b_deadline": new.deadline,
         }).first()
         if row is None:
             existing = self.conn.execute(

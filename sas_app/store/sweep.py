@@ -12,7 +12,7 @@ from sqlalchemy import func, select, update
 
 from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from .engine import db_now
-from .rows import StepRow, as_row
+from .rows import RunRow, StepRow, as_row
 from .tables import runs, steps
 from .transitions import TxBase
 
@@ -31,6 +31,18 @@ class SweepTx(TxBase):
             .with_for_update(skip_locked=True, of=[steps, runs])
         )
         return [as_row(StepRow, r) for r in self.conn.execute(query)]
+
+    def past_deadline(self, limit: int) -> list[RunRow]:
+        """Pending or processing runs whose deadline has passed, locked with ``SKIP LOCKED``."""
+        rows = self.conn.execute(
+            select(runs)
+            .where(runs.c.deadline.is_not(None), runs.c.deadline < db_now(),
+                   runs.c.process_state.in_((RunState.PENDING.value, RunState.PROCESSING.value)))
+            .order_by(runs.c.deadline)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        return [as_row(RunRow, r) for r in rows]
 
     def requeue_stalled(self, pickup_timeout: float, limit: int, actor: str) -> list[str]:
         """Pending runs and pending steps that no Scheduler picked up by their complete-by (a lost

@@ -64,6 +64,8 @@ runs = Table(
     Column("parent_run_id", String(32)),
     Column("parent_position", Integer),
     Column("depth", Integer, nullable=False, server_default="0"),
+    # The time by which the whole run must have ended (its workflow's ``deadline`` after submit).
+    Column("deadline", Double),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     UniqueConstraint("workflow", "business_key", name="uq_runs_workflow_business_key"),
@@ -74,6 +76,13 @@ Index(
     runs.c.complete_by,
     postgresql_where=text("process_state = 'pending'"),
     sqlite_where=text("process_state = 'pending'"),
+)
+# The Supervisor's search for live runs past their deadline: only runs that have one, while live.
+Index(
+    "ix_runs_deadline",
+    runs.c.deadline,
+    postgresql_where=text("deadline IS NOT NULL AND process_state IN ('pending', 'processing')"),
+    sqlite_where=text("deadline IS NOT NULL AND process_state IN ('pending', 'processing')"),
 )
 Index("ix_runs_state_created", runs.c.process_state, runs.c.created_at)
 # The newest runs and runs submitted over time, whatever their state (the dashboard, `sas runs`).
