@@ -21,13 +21,14 @@ from .errors import (
 from .migrate import migrate
 from .settings import Settings
 from .signals import SignalReceipt
-from .workflow import Sleep, Step, WaitFor, Workflow
+from .workflow import Escalate, Sleep, Step, WaitFor, Workflow
 
 __all__ = [
     "Agent",
     "AgentCall",
     "Alert",
     "DuplicateBusinessKey",
+    "Escalate",
     "InvalidOperation",
     "InvalidSignal",
     "InvalidSubmission",

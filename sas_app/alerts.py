@@ -32,7 +32,8 @@ log = logging.getLogger("sas.alerts")
 AlertHook = Callable[["Alert"], Any]
 
 #: what an alert reports
-FAILED, COMPENSATION_FAILED, AT_RISK, DEADLINE = "failed", "compensation_failed", "at_risk", "deadline"
+FAILED, COMPENSATION_FAILED, AT_RISK, DEADLINE, ESCALATED = (
+    "failed", "compensation_failed", "at_risk", "deadline", "escalated")
 
 
 @dataclass(frozen=True)

@@ -165,8 +165,8 @@ class Planner:
                 running = tx.mark_step_running(step, instance_id())
                 if running is not None:
                     moves.messages.append(Dispatch(run, running, results))
-                elif step.not_before is not None:
-                    moves.wait(run.id, step.not_before - tx.now())
+                elif step.not_before is not None and step.not_before - tx.now() <= self.settings.retry_backoff_max:
+                    moves.wait(run.id, step.not_before - tx.now())  # a back-off; a longer wait is the sweep's
             if not changed and not waited.ended:
                 return
 

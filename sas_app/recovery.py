@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from .alerts import COMPENSATION_FAILED, DEADLINE, FAILED, Alert, Alerts
+from .alerts import COMPENSATION_FAILED, DEADLINE, ESCALATED, FAILED, Alert, Alerts
 from .graph import Graph
 from .routing import Advance
 from .settings import Settings
@@ -34,6 +35,8 @@ class Recovery:
     failed: bool
     backoff: float
     alert: Alert | None = None
+    #: the step waits the extended period of its escalation (the sweep wakes it: no message to send)
+    escalated: bool = False
 
 
 def backoff(settings: Settings, failure_count: int) -> float:
@@ -95,7 +98,8 @@ def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why:
                  actor: str) -> Recovery:
     """For a ``running`` attempt that will never reply (its row locked by the caller): one failure
     counted; under the step's threshold, back to pending after a back-off (the caller asks the
-    Scheduler again after it); at the threshold, the step fails for good (:func:`fail_run`)."""
+    Scheduler again after it); at the threshold, the step's escalation if it has one
+    (:func:`_escalate`), else it fails for good (:func:`fail_run`)."""
     failures = step.failure_count + 1
     if failures < step.max_failures:
         wait = backoff(settings, failures)
@@ -105,12 +109,32 @@ def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why:
     reason = f"step {step.name!r} {what} {failures} times (threshold {step.max_failures})"
     if detail:
         reason += f": {detail}"
+    escalate = step.escalate or {}
+    if escalate and not step.escalated:
+        return _escalate(tx, alerts, step, escalate, reason, actor)
+    if escalate:
+        reason += f", again after waiting {escalate['wait']:g} s; then: {escalate['then']}"
     failed = tx.fail_step(step.run_id, step.position, step.attempt, EXPIRED_ERROR, actor=actor, count_failure=True)
     run = tx.lock_run(step.run_id) if failed is not None else None
     if failed is None or run is None:
         return Recovery(retried=False, failed=False, backoff=0.0)
+    undo = escalate.get("then", "compensate") == "compensate"
     return Recovery(retried=False, failed=True, backoff=0.0,
-                    alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor))
+                    alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor, undo=undo))
+
+
+def _escalate(tx: Tx, alerts: Alerts, step: StepRow, escalate: dict[str, Any], reason: str, actor: str) -> Recovery:
+    """The pattern's escalation at the threshold: wait the extended period "in the expectation that
+    the fault will be resolved", then ``retries`` more attempts; one alert for this rung."""
+    wait, retries = float(escalate["wait"]), int(escalate["retries"])
+    won = tx.escalate_step(step, wait, failure_count=step.max_failures - retries, actor=actor)
+    run = tx.lock_run(step.run_id) if won is not None else None
+    if won is None or run is None:
+        return Recovery(retried=False, failed=False, backoff=0.0)
+    reason += f": escalated, waiting {wait:g} s, then {retries} more attempt(s), then {escalate['then']}"
+    alert = alerts.record(tx, Alert(run.id, run.workflow, run.business_key, step.name, step.position, step.attempt,
+                                    reason, ESCALATED), actor)
+    return Recovery(retried=False, failed=False, backoff=wait, alert=alert, escalated=True)
 
 
 def past_deadline(tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, *, actor: str) -> Alert | None:

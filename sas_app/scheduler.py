@@ -198,7 +198,8 @@ class Scheduler:
                                    actor=self.instance_id)
         log.warning("run %s step %s attempt %s: worker lost (%s); %s", run_id, position, attempt, reason,
                     "failed for good" if outcome.failed else f"retry in {outcome.backoff:.1f}s")
-        self._after_commit(tx, Moves([Advance(run_id, outcome.backoff)], [outcome.alert]))
+        retry: list[Dispatch | Advance] = [] if outcome.escalated else [Advance(run_id, outcome.backoff)]
+        self._after_commit(tx, Moves(retry, [outcome.alert]))
 
     def signal(self, run_id: str, event: str, payload: Any, by: str) -> str:
         """Record a signal for the run's wait for ``event`` and, if the run is waiting there, end

@@ -107,7 +107,9 @@ class Supervisor:
             expired = tx.expired_steps(s.sweep_batch)
             for step in expired:
                 outcome = recover_step(tx, self.alerts, s, step, Cause.EXPIRED, "", actor=self.instance_id)
-                if outcome.retried:
+                if outcome.escalated:
+                    raised.append(outcome.alert)  # the sweep asks again once its wait is over
+                elif outcome.retried:
                     retried.append((step.run_id, step.position, outcome.backoff))
                 elif outcome.failed:
                     raised.append(outcome.alert)

@@ -40,6 +40,22 @@ def action_name(ref: str | ActionRef) -> str:
 
 
 @dataclass(frozen=True)
+class Escalate:
+    """What a step does at its failure threshold instead of failing at once — the pattern's
+    Supervisor "waiting for an extended period before notifying the Scheduler that it should retry
+    the step, in the expectation that the fault will be resolved": wait ``wait``, then make
+    ``retries`` more attempts; if those fail too, ``then``: ``"compensate"`` (the run is undone) or
+    ``"error"`` (the run is left in error for an operator). An alert on each rung."""
+
+    wait: float | timedelta
+    retries: int = 1
+    then: str = "compensate"
+
+    def as_stored(self) -> dict[str, Any]:
+        return {"wait": float(_seconds(self.wait)), "retries": self.retries, "then": self.then}
+
+
+@dataclass(frozen=True)
 class Step:
     """One step of a workflow.
 
@@ -79,6 +95,8 @@ class Step:
     #: a wait for an event (see :func:`WaitFor`), and what its timeout does
     event: str | None = None
     on_timeout: str = "compensate"
+    #: at the failure threshold: fail at once (None, the default), or escalate (see :class:`Escalate`)
+    on_exhausted: Escalate | None = None
 
     @property
     def agent(self) -> str:
@@ -169,7 +187,8 @@ class Workflow:
                     undo=None if s.compensate is None else action_name(s.compensate), waits_for=waits,
                     for_each=s.for_each, max_parallel=s.max_parallel if s.for_each else None, child=s.child,
                     sleep=None if s.sleep is None else float(s.sleep), sleep_until=s.sleep_until,
-                    event=s.event, on_timeout=s.on_timeout if s.event is not None else None)
+                    event=s.event, on_timeout=s.on_timeout if s.event is not None else None,
+                    escalate=None if s.on_exhausted is None else s.on_exhausted.as_stored())
             for s, waits in zip(self.steps, self.waits_for, strict=True)
         ]
 
@@ -183,7 +202,8 @@ class Workflow:
             [s.name, None if s.action is None else action_name(s.action),
              None if s.compensate is None else action_name(s.compensate),
              float(s.timeout), s.max_failures, waits, s.for_each, s.max_parallel if s.for_each else None, s.child,
-             s.sleep, s.sleep_until, *([s.event, s.on_timeout] if s.event is not None else [])]
+             s.sleep, s.sleep_until, *([s.event, s.on_timeout] if s.event is not None else []),
+             *([s.on_exhausted.as_stored()] if s.on_exhausted is not None else [])]
             for s, waits in zip(self.steps, self.waits_for, strict=True)
         ]
         return hashlib.sha256(json.dumps(graph, separators=(",", ":")).encode()).hexdigest()[:12]
@@ -245,6 +265,7 @@ def check_workflow(
                 f"{where}, step {s.name!r}: max_failures must be an integer >= 1, got {s.max_failures!r}"
             )
         _check_fan_out(where, s)
+        _check_escalation(where, s, max_sleep)
     _check_graph(where, workflow)
     deadline = workflow.deadline_seconds
     if deadline is not None and (not _is_number(deadline) or not 0 < deadline <= max_deadline):
@@ -262,8 +283,9 @@ def check_workflow(
 
 def _check_sleep(where: str, s: Step, max_sleep: float) -> None:
     if (s.action is not None or s.child is not None or s.for_each is not None or s.compensate is not None
-            or s.event is not None):
-        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a sleep runs no action, child, fan-out or undo")
+            or s.event is not None or s.on_exhausted is not None):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a sleep runs no action, child, fan-out, undo "
+                                      "or escalation")
     if (s.sleep is None) == (s.sleep_until is None):
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a sleep needs seconds or until=, exactly one")
     if s.sleep is not None and (not _is_number(s.sleep) or not 0 < s.sleep <= max_sleep):
@@ -276,8 +298,10 @@ def _check_sleep(where: str, s: Step, max_sleep: float) -> None:
 
 
 def _check_wait(where: str, s: Step, max_wait: float) -> None:
-    if s.action is not None or s.child is not None or s.for_each is not None or s.compensate is not None:
-        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a wait runs no action, child, fan-out or undo")
+    if (s.action is not None or s.child is not None or s.for_each is not None or s.compensate is not None
+            or s.on_exhausted is not None):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a wait runs no action, child, fan-out, undo or "
+                                      "escalation (its on_timeout says what its timeout does)")
     if not isinstance(s.event, str) or not _NAME.match(s.event):
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: event {s.event!r} must be a name (letters, "
                                       "digits, '_', '-')")
@@ -287,6 +311,27 @@ def _check_wait(where: str, s: Step, max_wait: float) -> None:
     if s.on_timeout not in ON_TIMEOUT:
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: on_timeout must be one of {', '.join(ON_TIMEOUT)}; "
                                       f"got {s.on_timeout!r}")
+
+
+def _check_escalation(where: str, s: Step, max_wait: float) -> None:
+    e = s.on_exhausted
+    if e is None:
+        return
+    if not isinstance(e, Escalate):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: on_exhausted must be an Escalate(...), got {e!r}")
+    if s.child is not None:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a child run is supervised on its own; it has no "
+                                      "failure threshold to escalate")
+    wait = _seconds(e.wait)
+    if not _is_number(wait) or not 0 < wait <= max_wait:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: Escalate wait must be more than 0 and at most "
+                                      f"{max_wait:g} seconds (SAS_MAX_SLEEP), got {e.wait!r}")
+    if not isinstance(e.retries, int) or isinstance(e.retries, bool) or not 1 <= e.retries <= s.max_failures:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: Escalate retries must be an integer from 1 to "
+                                      f"the step's max_failures ({s.max_failures}), got {e.retries!r}")
+    if e.then not in ("compensate", "error"):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: Escalate then must be 'compensate' or 'error', "
+                                      f"got {e.then!r}")
 
 
 def _check_child(where: str, s: Step, workflows: set[str]) -> None:

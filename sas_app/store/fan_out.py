@@ -32,7 +32,8 @@ class FanOutTx(TxBase):
                  "agent": parent.agent, "action": parent.action, "state": StepState.NOT_STARTED.value,
                  "attempt": 0, "timeout": parent.timeout, "max_failures": parent.max_failures, "failure_count": 0,
                  "idempotency_key": branch_key(parent.idempotency_key, index), "undo": parent.undo,
-                 "branch_of": parent.position, "branch": index, "item": item}
+                 "branch_of": parent.position, "branch": index, "item": item, "escalate": parent.escalate,
+                 "escalated": 0}
                 for index, item in enumerate(items)
             ])
         return True

@@ -65,6 +65,8 @@ class StepRow:
     sleep_until: str | None
     event: str | None
     on_timeout: str | None
+    escalate: Any
+    escalated: int
     input: Any
     result: Any
     error: str | None
@@ -137,6 +139,7 @@ class NewStep:
     sleep_until: str | None = None
     event: str | None = None
     on_timeout: str | None = None
+    escalate: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

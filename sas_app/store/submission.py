@@ -84,7 +84,8 @@ class SubmissionTx(TxBase):
              "timeout": s.timeout, "max_failures": s.max_failures, "idempotency_key": s.idempotency_key,
              "undo": s.undo, "attempt": 0, "failure_count": 0, "waits_for": s.waits_for,
              "for_each": s.for_each, "max_parallel": s.max_parallel, "child": s.child, "sleep": s.sleep,
-             "sleep_until": s.sleep_until, "event": s.event, "on_timeout": s.on_timeout}
+             "sleep_until": s.sleep_until, "event": s.event, "on_timeout": s.on_timeout,
+             "escalate": s.escalate, "escalated": 0}
             for position, s in enumerate(new.steps)
         ])
         detail: dict[str, Any] = {"business_key": new.business_key}

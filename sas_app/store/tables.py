@@ -132,6 +132,10 @@ steps = Table(
     # On a sleep: how long, or where the time to wake is (a payload or result key).
     Column("sleep", Double),
     Column("sleep_until", String(300)),
+    # At its failure threshold: {"wait", "retries", "then"} (the pattern's escalation), and the
+    # rungs taken.
+    Column("escalate", _json),
+    Column("escalated", Integer, nullable=False, server_default="0"),
     # On a wait: the event it waits for, and what its timeout (``timeout``) does.
     Column("event", String(100)),
     Column("on_timeout", String(20)),

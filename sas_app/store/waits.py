@@ -25,6 +25,20 @@ class WaitTx(TxBase):
         return self.move_step(step, StepState.PENDING, actor=actor, detail={"event": step.event, "wait_until": until},
                               not_before=until, complete_by=until, locked_by=None)
 
+    def escalate_step(self, step: StepRow, wait: float, *, failure_count: int, actor: str) -> StepRow | None:
+        """running (at its failure threshold) → pending for its escalation's extended ``wait``, with
+        ``failure_count`` set so its escalation's retries remain; its complete-by is the end of the
+        wait, so the sweep, not a delayed message, asks the Scheduler to retry it."""
+        now = db_now()
+        won = self.update_step(step.run_id, step.position, step.attempt, StepState.RUNNING, StepState.PENDING,
+                               failure_count=failure_count, escalated=step.escalated + 1, locked_by=None,
+                               not_before=now + wait, complete_by=now + wait)
+        if won is not None:
+            self.count_run_failure(step.run_id)
+            self.transition(step.run_id, step.position, StepState.RUNNING, StepState.PENDING, attempt=step.attempt,
+                            actor=actor, detail={"escalated": step.escalated + 1, "wait": wait})
+        return won
+
     def wake(self, step: StepRow, actor: str) -> bool:
         """A sleep whose time has come: pending → completed."""
         return self.end_wait(step, {"slept_until": step.not_before}, actor)

@@ -77,6 +77,10 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
         elif e.to_state == StepState.PENDING and detail.get("reason") == Cause.WORKER_LOST:
             segment.outcome = "lost"
             segment.label = f"attempt {segment.attempt}: its worker died; retry after {detail.get('backoff', 0):.1f}s"
+        elif e.to_state == StepState.PENDING and "escalated" in detail:
+            segment.outcome = "recovered"
+            segment.label = (f"attempt {segment.attempt} at its failure threshold: escalated, retry after "
+                             f"waiting {detail.get('wait', 0):g} s")
         elif e.to_state == StepState.PENDING:
             segment.outcome, segment.label = "deferred", f"attempt {segment.attempt} deferred (breaker open)"
         elif e.to_state == StepState.FAILED:

@@ -6,7 +6,7 @@
 for good (``payload["fail_steps"]``: the steps). ``payload["barrier"]``: how many branches must
 reach the barrier before any returns, so they finish at the same moment on different workers.
 ``payload["hang_first"]``: the item whose first attempt hangs (long enough for a test to kill its
-worker).
+worker). ``payload["overrun"]``: ``{step: n}``, its first n attempts outlast their complete-by.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sas_app import AgentCall, PermanentError, SasApp, Sleep, Step, WaitFor, Workflow
+from sas_app import AgentCall, Escalate, PermanentError, SasApp, Sleep, Step, WaitFor, Workflow
 
 
 def home() -> Path:
@@ -49,6 +49,8 @@ def step(call: AgentCall) -> dict[str, Any]:
             time.sleep(0.002)
     if call.item is not None and call.item == call.payload.get("hang_first") and call.attempt == 1:
         time.sleep(60)
+    if call.attempt <= (call.payload.get("overrun") or {}).get(call.step, 0):
+        time.sleep(call.budget + 0.3)
     time.sleep(float(call.payload.get("sleep", 0)))
     return {"step": call.step, "item": call.item, "pid": os.getpid()}
 
@@ -71,6 +73,10 @@ def install(sas: SasApp) -> None:
     sas.register(Workflow("approval", [Step("first", "work.step", timeout=10, compensate="work.undo"),
                                        WaitFor("approve", "approval", timeout=2),
                                        Step("last", "work.step", timeout=10)]))
+    sas.register(Workflow("escalating", [
+        Step("first", "work.step", timeout=10, compensate="work.undo"),
+        Step("flaky", "work.step", timeout=1, max_failures=1, on_exhausted=Escalate(wait=2, retries=1)),
+    ]))
     sas.register(Workflow("with_child", [
         Step("first", "work.step", timeout=10, compensate="work.undo"),
         Step("spawn", child="kid"),

@@ -192,6 +192,24 @@ def test_a_wait_that_times_out_undoes_the_run_with_every_worker_restarted_meanwh
         assert conn.execute(select(func.count()).select_from(alerts).where(alerts.c.run_id == handle.id)).scalar() == 1
 
 
+def test_escalation_rungs_happen_in_order_with_their_alerts(stack, app, stack_env):
+    start(stack, ("agents", 2))
+    handle = app.submit("escalating", {"overrun": {"flaky": 2}}, business_key="esc-1")
+    view = handle.wait(60)
+    assert view.process_state == "compensated"
+    flaky = view.step("flaky")
+    with app.store.engine.connect() as conn:
+        raised = conn.execute(select(alerts.c.kind, alerts.c.attempt, alerts.c.at)
+                              .where(alerts.c.run_id == handle.id).order_by(alerts.c.id)).all()
+    assert [(kind, attempt) for kind, attempt, _ in raised] == [("escalated", 1), ("failed", 2)]
+    dispatched = {e.attempt: e.at for e in view.events if e.position == flaky.position and e.to_state == "running"}
+    escalated = raised[0].at
+    assert dispatched[1] < escalated < dispatched[2], "the second attempt only after the escalation"
+    interval = float(stack_env["SAS_SUPERVISOR_INTERVAL"])
+    assert 2.0 <= dispatched[2] - escalated <= 2.0 + interval + 1.0, "it waited the extended period, then retried"
+    assert called(Path(stack_env["SAS_HOME"]), view.step("first").idempotency_key + ":undo", "undo") == 1
+
+
 def test_a_new_deployment_leaves_runs_in_flight_on_their_graph_and_fails_a_removed_action(stack, stack_env):
     # This process submits with the definitions of the deployment before: "versioned" had a step
     # "b" after "a", and a step "c" whose action ("work.gone") the workers' code no longer has.
