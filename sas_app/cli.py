@@ -228,6 +228,10 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
                   f"state=[bold]{r.process_state}[/] failures={r.failure_count} locked_by={r.locked_by or '-'}")
     if r.deadline:
         console.print(f"deadline {when(r.deadline)} UTC")
+    if r.slot:
+        holds = "holds a slot" if r.process_state in ("processing", "compensating") else "waits for a slot"
+        console.print(f"one at a time per key {r.slot!r} (at most {r.max_running}): {holds} since "
+                      f"{when(r.slot_since)} UTC")
     if r.error:
         console.print(f"error: {r.error}")
     if r.parent_run_id:

@@ -130,6 +130,10 @@ class Client:
         if wf is None:
             raise UnknownWorkflow(f"unknown workflow {workflow!r}; registered: {sorted(self.workflows) or 'none'}")
         payload = self._check(payload, business_key, reply_to, priority)
+        try:
+            wf.slot_of(payload)
+        except ValueError as exc:
+            raise InvalidSubmission(str(exc)) from None
         run_id = uuid.uuid4().hex
         with tracing.span("sas.submit", workflow=wf.name, business_key=business_key, run_id=run_id):
             return self._submit(wf, run_id, payload, business_key, reply_to, priority)
@@ -152,7 +156,8 @@ class Client:
     def _submit(self, wf: Workflow, run_id: str, payload: Any, business_key: str, reply_to: str | None,
                 priority: int) -> RunHandle:
         new = NewRun(run_id, wf.name, business_key, payload, wf.new_steps(run_id), reply_to, priority,
-                     wf.run_version, wf.is_linear, deadline=wf.deadline_seconds)
+                     wf.run_version, wf.is_linear, deadline=wf.deadline_seconds, slot=wf.slot_of(payload),
+                     max_running=wf.max_running if wf.concurrency_key else None)
         run, created, notes = self.store.create_run(new, pickup_timeout=self.settings.pickup_timeout,
                                                     on_insert=wf.on_submit)
         if not created:

@@ -216,7 +216,8 @@ class Planner:
             child_id, workflow.name, child_key(run.id, step.name, started.attempt), step_input(run, step),
             workflow.new_steps(child_id), None, run.priority, workflow.run_version, workflow.is_linear,
             parent_run_id=run.id, parent_position=step.position, depth=run.depth + 1,
-            deadline=workflow.deadline_seconds,
+            deadline=workflow.deadline_seconds, slot=workflow.slot_of(step_input(run, step)),
+            max_running=workflow.max_running if workflow.concurrency_key else None,
         ), self.settings.pickup_timeout)
         moves.messages.append(Advance(child.id))
 
@@ -254,6 +255,11 @@ class Planner:
             if run is not None and run.depth + 1 > self.settings.max_child_depth:
                 return (f"step {step.name!r}: its child run would nest {run.depth + 1} deep, over "
                         f"SAS_MAX_CHILD_DEPTH ({self.settings.max_child_depth})")
+            if run is not None and self.workflows is not None:
+                try:
+                    self.workflows[step.child].slot_of(step_input(run, step))
+                except ValueError as exc:
+                    return f"step {step.name!r}: {exc}"
             return None
         if self.has_action is None or self.has_action(step.agent, step.action) is not False:
             return None

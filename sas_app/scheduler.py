@@ -100,7 +100,8 @@ class Scheduler:
     # -- handlers ---------------------------------------------------------------------------
 
     def advance(self, run_id: str) -> None:
-        """Claim the run if it is pending and dispatch its next step, if that step is due."""
+        """Claim the run if it is pending (with a concurrency key, once a slot is free) and
+        dispatch what may start now."""
         with self.store.begin() as tx:
             first = None
             run = tx.claim_pending_run(run_id, self.instance_id)  # a new run: claimed and locked at once
@@ -108,9 +109,8 @@ class Scheduler:
                 if not run.paused_by and run.linear:
                     first = tx.mark_next_running(run_id, 0, self.instance_id)
             else:
-                run = tx.lock_run(run_id)
+                run = self._lock_or_claim_slot(tx, run_id)
             if run is None:
-                log.warning("advance: no run %s; message ignored", run_id)
                 return
             if run.process_state not in LIVE_RUN_STATES:
                 log.info("advance: run %s is %s; nothing to do", run_id, run.process_state)
@@ -229,7 +229,19 @@ class Scheduler:
         self._after_commit(tx, moves)
         return status
 
-    # -- internals --------------------------------------------------------------------------
+    # -- internals ---------------------------------------------------------------------------
+
+    def _lock_or_claim_slot(self, tx: Tx, run_id: str) -> RunRow | None:
+        """The run, locked; a pending run with a concurrency key claimed if a slot is free (None
+        if it must wait: it stays pending, parked)."""
+        run = tx.lock_run(run_id)
+        if run is None:
+            log.warning("advance: no run %s; message ignored", run_id)
+        elif run.process_state == RunState.PENDING and run.slot is not None:
+            run = tx.claim_slot(run, self.settings.pickup_timeout, self.instance_id)
+            if run is None:
+                log.info("advance: run %s waits for a slot of its concurrency key", run_id)
+        return run
 
     def _stale(self, tx: Tx, run: RunRow | None, position: int, attempt: int, kind: str) -> None:
         if run is None:

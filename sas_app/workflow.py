@@ -156,6 +156,24 @@ class Workflow:
     version: str | None = None
     #: how long a run may take in all (seconds or a timedelta): past it the Supervisor undoes it
     deadline: float | timedelta | None = None
+    #: one run at a time per key: the payload key whose value groups runs, and how many of a
+    #: group may be live at once (the others wait, pending, in submission order)
+    concurrency_key: str | None = None
+    max_running: int = 1
+
+    def slot_of(self, payload: Any) -> str | None:
+        """The value of this workflow's concurrency key in ``payload`` (None without a key);
+        ``ValueError`` naming the problem when it is missing or not a string or integer."""
+        if self.concurrency_key is None:
+            return None
+        value = payload.get(self.concurrency_key) if isinstance(payload, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+            raise ValueError(f"workflow {self.name!r} runs one at a time per {self.concurrency_key!r}: the payload "
+                             f"needs that key, a string or an integer, got {value!r}")
+        slot = str(value)
+        if len(slot) > 300:
+            raise ValueError(f"the payload's {self.concurrency_key!r} is longer than 300 characters")
+        return slot
 
     @property
     def deadline_seconds(self) -> float | None:
@@ -271,6 +289,7 @@ def check_workflow(
     if deadline is not None and (not _is_number(deadline) or not 0 < deadline <= max_deadline):
         raise WorkflowDefinitionError(f"{where}: deadline must be more than 0 and at most {max_deadline:g} seconds "
                                       f"(SAS_MAX_DEADLINE), got {workflow.deadline!r}")
+    _check_concurrency(where, workflow)
     events = [s.event for s in workflow.steps if s.event is not None]
     twice = sorted({e for e in events if events.count(e) > 1})
     if twice:
@@ -311,6 +330,14 @@ def _check_wait(where: str, s: Step, max_wait: float) -> None:
     if s.on_timeout not in ON_TIMEOUT:
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: on_timeout must be one of {', '.join(ON_TIMEOUT)}; "
                                       f"got {s.on_timeout!r}")
+
+
+def _check_concurrency(where: str, workflow: Workflow) -> None:
+    key, most = workflow.concurrency_key, workflow.max_running
+    if key is not None and (not isinstance(key, str) or not _NAME.match(key)):
+        raise WorkflowDefinitionError(f"{where}: concurrency_key must name a payload key, got {key!r}")
+    if not isinstance(most, int) or isinstance(most, bool) or most < 1:
+        raise WorkflowDefinitionError(f"{where}: max_running must be an integer >= 1, got {most!r}")
 
 
 def _check_escalation(where: str, s: Step, max_wait: float) -> None:

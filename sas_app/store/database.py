@@ -23,6 +23,7 @@ from .operations import OperationsTx
 from .queries import Queries
 from .rows import RunRow
 from .signals import SignalTx
+from .slots import SlotTx
 from .submission import NewRun, SubmissionTx
 from .sweep import SweepTx
 from .tables import outbox, supervisors
@@ -30,7 +31,8 @@ from .transitions import RUN_DONE_CHANNEL
 from .waits import WaitTx
 
 
-class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx, SubmissionTx, ChildTx, WaitTx, SignalTx):
+class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx, SubmissionTx, ChildTx, WaitTx, SignalTx,
+         SlotTx):
     """Every transition, inside one transaction (see :meth:`Store.begin`)."""
 
 

@@ -19,7 +19,6 @@ from typing import Any
 from sqlalchemy import bindparam, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 
-from ..routing import Advance
 from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from .compensation import CompensationTx
 from .engine import PG_NOW
@@ -175,11 +174,10 @@ class HotPathTx(CompensationTx):
 
     def _announce_processed(self, run: RunRow) -> None:
         """What :meth:`update_run` does for a run that statement finished: its notification, and
-        its parent's Scheduler asked, if it is a child run."""
+        its parent's Scheduler asked, if it is a child run, and the next run waiting for its slot."""
         if run.reply_to is not None:
             self.notify(run.id, run.reply_to, run.business_key, run.workflow, _PROCESSED, state=_PROCESSED)
-        if run.parent_run_id is not None:
-            self.follow_ups.append(Advance(run.parent_run_id))
+        self.ended(run.id, run.workflow, run.parent_run_id, run.slot)
 
     def _notify_completed(self, run: RunRow, name: str, position: int, attempt: int, *, undo: bool) -> None:
         if run.reply_to is not None:

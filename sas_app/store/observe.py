@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import case, func, literal, or_, select
 
 from ..states import OPEN_RUN_STATES, RunState, StepState
 from .database import Store
@@ -62,7 +62,9 @@ class HistoryEvent(NamedTuple):
 
 @dataclass(frozen=True)
 class WaitingView:
-    """A run waiting in the store: its step asleep (``kind`` "sleep") or waiting for an event ("event") until when."""
+    """A run waiting in the store: its step asleep (``kind`` "sleep") or waiting for an event
+    ("event") until when, or the run waiting for a slot of its concurrency key ("slot", ``step``
+    the key's value)."""
 
     run_id: str
     workflow: str
@@ -133,22 +135,33 @@ class Observer:
             return [(kind, int(n)) for kind, n in conn.execute(query)]
 
     def waiting(self, limit: int) -> list[WaitingView]:
-        """Runs waiting in the store (asleep, or for an event), soonest to wake or time out first."""
+        """Runs waiting in the store — asleep, for an event (soonest to wake or time out first), or
+        for a slot of their concurrency key (longest waiting first; ``until`` is when they are
+        asked about again)."""
         query = (select(steps.c.run_id, runs.c.workflow, runs.c.business_key, steps.c.name.label("step"),
                         _KIND.label("kind"), steps.c.event, steps.c.not_before.label("until"),
                         steps.c.updated_at.label("since"))
                  .join(runs, runs.c.id == steps.c.run_id)
                  .where(*_WAITING, runs.c.process_state == RunState.PROCESSING.value)
                  .order_by(steps.c.complete_by).limit(limit))
+        parked = (select(runs.c.id, runs.c.workflow, runs.c.business_key, runs.c.slot, literal("slot"), literal(None),
+                         runs.c.complete_by, runs.c.slot_since)
+                  .where(runs.c.slot.is_not(None), runs.c.process_state == RunState.PENDING.value,
+                         runs.c.slot_since.is_not(None))
+                  .order_by(runs.c.slot_since).limit(limit))
         with self.engine.connect() as conn:
-            return [WaitingView(*r) for r in conn.execute(query)]
+            rows = [WaitingView(*r) for r in conn.execute(query)] + [WaitingView(*r) for r in conn.execute(parked)]
+        return rows[:limit]
 
     def waiting_by_kind(self) -> list[tuple[str, int]]:
         """How many runs wait in the store now, by kind ("sleep", "event")."""
         query = (select(_KIND, func.count(func.distinct(steps.c.run_id))).join(runs, runs.c.id == steps.c.run_id)
                  .where(*_WAITING, runs.c.process_state == RunState.PROCESSING.value).group_by(_KIND))
+        parked = select(func.count()).where(runs.c.slot.is_not(None), runs.c.slot_since.is_not(None),
+                                            runs.c.process_state == RunState.PENDING.value)
         with self.engine.connect() as conn:
-            return [(kind, int(n)) for kind, n in conn.execute(query)]
+            counts = [(kind, int(n)) for kind, n in conn.execute(query)]
+            return [*counts, ("slot", int(conn.execute(parked).scalar_one()))]
 
     def supervisors(self) -> list[SupervisorView]:
         query = select(supervisors).order_by(supervisors.c.last_sweep_at.desc())

@@ -30,6 +30,9 @@ class RunRow:
     parent_run_id: str | None
     parent_position: int | None
     depth: int
+    slot: str | None
+    max_running: int | None
+    slot_since: float | None
     deadline: float | None
     created_at: float
     updated_at: float

@@ -64,6 +64,12 @@ runs = Table(
     Column("parent_run_id", String(32)),
     Column("parent_position", Integer),
     Column("depth", Integer, nullable=False, server_default="0"),
+    # One run at a time per key: the value of the workflow's concurrency key in the payload, how
+    # many runs with it may be live at once, and since when it holds a slot (processing) or waits
+    # for one (pending).
+    Column("slot", String(300)),
+    Column("max_running", Integer),
+    Column("slot_since", Double),
     # The time by which the whole run must have ended (its workflow's ``deadline`` after submit).
     Column("deadline", Double),
     Column("created_at", Double, nullable=False),
@@ -77,6 +83,9 @@ Index(
     postgresql_where=text("process_state = 'pending'"),
     sqlite_where=text("process_state = 'pending'"),
 )
+# The runs sharing a concurrency key, in submission order (claiming a slot, freeing one).
+Index("ix_runs_slot", runs.c.workflow, runs.c.slot, runs.c.process_state, runs.c.created_at,
+      postgresql_where=text("slot IS NOT NULL"), sqlite_where=text("slot IS NOT NULL"))
 # The Supervisor's search for live runs past their deadline: only runs that have one, while live.
 Index(
     "ix_runs_deadline",

@@ -45,13 +45,16 @@ MARK_NEXT_RUNNING = (
 )
 INSERT_EVENTS = insert(events).values(at=db_now())
 # pending → processing, in the statement that also locks the run: a new run's claim is one round trip.
-CLAIM_RUN = (
+_CLAIM = (
     update(runs)
     .where(runs.c.id == bindparam("b_run_id"), runs.c.process_state == RunState.PENDING.value)
     .values(process_state=RunState.PROCESSING.value, locked_by=bindparam("b_locked_by"), complete_by=None,
             updated_at=db_now())
     .returning(*runs.c)
 )
+#: a run with no concurrency key (one with a key claims its slot first: sas_app.store.slots)
+CLAIM_RUN = _CLAIM.where(runs.c.slot.is_(None))
+CLAIM_SLOT_RUN = _CLAIM.values(slot_since=db_now())
 
 
 def plain(value: Any) -> Any:
@@ -140,10 +143,15 @@ class TxBase:
 
     def claim_pending_run(self, run_id: str, locked_by: str) -> RunRow | None:
         """pending → processing, locking the run, in one statement; None if it was not pending."""
-        row = self.conn.execute(CLAIM_RUN, {"b_run_id": run_id, "b_locked_by": locked_by}).first()
+        return self.claimed(self.conn.execute(CLAIM_RUN, {"b_run_id": run_id, "b_locked_by": locked_by}).first(),
+                            locked_by)
+
+    def claimed(self, row: Row[Any] | None, locked_by: str) -> RunRow | None:
+        """A claim's row, with its event and notification."""
         if row is None:
             return None
         run = as_row(RunRow, row)
+        run_id = run.id
         self.transition(run_id, None, RunState.PENDING, RunState.PROCESSING, actor=locked_by)
         if run.reply_to is not None:
             self.notify(run_id, run.reply_to, run.business_key, run.workflow, RunState.PROCESSING,
@@ -175,18 +183,35 @@ class TxBase:
             update(runs)
             .where(runs.c.id == run_id, runs.c.process_state == str(expected))
             .values(process_state=str(new), updated_at=db_now(), **values)
-            .returning(runs.c.reply_to, runs.c.business_key, runs.c.workflow, runs.c.parent_run_id)
+            .returning(runs.c.reply_to, runs.c.business_key, runs.c.workflow, runs.c.parent_run_id, runs.c.slot)
         ).first()
         if row is None:
             return False
-        if new in TERMINAL_RUN_STATES and row.parent_run_id is not None:
-            self.follow_ups.append(Advance(row.parent_run_id))
+        if new in TERMINAL_RUN_STATES:
+            self.ended(run_id, row.workflow, row.parent_run_id, row.slot)
         if row.reply_to is not None:
             self.notify(run_id, row.reply_to, row.business_key, row.workflow, str(new), state=str(new))
         if new in TERMINAL_RUN_STATES and self.is_postgresql:
             # Wakes every RunHandle.wait() LISTENing, when (and only if) this transaction commits.
             self.conn.execute(select(func.pg_notify(RUN_DONE_CHANNEL, run_id)))
         return True
+
+    def ended(self, run_id: str, workflow: str, parent_run_id: str | None, slot: str | None) -> None:
+        """A run has ended (in any way): its parent's Scheduler is asked about it, and the next run
+        waiting for its concurrency key's slot about that, once this transaction commits."""
+        if parent_run_id is not None:
+            self.follow_ups.append(Advance(parent_run_id))
+        if slot is not None:
+            self.follow_ups += [Advance(next_id) for next_id in self.next_in_line(workflow, slot, run_id)]
+
+    def next_in_line(self, workflow: str, slot: str, other_than: str, limit: int = 1) -> list[str]:
+        """The oldest pending runs of ``workflow`` with concurrency key ``slot`` (but ``other_than``)."""
+        return list(self.conn.execute(
+            select(runs.c.id)
+            .where(runs.c.workflow == workflow, runs.c.slot == slot, runs.c.process_state == RunState.PENDING.value,
+                   runs.c.id != other_than)
+            .order_by(runs.c.created_at, runs.c.id).limit(limit)
+        ).scalars())
 
     # -- steps ------------------------------------------------------------------------------
 

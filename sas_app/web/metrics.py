@@ -157,8 +157,9 @@ class StoreCollector(Collector):
         yield family(GaugeMetricFamily, "sas_alerts_current", "Alerts whose run is in error or not finished, by kind",
                      ["kind"], (((kind,), n) for kind, n in self.observer.current_alerts_by_kind()))
         waiting = dict(self.observer.waiting_by_kind())
-        yield family(GaugeMetricFamily, "sas_runs_waiting", "Runs waiting in the store now: asleep, or for an event",
-                     ["kind"], (((kind,), waiting.get(kind, 0)) for kind in ("sleep", "event")))
+        yield family(GaugeMetricFamily, "sas_runs_waiting",
+                     "Runs waiting in the store now: asleep, for an event, for a slot of their concurrency key",
+                     ["kind"], (((kind,), waiting.get(kind, 0)) for kind in ("sleep", "event", "slot")))
         now = self.observer.now()
         supervisors = self.observer.supervisors()
         yield family(CounterMetricFamily, "sas_supervisor_sweeps", "Sweeps made by each Supervisor process",

@@ -73,6 +73,8 @@ def install(sas: SasApp) -> None:
     sas.register(Workflow("approval", [Step("first", "work.step", timeout=10, compensate="work.undo"),
                                        WaitFor("approve", "approval", timeout=2),
                                        Step("last", "work.step", timeout=10)]))
+    sas.register(Workflow("per_key", [Step("a", "work.step", timeout=10), Step("b", "work.step", timeout=10)],
+                          concurrency_key="key", max_running=1))
     sas.register(Workflow("escalating", [
         Step("first", "work.step", timeout=10, compensate="work.undo"),
         Step("flaky", "work.step", timeout=1, max_failures=1, on_exhausted=Escalate(wait=2, retries=1)),

@@ -5,6 +5,7 @@ the definition (or dropped an action) treats runs in flight as they began."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections import Counter
@@ -208,6 +209,28 @@ def test_escalation_rungs_happen_in_order_with_their_alerts(stack, app, stack_en
     interval = float(stack_env["SAS_SUPERVISOR_INTERVAL"])
     assert 2.0 <= dispatched[2] - escalated <= 2.0 + interval + 1.0, "it waited the extended period, then retried"
     assert called(Path(stack_env["SAS_HOME"]), view.step("first").idempotency_key + ":undo", "undo") == 1
+
+
+def test_twenty_runs_over_three_keys_never_run_two_at_once_for_one_key(stack, app):
+    start(stack, ("agents", 4), ("more", 4))
+    handles = [app.submit("per_key", {"key": f"k{i % 3}", "sleep": 0.1}, business_key=f"pk-{i}") for i in range(20)]
+    views = [h.wait(90) for h in handles]
+    assert [v.process_state for v in views] == ["processed"] * 20
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for v in views:  # from each run's history: when it started, when it ended
+        started = next(e.at for e in v.events if e.position is None and e.to_state == "processing")
+        ended = next(e.at for e in v.events if e.position is None and e.to_state == "processed")
+        spans.setdefault(v.run.slot, []).append((started, ended))
+    assert sorted(spans) == ["k0", "k1", "k2"]
+    for key, key_spans in spans.items():
+        key_spans.sort()
+        for (_, ended), (started, _) in itertools.pairwise(key_spans):
+            assert started >= ended, f"two runs of key {key} were live at once"
+            # the next starts when the one before ends, not when the Supervisor re-asks (2 s here)
+            assert started - ended < 1.0, f"key {key}: {started - ended:.2f} s between one run and the next"
+    order = {k: [v.run.business_key for v in sorted((v for v in views if v.run.slot == k),
+                                                     key=lambda v: v.run.slot_since)] for k in spans}
+    assert order["k0"] == [f"pk-{i}" for i in range(0, 20, 3)], "in submission order"
 
 
 def test_a_new_deployment_leaves_runs_in_flight_on_their_graph_and_fails_a_removed_action(stack, stack_env):

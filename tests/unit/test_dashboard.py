@@ -9,6 +9,7 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sas_app import WaitFor, Workflow
 from sas_app.web.dashboard import create_dashboard, parse_basic_auth
 from tests.support import sweep_after_expiry
 
@@ -267,3 +268,17 @@ def test_without_credentials_the_dashboard_only_reads(sas, pump):
     refused = app.post(f"/runs/{waiting.id}/signal", data={"event": "approval", "decision": "approve"})
     assert refused.status_code == 403 and "needs its basic auth" in refused.get_data(as_text=True)
     assert sas.store.signals_of(waiting.id) == []
+
+
+def test_runs_holding_and_waiting_for_a_slot_of_their_key(sas, pump, client):
+    sas.register(Workflow("one_per_desk", [WaitFor("done", "done", timeout=3600)], concurrency_key="desk"))
+    holder = sas.submit("one_per_desk", {"desk": "d1"}, business_key="h")
+    sas.test_clock.advance(0.5)
+    waiter = sas.submit("one_per_desk", {"desk": "d1"}, business_key="w")
+    pump.run()
+    sas.test_clock.advance(2.0)
+    assert "holds a slot for 2.0 s" in client.get(f"/runs/{holder.id}").get_data(as_text=True)
+    assert "waits for a slot for 2.0 s" in client.get(f"/runs/{waiter.id}").get_data(as_text=True)
+    overview = client.get("/").get_data(as_text=True)
+    assert re.search(r'<tr class="waiting" data-kind="slot"><td><a href="/runs/\w+">one_per_desk w</a>', overview)
+    assert 'sas_runs_waiting{kind="slot"} 1.0' in client.get("/metrics").get_data(as_text=True)
