@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +19,20 @@ from . import faults, tracing
 from .agent import Agent
 from .alerts import Alerts, load_hook
 from .celery_config import celery_settings
+from .checks import check_workflow
 from .client import Client, RunHandle, RunView
 from .errors import WorkflowDefinitionError
 from .migrate import migrate
 from .operator import Operator
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, Router
 from .scheduler import Scheduler
+from .schedules import Schedule, Schedules
 from .settings import Settings
 from .signals import SignalReceipt, Signals
 from .store import Store
 from .store.engine import Clock
 from .supervisor import Supervisor
-from .workflow import Step, Workflow, check_workflow
+from .workflow import Step, Workflow
 
 log = logging.getLogger("sas")
 
@@ -73,6 +76,7 @@ class SasApp:
         self.client = Client(self.store, self.settings, self.router, self.workflows, inline)
         self.operator = Operator(self.store, self.settings, self.router)
         self.signals = Signals(self.store, self.settings, self.scheduler, self.celery)
+        self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
         worker_process_init.connect(self._after_fork, weak=True)
         worker_ready.connect(self._ready, weak=True)
         beat_init.connect(self._ready, weak=True)
@@ -141,6 +145,15 @@ class SasApp:
     def workflow(self, name: str, steps: list[Step], **options: Any) -> Workflow:
         """Declare and register a workflow in one call."""
         return self.register(Workflow(name, steps, **options))
+
+    def schedule(self, name: str, *, cron: str, payload: Any = None, workflow: str | None = None,
+                 overlap: str = "skip", catch_up: float | timedelta = timedelta(hours=1)) -> Schedule:
+        """Start a run of ``workflow`` (default: the workflow named ``name``) at every tick of
+        ``cron``, through Celery beat — exactly one per tick, whatever the number of beats; ticks
+        missed within ``catch_up`` start once each; ``overlap``: ``skip``, ``allow`` or
+        ``cancel_previous`` while the schedule's previous run is live (see :mod:`sas_app.schedules`)."""
+        return self.schedules.add(name, cron=cron, payload=payload, workflow=workflow, overlap=overlap,
+                                  catch_up=catch_up)
 
     # -- using (sas_app.client) ---------------------------------------------------------------
 

@@ -206,6 +206,27 @@ def runs(ctx: Context, state: str | None, workflow: str | None, version: str | N
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON array instead of a table.")
+@pass_ctx
+def schedules(ctx: Context, as_json: bool) -> None:
+    """List the app's schedules: their workflow, cron, overlap policy, last tick handled and next tick."""
+    app = ctx.app
+    last, now = app.store.schedule_ticks(), app.store.now()
+    rows: list[dict[str, Any]] = [
+        {"name": s.name, "workflow": s.workflow, "cron": s.cron, "overlap": s.overlap, "catch_up": s.catch_up,
+         "last_tick": last.get(s.name), "next_tick": s.next_tick(max(now, last.get(s.name, now)))}
+        for s in app.schedules.schedules.values()]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    table = Table("schedule", "workflow", "cron", "overlap", "catch up", "last tick (UTC)", "next tick (UTC)")
+    for r in rows:
+        table.add_row(r["name"], r["workflow"], r["cron"], r["overlap"], f"{r['catch_up']:g} s", when(r["last_tick"]),
+                      when(r["next_tick"]))
+    console.print(table if rows else "no schedules: declare one with sas.schedule(name, cron=...)")
+
+
+@main.command()
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of tables.")
 @pass_ctx
@@ -226,6 +247,8 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     r = view.run
     console.print(f"[bold]{r.id}[/] {r.workflow} version={r.version or '-'} key={r.business_key} "
                   f"state=[bold]{r.process_state}[/] failures={r.failure_count} locked_by={r.locked_by or '-'}")
+    if r.schedule:
+        console.print(f"started by schedule {r.schedule}")
     if r.deadline:
         console.print(f"deadline {when(r.deadline)} UTC")
     if r.slot:

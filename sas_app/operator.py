@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import InvalidOperation, UnknownRun
-from .recovery import undo_run
+from .recovery import cancel_run, undo_run
 from .routing import Advance, Router
 from .settings import Settings
 from .states import RunState, StepState
@@ -92,15 +92,10 @@ class Operator:
                 raise InvalidOperation(f"cannot cancel run {run_id}: it is {run.process_state}")
             tx.operator_event(run_id, None, "cancel", by, reason)
             why = f"cancelled by {by}" + (f": {reason}" if reason else "")
-            if undo_run(tx, run, why, self.settings, actor=by, cancelled_by=by):
-                state = RunState.COMPENSATING
-            else:
-                tx.finish_run(run_id, RunState.CANCELLED, from_state=run.process_state, actor=by, error=why,
-                              cancelled_by=by)
-                state = RunState.CANCELLED
+            state = cancel_run(tx, run, why, self.settings, by=by)
         self.router.after_commit(tx.outbox, Advance(run_id) if state == RunState.COMPENSATING else None,
                                  *tx.follow_ups)
-        return state.value
+        return state
 
     def compensate(self, run_id: str, *, by: str, reason: str = "") -> None:
         """Undo a processing run, or a run in ``error``, now; it ends ``compensated``."""

@@ -75,6 +75,16 @@ def undo_run(tx: Tx, run: RunRow, reason: str, settings: Settings, *, actor: str
     return undo
 
 
+def cancel_run(tx: Tx, run: RunRow, why: str, settings: Settings, *, by: str) -> str:
+    """Stop a pending or processing run (locked by the caller): no further step starts, and
+    whatever may have been done is undone — it ends ``cancelled`` then, or at once with nothing
+    to undo. Returns the state it is in now (``compensating`` or ``cancelled``)."""
+    if undo_run(tx, run, why, settings, actor=by, cancelled_by=by):
+        return RunState.COMPENSATING.value
+    tx.finish_run(run.id, RunState.CANCELLED, from_state=run.process_state, actor=by, error=why, cancelled_by=by)
+    return RunState.CANCELLED.value
+
+
 def _cancel_children(tx: Tx, run: RunRow, steps: Sequence[StepRow], reason: str, settings: Settings,
                      actor: str) -> None:
     """A run being undone (or failed) cancels its live child runs: each is undone in turn (its own

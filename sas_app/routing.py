@@ -33,6 +33,8 @@ STEP_FAILED = "sas.scheduler.step_failed"
 STEP_DEFERRED = "sas.scheduler.step_deferred"
 STEP_LOST = "sas.scheduler.step_lost"
 SWEEP = "sas.supervisor.sweep"
+#: sent by beat: start the runs of the schedules' ticks due (on the Supervisor's queue): see sas_app.schedules
+TICK = "sas.schedules.tick"
 #: sent by producers to end a run's wait (on the Scheduler's queue): see sas_app.signals
 SIGNAL = "sas.signal"
 

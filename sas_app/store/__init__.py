@@ -4,10 +4,10 @@
 clock; ``transitions`` the fenced transitions of runs and steps; ``submission`` writing a new run;
 ``hot_path`` and ``graph_path`` completing a step and starting what follows; ``fan_out`` a
 ``for_each`` step's; ``waits`` a sleep's or a wait's, ``signals`` the signals that end waits,
-``slots`` one run at a time per key; ``compensation``, ``operations`` and ``sweep`` the
-transitions of undoing a run, of operators and the Supervisor's queries; ``queries`` and
-``observe`` the read-only ones; ``database`` the :class:`Store` that opens transactions. Nothing
-here sends a message.
+``slots`` one run at a time per key, ``schedules`` scheduled starts; ``compensation``,
+``operations`` and ``sweep`` the transitions of undoing a run, of operators and the Supervisor's
+queries; ``queries`` and ``observe`` the read-only ones; ``database`` the :class:`Store` that
+opens transactions. Nothing here sends a message.
 """
 
 from .database import Store, Tx, dumps_payload, stored_object

@@ -22,6 +22,7 @@ from .hot_path import HotPathTx
 from .operations import OperationsTx
 from .queries import Queries
 from .rows import RunRow
+from .schedules import ScheduleTx
 from .signals import SignalTx
 from .slots import SlotTx
 from .submission import NewRun, SubmissionTx
@@ -32,7 +33,7 @@ from .waits import WaitTx
 
 
 class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx, SubmissionTx, ChildTx, WaitTx, SignalTx,
-         SlotTx):
+         SlotTx, ScheduleTx):
     """Every transition, inside one transaction (see :meth:`Store.begin`)."""
 
 

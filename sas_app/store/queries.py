@@ -7,7 +7,7 @@ from sqlalchemy import Engine, func, select
 
 from .engine import db_now
 from .rows import EventRow, RunRow, SignalRow, StepRow, as_row
-from .tables import events, runs, signals, steps
+from .tables import events, runs, schedules, signals, steps
 
 
 class Queries:
@@ -39,6 +39,11 @@ class Queries:
         with self.engine.connect() as conn:
             rows = conn.execute(select(events).where(events.c.run_id == run_id).order_by(events.c.id))
             return [as_row(EventRow, r) for r in rows]
+
+    def schedule_ticks(self) -> dict[str, float]:
+        """Each schedule's last tick handled, by name."""
+        with self.engine.connect() as conn:
+            return {name: float(tick) for name, tick in conn.execute(select(schedules.c.name, schedules.c.last_tick))}
 
     def signals_of(self, run_id: str) -> list[SignalRow]:
         """Every signal sent to the run, oldest first."""

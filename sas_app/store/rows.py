@@ -33,6 +33,7 @@ class RunRow:
     slot: str | None
     max_running: int | None
     slot_since: float | None
+    schedule: str | None
     deadline: float | None
     created_at: float
     updated_at: float

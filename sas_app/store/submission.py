@@ -29,7 +29,7 @@ def _insert_run(insert_fn: Any) -> Any:
             parent_run_id=bindparam("b_parent_run_id"), parent_position=bindparam("b_parent_position"),
             depth=bindparam("b_depth"),
             deadline=db_now() + bindparam("b_deadline", type_=Double()),
-            slot=bindparam("b_slot"), max_running=bindparam("b_max_running"),
+            slot=bindparam("b_slot"), max_running=bindparam("b_max_running"), schedule=bindparam("b_schedule"),
             complete_by=db_now() + bindparam("b_pickup", type_=Double()), failure_count=0,
             created_at=db_now(), updated_at=db_now(),
         )
@@ -64,6 +64,8 @@ class NewRun:
     #: its concurrency key's value, and how many runs with it may be live at once
     slot: str | None = None
     max_running: int | None = None
+    #: the schedule that started it
+    schedule: str | None = None
 
 
 class SubmissionTx(TxBase):
@@ -77,6 +79,7 @@ class SubmissionTx(TxBase):
             "b_pickup": pickup_timeout, "b_version": new.version, "b_linear": new.linear,
             "b_parent_run_id": new.parent_run_id, "b_parent_position": new.parent_position, "b_depth": new.depth,
             "b_deadline": new.deadline, "b_slot": new.slot, "b_max_running": new.max_running,
+            "b_schedule": new.schedule,
         }).first()
         if row is None:
             existing = self.conn.execute(

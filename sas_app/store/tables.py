@@ -70,6 +70,8 @@ runs = Table(
     Column("slot", String(300)),
     Column("max_running", Integer),
     Column("slot_since", Double),
+    # A run a schedule started (its business key is the schedule and the tick).
+    Column("schedule", String(100)),
     # The time by which the whole run must have ended (its workflow's ``deadline`` after submit).
     Column("deadline", Double),
     Column("created_at", Double, nullable=False),
@@ -83,6 +85,9 @@ Index(
     postgresql_where=text("process_state = 'pending'"),
     sqlite_where=text("process_state = 'pending'"),
 )
+# A schedule's live runs (its overlap policy).
+Index("ix_runs_schedule", runs.c.schedule, runs.c.process_state, postgresql_where=text("schedule IS NOT NULL"),
+      sqlite_where=text("schedule IS NOT NULL"))
 # The runs sharing a concurrency key, in submission order (claiming a slot, freeing one).
 Index("ix_runs_slot", runs.c.workflow, runs.c.slot, runs.c.process_state, runs.c.created_at,
       postgresql_where=text("slot IS NOT NULL"), sqlite_where=text("slot IS NOT NULL"))
@@ -241,6 +246,17 @@ alerts = Table(
 Index("ix_alerts_at", alerts.c.at)
 
 
+# One row per schedule (``SasApp.schedule``): the last tick it started a run for (or skipped), so a
+# tick is handled once whichever beat sends it, and ticks missed while beat was down are found.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("last_tick", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+)
+
+
 # One row per Supervisor process: how many sweeps it made and when it last swept, for the
 # dashboard ("is a Supervisor alive?") and the sweeps metric. One UPSERT per sweep.
 supervisors = Table(
@@ -252,5 +268,5 @@ supervisors = Table(
     Column("last_sweep_at", Double, nullable=False),
 )
 
-__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "events", "metadata", "outbox", "runs", "signals", "steps",
-           "supervisors"]
+__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "events", "metadata", "outbox", "runs", "schedules", "signals",
+           "steps", "supervisors"]

@@ -6,7 +6,8 @@
 for good (``payload["fail_steps"]``: the steps). ``payload["barrier"]``: how many branches must
 reach the barrier before any returns, so they finish at the same moment on different workers.
 ``payload["hang_first"]``: the item whose first attempt hangs (long enough for a test to kill its
-worker). ``payload["overrun"]``: ``{step: n}``, its first n attempts outlast their complete-by.
+worker). With ``GRAPH_APP_SCHEDULE`` set (a cron expression), the schedule ``ticking`` starts a
+run of ``ticked`` at each tick. ``payload["overrun"]``: ``{step: n}``, its first n attempts outlast their complete-by.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def install(sas: SasApp) -> None:
         Step("first", "work.step", timeout=10, compensate="work.undo"),
         Step("flaky", "work.step", timeout=1, max_failures=1, on_exhausted=Escalate(wait=2, retries=1)),
     ]))
+    sas.register(Workflow("ticked", [Step("a", "work.step", timeout=10)]))
+    cron = os.environ.get("GRAPH_APP_SCHEDULE")  # only the schedule tests' processes start runs on their own
+    if cron:
+        sas.schedule("ticking", workflow="ticked", cron=cron, overlap="allow", catch_up=60)
     sas.register(Workflow("with_child", [
         Step("first", "work.step", timeout=10, compensate="work.undo"),
         Step("spawn", child="kid"),

@@ -141,6 +141,6 @@ def test_the_dashboard_refuses_a_store_whose_schema_is_behind_and_says_to_migrat
     migrate(f"sqlite:///{tmp_path / 'home' / 'state.db'}", "0004")  # as the previous version left it
     behind = sas_cli("dashboard", "--port", "1", ok=False)
     assert behind.returncode == 2
-    assert "schema is at revision 0004, this sas_app needs 0011: run `sas migrate`" in behind.stderr
+    assert "schema is at revision 0004, this sas_app needs 0012: run `sas migrate`" in behind.stderr
     assert "Traceback" not in behind.stderr
 
