@@ -1,9 +1,11 @@
 """The Supervisor's sweep against table size, and recovery latency with the default interval.
 
 1. Sweep cost: tables of 10k, 100k and 1M step rows (1% of them running past complete-by,
-   inserted directly), and the real sweep code recovering one batch of ``--batch`` expired steps.
-   The goal: the 1M-row batch within 2x of the 10k-row batch (the cost follows the expired rows
-   it recovers, not the table).
+   inserted directly) beside ``--waiting`` (100k) runs waiting in the store — half asleep, half
+   waiting for an event, 1% of them due — and the real sweep code recovering one batch of
+   ``--batch`` expired steps and asking about one batch of due waits. The goal: the 1M-row batch
+   within 2x of the 10k-row batch (the cost follows the rows that are due, not the table). Also
+   timed: the dashboard's count of waiting runs (``sas_runs_waiting``) over those 100k.
 2. Recovery latency: real worker and beat processes with the default sweep interval; each run's
    only step stays silent on its first attempt (as if its agent died); latency is from that
    attempt's complete-by to the second attempt's dispatch. Goal: p99 <= interval + 1 s.
@@ -39,10 +41,24 @@ SELECT md5(i::text), 0, 'one', 'noop', 'work', CASE WHEN i % 100 = 0 THEN 'runni
        extract(epoch from now()) - 60, 30, 3, 0, md5(i::text) || '-one', 0, 0
 FROM generate_series(1, :n) AS i;
 """
+# runs waiting in the store: even ones asleep, odd ones waiting for an event; 1% due (their time past)
+WAITING = """
+INSERT INTO runs (id, workflow, business_key, payload, process_state, failure_count, priority, created_at, updated_at)
+SELECT md5('w' || i), 'bench_wait', 'w' || i, '{}'::jsonb, 'processing', 0, 5, 0, 0
+FROM generate_series(1, :w) AS i;
+INSERT INTO steps (run_id, position, name, agent, action, state, attempt, not_before, complete_by, timeout,
+                   max_failures, failure_count, idempotency_key, sleep, event, on_timeout, created_at, updated_at)
+SELECT md5('w' || i), 0, 'wait', '', '', 'pending', 0, t, t, 3600, 1, 0, md5('w' || i) || '-wait',
+       CASE WHEN i % 2 = 0 THEN 3600 END, CASE WHEN i % 2 = 1 THEN 'approval' END,
+       CASE WHEN i % 2 = 1 THEN 'compensate' END, 0, 0
+FROM (SELECT i, extract(epoch from now()) + CASE WHEN i % 100 = 0 THEN -60 ELSE 3600 END AS t
+      FROM generate_series(1, :w) AS i) AS w;
+"""
 
 
 def sweep_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
     from sas_app import SasApp, Settings, migrate
+    from sas_app.store.observe import Observer
 
     out = []
     for size in args.sizes:
@@ -52,8 +68,8 @@ def sweep_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
                               home=Path("/tmp/sas-bench/sweep"), task_events=False))
         started = time.monotonic()
         with app.store.engine.begin() as conn:
-            for statement in filter(str.strip, FILL.split(";")):
-                conn.execute(text(statement), {"n": size})
+            for statement in filter(str.strip, (FILL + WAITING).split(";")):
+                conn.execute(text(statement), {"n": size, "w": args.waiting})
         with app.store.engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
         filled = time.monotonic() - started
@@ -62,10 +78,18 @@ def sweep_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
             report = app.supervisor.sweep_once()
             timings.append(report.seconds)
             assert len(report.retried) == args.batch, "every batch recovers a full batch of expired steps"
-        out.append({"rows": size, "expired": size // 100, "fill_s": round(filled, 1),
-                    "batch": args.batch, "batch_ms_median": round(1000 * statistics.median(timings), 2),
-                    "batch_ms_min": round(1000 * min(timings), 2), "batch_ms_max": round(1000 * max(timings), 2)})
-        print(f"  {size:>9} rows: one batch of {args.batch} in {out[-1]['batch_ms_median']} ms", flush=True)
+            assert len(report.requeued) == args.batch, "and asks about a full batch of due waits"
+        counted = time.perf_counter()
+        waiting = dict(Observer(app.store).waiting_by_kind())
+        count_ms = 1000 * (time.perf_counter() - counted)
+        assert waiting.get("sleep", 0) + waiting.get("event", 0) == args.waiting
+        out.append({"rows": size, "expired": size // 100, "waiting": args.waiting, "waits_due": args.waiting // 100,
+                    "fill_s": round(filled, 1), "batch": args.batch,
+                    "batch_ms_median": round(1000 * statistics.median(timings), 2),
+                    "batch_ms_min": round(1000 * min(timings), 2), "batch_ms_max": round(1000 * max(timings), 2),
+                    "waiting_count_ms": round(count_ms, 1)})
+        print(f"  {size:>9} rows (+{args.waiting} waiting): one batch of {args.batch} expired and {args.batch} "
+              f"due waits in {out[-1]['batch_ms_median']} ms; waiting runs counted in {count_ms:.0f} ms", flush=True)
         app.store.dispose()
     return out
 
@@ -115,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--batch", type=int, default=20)
+    parser.add_argument("--waiting", type=int, default=100_000, help="runs waiting in the store (sleeps, events)")
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--recoveries", type=int, default=40)
     parser.add_argument("--spread", type=float, default=0.25, help="seconds between the recovery runs' submits")

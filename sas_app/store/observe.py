@@ -78,8 +78,8 @@ class WaitingView:
 
 _KIND = case((steps.c.event.is_not(None), "event"), else_="sleep")
 # steps waiting in the store (pending, with a time), of runs going forward: on the live-steps index
-_WAITING = (steps.c.state == StepState.PENDING.value, steps.c.not_before.is_not(None),
-            or_(steps.c.event.is_not(None), steps.c.sleep.is_not(None), steps.c.sleep_until.is_not(None)))
+_WAITING = (steps.c.state == StepState.PENDING.value,
+            or_(steps.c.sleep.is_not(None), steps.c.sleep_until.is_not(None), steps.c.event.is_not(None)))
 
 
 class Observer:
@@ -142,7 +142,7 @@ class Observer:
                         _KIND.label("kind"), steps.c.event, steps.c.not_before.label("until"),
                         steps.c.updated_at.label("since"))
                  .join(runs, runs.c.id == steps.c.run_id)
-                 .where(*_WAITING, runs.c.process_state == RunState.PROCESSING.value)
+                 .where(*_WAITING, steps.c.not_before.is_not(None), runs.c.process_state == RunState.PROCESSING.value)
                  .order_by(steps.c.complete_by).limit(limit))
         parked = (select(runs.c.id, runs.c.workflow, runs.c.business_key, runs.c.slot, literal("slot"), literal(None),
                          runs.c.complete_by, runs.c.slot_since)
@@ -154,9 +154,10 @@ class Observer:
         return rows[:limit]
 
     def waiting_by_kind(self) -> list[tuple[str, int]]:
-        """How many runs wait in the store now, by kind ("sleep", "event")."""
-        query = (select(_KIND, func.count(func.distinct(steps.c.run_id))).join(runs, runs.c.id == steps.c.run_id)
-                 .where(*_WAITING, runs.c.process_state == RunState.PROCESSING.value).group_by(_KIND))
+        """How many runs wait in the store now, by kind ("sleep", "event", "slot"): the steps
+        waiting, counted on their own partial index without reading the runs (a run waiting in two
+        branches at once counts twice; bench/sweep.py times it over 100k)."""
+        query = select(_KIND, func.count()).where(*_WAITING).group_by(_KIND)
         parked = select(func.count()).where(runs.c.slot.is_not(None), runs.c.slot_since.is_not(None),
                                             runs.c.process_state == RunState.PENDING.value)
         with self.engine.connect() as conn:

@@ -170,6 +170,13 @@ Index(
     postgresql_where=text("state IN ('pending', 'running')"),
     sqlite_where=text("state IN ('pending', 'running')"),
 )
+# The steps waiting in the store (asleep, or for an event), by kind: what sas_runs_waiting counts.
+Index(
+    "ix_steps_waiting",
+    steps.c.event,
+    postgresql_where=text("state = 'pending' AND (sleep IS NOT NULL OR sleep_until IS NOT NULL OR event IS NOT NULL)"),
+    sqlite_where=text("state = 'pending' AND (sleep IS NOT NULL OR sleep_until IS NOT NULL OR event IS NOT NULL)"),
+)
 
 events = Table(
     "events",

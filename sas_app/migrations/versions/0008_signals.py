@@ -19,6 +19,8 @@ down_revision = "0007"
 branch_labels = None
 depends_on = None
 
+_WAITING = "state = 'pending' AND (sleep IS NOT NULL OR sleep_until IS NOT NULL OR event IS NOT NULL)"
+
 
 def upgrade() -> None:
     op.add_column("steps", sa.Column("event", sa.String(100)))
@@ -35,9 +37,12 @@ def upgrade() -> None:
         sa.Column("received_at", sa.Double, nullable=False),
     )
     op.create_index("ix_signals_run_event", "signals", ["run_id", "event"])
+    op.create_index("ix_steps_waiting", "steps", ["event"], postgresql_where=sa.text(_WAITING),
+                    sqlite_where=sa.text(_WAITING))
 
 
 def downgrade() -> None:
+    op.drop_index("ix_steps_waiting", table_name="steps")
     op.drop_index("ix_signals_run_event", table_name="signals")
     op.drop_table("signals")
     op.drop_column("steps", "on_timeout")
