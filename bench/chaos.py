@@ -3,8 +3,10 @@
 Starts its own Redis and PostgreSQL (Debian's server binaries, on free loopback ports, each with a
 password), the payment and warehouse services, several agent workers, a Scheduler worker and two
 beat processes (two Supervisors). It submits N orders, some with remote faults (transient errors,
-hangs past complete-by, latency, a declined card) and one or more poison orders whose step kills
-the worker running it, and meanwhile, on a seeded random schedule, it:
+hangs past complete-by, latency, a declined card), one or more poison orders whose step kills
+the worker running it, and held orders that wait in the store for a manager's review (a signal,
+sent while all this goes on) and a cooling-off sleep (:mod:`bench.held_orders`); meanwhile, on a
+seeded random schedule, it:
 
 * SIGKILLs and restarts agent workers, the Scheduler worker and a Supervisor (beat);
 * restarts Redis (SIGKILL; it comes back from its append-only file) and PostgreSQL (an immediate,
@@ -15,9 +17,10 @@ the worker running it, and meanwhile, on a seeded random schedule, it:
 
 Then it heals everything, waits for every run to end, and checks the invariants against the state
 store and the services' own ledgers: **no run lost**, **no effect applied twice**, **no run left
-unfinished**, no effect left standing on an order that did not complete, and no password in any
-log. It prints the figures and writes ``bench/results/chaos-<date>.json``; the exit status is
-non-zero if any invariant broke. Usage::
+unfinished**, no effect left standing on an order that did not complete, no broken promise of
+waiting (a signal consumed twice or missed, a sleep woken early), and no password in any log. It
+prints the figures and writes ``bench/results/chaos-<date>.json``; the exit status is non-zero if
+any invariant broke. Usage::
 
     python -m bench.chaos [--orders 500] [--seed 1] [--each 2]      # from a checkout
 """
@@ -28,9 +31,7 @@ import argparse
 import logging
 import os
 import platform
-import pwd
 import random
-import secrets
 import shutil
 import signal
 import subprocess
@@ -45,12 +46,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import select
 
+from bench.held_orders import HeldOrders
+from bench.servers import Servers
 from bench.throughput import percentile as nearest_rank
 from bench.throughput import record
-from sas_app.processes import Processes, Ready, free_port, wait_until
+from sas_app.processes import Processes, Ready, free_port
 from sas_app.states import TERMINAL_RUN_STATES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,121 +68,6 @@ DO_ACTIONS = ("reserve", "charge", "ship")
 def percentile(values: list[float], p: float) -> float | None:
     """The throughput bench's percentile, to the millisecond; None for no values."""
     return round(nearest_rank(values, p), 3) if values else None
-
-
-# -- the servers ------------------------------------------------------------------------------
-
-
-def _postgres_bin() -> Path:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=lambda p: int(p.parts[-3]))
-    if not found:
-        raise SystemExit("PostgreSQL's server binaries are missing: apt-get install postgresql (scripts/test does)")
-    return found[-1].parent
-
-
-class Servers:
-    """A Redis and a PostgreSQL of the run's own, each on a free loopback port with a password."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.redis_password = secrets.token_hex(12)
-        self.pg_password = secrets.token_hex(12)
-        self.redis_port = free_port()
-        self.pg_port = free_port()
-        self.redis_dir = home / "redis"
-        # Its own folder under the system's temp dir: as root, PostgreSQL runs as the postgres
-        # user, which must be able to reach it (a home under a private folder would not do).
-        self.pg_root = Path(tempfile.mkdtemp(prefix="sas-chaos-pg-"))
-        self.pg_data = self.pg_root / "data"
-        self.redis_proc: subprocess.Popen[bytes] | None = None
-        self.bin = _postgres_bin()
-        # initdb and postgres refuse to run as root: as root, they run as the postgres user.
-        self.as_user: list[str] = []
-        if os.geteuid() == 0:
-            pwd.getpwnam("postgres")
-            self.as_user = ["runuser", "-u", "postgres", "--"]
-
-    @property
-    def redis_url(self) -> str:
-        return f"redis://:{self.redis_password}@127.0.0.1:{self.redis_port}/0"
-
-    @property
-    def database_url(self) -> str:
-        return f"postgresql+psycopg2://sas:{self.pg_password}@127.0.0.1:{self.pg_port}/sas"
-
-    def secrets(self) -> list[str]:
-        return [self.redis_password, self.pg_password]
-
-    # Redis ------------------------------------------------------------------------------------
-
-    def start_redis(self) -> None:
-        self.redis_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.redis_dir / "redis.log", "ab")
-        self.redis_proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--requirepass",
-             self.redis_password, "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-             "--dir", str(self.redis_dir), "--protected-mode", "yes"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=1)
-        wait_until(lambda: bool(client.ping()), 30, "Redis to answer")
-        client.close()
-
-    def kill_redis(self) -> None:
-        if self.redis_proc is not None and self.redis_proc.poll() is None:
-            self.redis_proc.kill()
-            self.redis_proc.wait(10)
-
-    def flushall(self) -> None:
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=5)
-        client.flushall()
-        client.close()
-
-    # PostgreSQL ---------------------------------------------------------------------------------
-
-    def _pg(self, *argv: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([*self.as_user, *argv], check=True, capture_output=True, timeout=120, **kwargs)
-
-    def init_postgres(self) -> None:
-        self.pg_data.parent.mkdir(parents=True, exist_ok=True)
-        pwfile = self.pg_data.parent / "pw"
-        pwfile.write_text(self.pg_password + "\n")
-        if self.as_user:
-            account = pwd.getpwnam("postgres")
-            self.pg_data.parent.chmod(0o755)
-            os.chown(self.pg_data.parent, account.pw_uid, account.pw_gid)
-            os.chown(pwfile, account.pw_uid, account.pw_gid)
-        self._pg(str(self.bin / "initdb"), "-D", str(self.pg_data), "-U", "sas", f"--pwfile={pwfile}",
-                 "--auth-host=scram-sha-256", "--auth-local=scram-sha-256", "-E", "UTF8", "--no-sync")
-        pwfile.unlink()
-        with open(self.pg_data / "postgresql.conf", "a") as conf:
-            conf.write(f"\nport = {self.pg_port}\nlisten_addresses = '127.0.0.1'\n"
-                       f"unix_socket_directories = '{self.pg_data.parent}'\nmax_connections = 300\n"
-                       "logging_collector = off\n")
-        self.start_postgres()
-        admin = create_engine(self.database_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text("CREATE DATABASE sas"))
-        admin.dispose()
-
-    def start_postgres(self) -> None:
-        self._pg(str(self.bin / "pg_ctl"), "-D", str(self.pg_data), "-l", str(self.pg_data.parent / "postgres.log"),
-                 "-w", "-t", "60", "start")
-
-    def stop_postgres(self, mode: str = "immediate") -> None:
-        self._pg(str(self.bin / "pg_ctl"), "-D", str(self.pg_data), "-m", mode, "-w", "-t", "60", "stop")
-
-    def stop(self) -> None:
-        self.kill_redis()
-        try:
-            self.stop_postgres("fast")
-        except Exception:
-            pass
-        # the database's log is kept beside the others
-        log = self.pg_data.parent / "postgres.log"
-        if log.exists():
-            shutil.copy(log, self.home / "logs" / "postgres.log")
-        shutil.rmtree(self.pg_root, ignore_errors=True)
 
 
 # -- the processes of the pattern ---------------------------------------------------------------
@@ -273,7 +160,9 @@ class Chaos:
         from workers.orders import install
 
         self.sas = SasApp(Settings.from_env(env))
-        install(self.sas, charge_timeout=3.0, step_timeout=5.0, max_failures=self.args.max_failures)
+        install(self.sas, charge_timeout=3.0, step_timeout=5.0, max_failures=self.args.max_failures,
+                review_timeout=self.args.review_timeout)
+        self.held = HeldOrders(self.sas, random.Random(self.args.seed + 1))
         self.sas.migrate()
         self.fleet = Processes(self.home, env)
         for name, port in self.ports.items():
@@ -373,14 +262,14 @@ class Chaos:
 
     # the orders ---------------------------------------------------------------------------------
 
-    def submit(self, key: str, payload: dict[str, Any]) -> None:
+    def submit(self, key: str, payload: dict[str, Any], workflow: str = "order") -> None:
         """Submit as a careful client does: on any error try again with the same business key (a
         run already written is returned, not written twice), for up to a minute."""
         deadline = time.monotonic() + 60
         self.items[key] = len(payload.get("items") or [None])
         while True:
             try:
-                handle = self.sas.submit("order", payload, business_key=key)
+                handle = self.sas.submit(workflow, payload, business_key=key)
                 self.accepted[key] = handle.id
                 return
             except Exception:
@@ -403,8 +292,14 @@ class Chaos:
         chaos.start()
         for i, payload in enumerate(orders):
             time.sleep(max(0.0, started + i / args.rate - time.monotonic()))
-            self.submit(f"order-{i:05d}", payload)
+            key = f"order-{i:05d}"
+            if self.held.is_held(i):  # waits for its manager's review, then a cooling-off sleep
+                self.submit(key, payload, "held_order")
+                self.held.review(key)
+            else:
+                self.submit(key, payload)
         chaos.join()
+        self.held.join()
         for thread in self.background:
             thread.join(60)
         healed_at = time.monotonic()
@@ -471,6 +366,8 @@ class Chaos:
         recovery, by_cause = _recovery_times(event_rows)
         attempts = Counter(s.attempt for s in step_rows if s.compensates is None and s.attempt > 0)
         latency = [r.updated_at - r.created_at for r in run_rows.values() if r.process_state in TERMINAL_RUN_STATES]
+        plain = [r.updated_at - r.created_at for r in run_rows.values() if r.process_state == "processed"
+                 and r.workflow == "order"]
         poison = []
         for key in self.poison_keys:
             run = run_rows.get(self.accepted.get(key, ""))
@@ -516,14 +413,17 @@ class Chaos:
             "recovery_s": {"count": len(recovery), "p50": percentile(recovery, 50), "p99": percentile(recovery, 99),
                            "max": round(max(recovery), 3) if recovery else None, "by_cause": by_cause},
             "attempts_per_step": {str(k): v for k, v in sorted(attempts.items())},
-            "latency_s": {"p50": percentile(latency, 50), "p99": percentile(latency, 99)},
+            "latency_s": {"p50": percentile(latency, 50), "p99": percentile(latency, 99),
+                          "orders_processed_p50": percentile(plain, 50), "orders_processed_p99": percentile(plain, 99)},
             "poison": poison,
+            "held_orders": self.held.check(),
             "agent_children_lost": children_lost,
             "secrets_in_logs": leaks,
             "elapsed_s": round(time.monotonic() - started, 1),
             "home": str(self.home),
         }
         result["invariants_hold"] = not (result["lost"] or result["effects_applied_twice"]
+                                         or result["held_orders"]["wrong"]
                                          or result["effects_left_standing"] or result["not_terminal_within_bound"]
                                          or leaks or self.submit_failures)
         return result
@@ -598,7 +498,12 @@ def print_report(r: dict[str, Any]) -> None:
         f"recovery to re-dispatch over {rec['count']} attempts given up: p50 {rec['p50']}s  p99 {rec['p99']}s  "
         f"max {rec['max']}s",
         "attempts per step: " + ", ".join(f"{k}: {v}" for k, v in r["attempts_per_step"].items()),
-        f"end-to-end latency: p50 {lat['p50']}s  p99 {lat['p99']}s",
+        f"end-to-end latency: p50 {lat['p50']}s  p99 {lat['p99']}s (orders not held, processed: p50 "
+        f"{lat['orders_processed_p50']}s  p99 {lat['orders_processed_p99']}s)",
+        f"held orders (a manager's review, then a cooling-off sleep): {r['held_orders']['held']}, "
+        f"{r['held_orders']['never_signalled']} never reviewed, {r['held_orders']['sent_twice']} reviewed twice; "
+        + ", ".join(f"{k} {v}" for k, v in r["held_orders"]["outcomes"].items())
+        + f"; broken promises {len(r['held_orders']['wrong'])}",
         "poison orders: " + ", ".join(f"{p['key']} {p['state']} after {p['charge_attempts']} attempts"
                                       for p in r["poison"]),
         "invariants: " + ("hold" if r["invariants_hold"] else "BROKEN"),
@@ -619,6 +524,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-failures", type=int, default=4, help="failed attempts a step may have (default 4)")
     parser.add_argument("--bound", type=float, default=180.0,
                         help="seconds after the last fault by which every run must have ended (default 180)")
+    parser.add_argument("--review-timeout", type=float, default=20.0,
+                        help="seconds a held order waits for its manager's review (default 20)")
     parser.add_argument("--home", default=None, help="folder for servers, logs and ledgers (default: a new temp dir)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where chaos-<date>.json goes")
     parser.add_argument("--keep", action="store_true", help="keep the home folder even when every invariant holds")

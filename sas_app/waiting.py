@@ -36,6 +36,8 @@ class Waited:
 def plan_waits(tx: Tx, run: RunRow, results: dict[str, Any], ready: Sequence[StepRow], settings: Settings) -> Waited:
     """Start the sleeps and waits that may start; end those whose time has come or whose signal
     has arrived."""
+    if not ready:
+        return Waited()
     outcome, now = Waited(), tx.now()
     for step in ready:
         if step.state == StepState.NOT_STARTED or step.not_before is None:  # not started, or resubmitted

@@ -18,5 +18,6 @@ install(
     sas,
     charge_timeout=float(os.environ.get("ORDER_CHARGE_TIMEOUT", "10")),
     max_failures=int(os.environ.get("ORDER_MAX_FAILURES", "3")),
+    review_timeout=float(os.environ.get("ORDER_REVIEW_TIMEOUT", "3600")),
 )
 celery = sas.celery

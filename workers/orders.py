@@ -5,8 +5,10 @@ process). The workflow then reserves the order's items at the warehouse (agent `
 while the payment provider's risk API checks it for fraud (agent ``fraud``); once both are done
 it charges the customer at the payment service (agent ``payment``), schedules one shipment per
 reserved item (up to five at once), and confirms the order in the orders database (agent
-``orders``). Each remote effect has an undo — release the
-stock, refund the charge, cancel a shipment — run last-first if the order cannot complete.
+``orders``). A held order (``held_order``) waits, after the reservation and the fraud check, for
+a manager's review (the signal ``review``) and then a cooling-off period before the charge. Each
+remote effect has an undo — release the stock, refund the charge, cancel a shipment — run
+last-first if the order cannot complete.
 
 The payload: ``{"amount": 12.5, "items": [{"sku": "A1", "qty": 2}, ...]}``; without ``items`` the
 order is one item.
@@ -33,9 +35,11 @@ from sas_app import (
     InvalidSubmission,
     PermanentError,
     SasApp,
+    Sleep,
     StaleAttempt,
     Step,
     TransientError,
+    WaitFor,
     Workflow,
 )
 from sas_app.store import RunRow
@@ -52,6 +56,7 @@ orders = Table(
 )
 
 ORDER_WORKFLOW = "order"
+HELD_ORDER_WORKFLOW = "held_order"
 SERVICES = {"payment": ("PAYMENT_SERVICE_URL", 8765), "warehouse": ("WAREHOUSE_SERVICE_URL", 8766)}
 
 #: the agent action that undoes each remote action, as a payload's "faults" names it
@@ -120,10 +125,12 @@ def record_order(conn: Connection, run: RunRow) -> None:
 
 
 def install(
-    sas: SasApp, *, charge_timeout: float = 10.0, max_failures: int = 3, step_timeout: float = 10.0
+    sas: SasApp, *, charge_timeout: float = 10.0, max_failures: int = 3, step_timeout: float = 10.0,
+    review_timeout: float = 3600.0, cool_off: float = 1.0,
 ) -> Workflow:
-    """Register the order example's agents and workflow on ``sas`` (``charge_timeout`` for the
-    payment step, ``step_timeout`` for the others)."""
+    """Register the order example's agents and workflows on ``sas`` (``charge_timeout`` for the
+    payment step, ``step_timeout`` for the others; for a held order, how long its manager has and
+    its cooling-off period). Returns the order workflow."""
     sas.register_tables(metadata)
     payment = sas.agent("payment")
     fraud = sas.agent("fraud")  # the payment provider's risk API: its own queue, slots and breaker
@@ -170,7 +177,7 @@ def install(
             )
         return {"status": "paid"}
 
-    return sas.register(
+    order = sas.register(
         Workflow(
             ORDER_WORKFLOW,
             [
@@ -187,3 +194,24 @@ def install(
                         "confirm the order",
         )
     )
+    # A large order is held: once its stock is reserved and its fraud check done, a manager reviews
+    # it (the signal 'review'; none within review_timeout and the order is undone), then a
+    # cooling-off period passes before the customer is charged.
+    sas.register(
+        Workflow(
+            HELD_ORDER_WORKFLOW,
+            [
+                Step("reserve_stock", reserve, timeout=step_timeout, max_failures=max_failures, compensate=release),
+                Step("fraud_check", check, timeout=step_timeout, max_failures=max_failures, after=[]),
+                WaitFor("manager_review", "review", timeout=review_timeout, after=["reserve_stock", "fraud_check"]),
+                Sleep("cool_off", seconds=cool_off),
+                Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures, compensate=refund),
+                Step("schedule_shipping", ship, timeout=step_timeout, max_failures=max_failures,
+                     compensate=cancel_shipment, for_each="reserve_stock.items", max_parallel=5),
+                Step("confirm_order", confirm, timeout=step_timeout, max_failures=max_failures),
+            ],
+            on_submit=record_order,
+            description="a large order: reviewed by a manager, then a cooling-off period, then charged and shipped",
+        )
+    )
+    return order

@@ -1,0 +1,130 @@
+"""The chaos run's own servers: a Redis and a PostgreSQL (Debian's server binaries) on free
+loopback ports, each with a password, that the run restarts, crashes and empties."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import redis
+from sqlalchemy import create_engine, text
+
+from sas_app.processes import free_port, wait_until
+
+
+def _postgres_bin() -> Path:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=lambda p: int(p.parts[-3]))
+    if not found:
+        raise SystemExit("PostgreSQL's server binaries are missing: apt-get install postgresql (scripts/test does)")
+    return found[-1].parent
+
+
+class Servers:
+    """A Redis and a PostgreSQL of the run's own, each on a free loopback port with a password."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.redis_password = secrets.token_hex(12)
+        self.pg_password = secrets.token_hex(12)
+        self.redis_port = free_port()
+        self.pg_port = free_port()
+        self.redis_dir = home / "redis"
+        # Its own folder under the system's temp dir: as root, PostgreSQL runs as the postgres
+        # user, which must be able to reach it (a home under a private folder would not do).
+        self.pg_root = Path(tempfile.mkdtemp(prefix="sas-chaos-pg-"))
+        self.pg_data = self.pg_root / "data"
+        self.redis_proc: subprocess.Popen[bytes] | None = None
+        self.bin = _postgres_bin()
+        # initdb and postgres refuse to run as root: as root, they run as the postgres user.
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            pwd.getpwnam("postgres")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://:{self.redis_password}@127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def database_url(self) -> str:
+        return f"postgresql+psycopg2://sas:{self.pg_password}@127.0.0.1:{self.pg_port}/sas"
+
+    def secrets(self) -> list[str]:
+        return [self.redis_password, self.pg_password]
+
+    # Redis ------------------------------------------------------------------------------------
+
+    def start_redis(self) -> None:
+        self.redis_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.redis_dir / "redis.log", "ab")
+        self.redis_proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--requirepass",
+             self.redis_password, "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+             "--dir", str(self.redis_dir), "--protected-mode", "yes"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=1)
+        wait_until(lambda: bool(client.ping()), 30, "Redis to answer")
+        client.close()
+
+    def kill_redis(self) -> None:
+        if self.redis_proc is not None and self.redis_proc.poll() is None:
+            self.redis_proc.kill()
+            self.redis_proc.wait(10)
+
+    def flushall(self) -> None:
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=5)
+        client.flushall()
+        client.close()
+
+    # PostgreSQL ---------------------------------------------------------------------------------
+
+    def _pg(self, *argv: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([*self.as_user, *argv], check=True, capture_output=True, timeout=120, **kwargs)
+
+    def init_postgres(self) -> None:
+        self.pg_data.parent.mkdir(parents=True, exist_ok=True)
+        pwfile = self.pg_data.parent / "pw"
+        pwfile.write_text(self.pg_password + "\n")
+        if self.as_user:
+            account = pwd.getpwnam("postgres")
+            self.pg_data.parent.chmod(0o755)
+            os.chown(self.pg_data.parent, account.pw_uid, account.pw_gid)
+            os.chown(pwfile, account.pw_uid, account.pw_gid)
+        self._pg(str(self.bin / "initdb"), "-D", str(self.pg_data), "-U", "sas", f"--pwfile={pwfile}",
+                 "--auth-host=scram-sha-256", "--auth-local=scram-sha-256", "-E", "UTF8", "--no-sync")
+        pwfile.unlink()
+        with open(self.pg_data / "postgresql.conf", "a") as conf:
+            conf.write(f"\nport = {self.pg_port}\nlisten_addresses = '127.0.0.1'\n"
+                       f"unix_socket_directories = '{self.pg_data.parent}'\nmax_connections = 300\n"
+                       "logging_collector = off\n")
+        self.start_postgres()
+        admin = create_engine(self.database_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("CREATE DATABASE sas"))
+        admin.dispose()
+
+    def start_postgres(self) -> None:
+        self._pg(str(self.bin / "pg_ctl"), "-D", str(self.pg_data), "-l", str(self.pg_data.parent / "postgres.log"),
+                 "-w", "-t", "60", "start")
+
+    def stop_postgres(self, mode: str = "immediate") -> None:
+        self._pg(str(self.bin / "pg_ctl"), "-D", str(self.pg_data), "-m", mode, "-w", "-t", "60", "stop")
+
+    def stop(self) -> None:
+        self.kill_redis()
+        try:
+            self.stop_postgres("fast")
+        except Exception:
+            pass
+        # the database's log is kept beside the others
+        log = self.pg_data.parent / "postgres.log"
+        if log.exists():
+            shutil.copy(log, self.home / "logs" / "postgres.log")
+        shutil.rmtree(self.pg_root, ignore_errors=True)
