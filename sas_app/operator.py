@@ -41,6 +41,7 @@ class Operator:
             if run.process_state != RunState.ERROR:
                 raise InvalidOperation(f"cannot resubmit run {run_id}: it is {run.process_state}, not error")
             failed = _step(tx, run, step, (StepState.FAILED,), "resubmit")
+            _check_slot(tx, run, "resubmit")
             tx.operator_event(run_id, failed.position, "resubmit", by, reason)
             tx.resubmit_step(failed, self.settings.pickup_timeout, by, step_input)
             tx.reopen_run(run, RunState.COMPENSATING if failed.is_undo else RunState.PROCESSING, by)
@@ -55,6 +56,7 @@ class Operator:
             if run.process_state not in (RunState.PROCESSING, RunState.ERROR, RunState.COMPENSATING):
                 raise InvalidOperation(f"cannot mark a step of run {run_id} done: it is {run.process_state}")
             target = _step(tx, run, step, (StepState.NOT_STARTED, StepState.PENDING, StepState.FAILED), "mark done")
+            _check_slot(tx, run, "mark a step of")
             tx.operator_event(run_id, target.position, "mark_done", by, reason)
             tx.complete_by_hand(target, result, by)
             if target.compensates is not None:
@@ -104,11 +106,23 @@ class Operator:
             run = _locked(tx, run_id)
             if run.process_state not in (RunState.PROCESSING, RunState.ERROR):
                 raise InvalidOperation(f"cannot compensate run {run_id}: it is {run.process_state}")
+            _check_slot(tx, run, "compensate")
             tx.operator_event(run_id, None, "compensate", by, reason)
             why = f"compensated by {by}" + (f": {reason}" if reason else "")
             if not undo_run(tx, run, why, self.settings, actor=by):
                 raise InvalidOperation(f"cannot compensate run {run_id}: none of its steps has anything to undo")
         self.router.after_commit(tx.outbox, Advance(run_id), *tx.follow_ups)
+
+
+def _check_slot(tx: Tx, run: RunRow, action: str) -> None:
+    """A run in error put back to work takes a slot of its concurrency key again: refused while
+    others hold every one (it released its own when it ended)."""
+    if run.process_state != RunState.ERROR or run.slot is None or run.max_running is None:
+        return
+    holders = tx.slot_holders(run)
+    if len(holders) >= run.max_running:
+        raise InvalidOperation(f"cannot {action} run {run.id}: its key {run.slot!r} runs at most {run.max_running} "
+                               f"at once and {', '.join(holders)} hold(s) it; try again once they end")
 
 
 def _locked(tx: Tx, run_id: str) -> RunRow:

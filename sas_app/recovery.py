@@ -82,6 +82,7 @@ def cancel_run(tx: Tx, run: RunRow, why: str, settings: Settings, *, by: str) ->
     if undo_run(tx, run, why, settings, actor=by, cancelled_by=by):
         return RunState.COMPENSATING.value
     tx.finish_run(run.id, RunState.CANCELLED, from_state=run.process_state, actor=by, error=why, cancelled_by=by)
+    tx.stop_live_steps(run.id, by)  # a wait or sleep left would wait for ever
     return RunState.CANCELLED.value
 
 
@@ -156,6 +157,7 @@ def past_deadline(tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, *, ac
     tx.count_run_failure(run.id)
     if not undo_run(tx, run, reason, settings, actor=actor):
         tx.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor, error=reason)
+        tx.stop_live_steps(run.id, actor)  # nothing was done; nothing may wait for ever either
     return alert
 
 

@@ -204,9 +204,10 @@ class Scheduler:
     def signal(self, run_id: str, event: str, payload: Any, by: str) -> str:
         """Record a signal for the run's wait for ``event`` and, if the run is waiting there, end
         the wait and go on — one transaction. Returns the signal's status: ``consumed``, ``kept``
-        (the run has not reached the wait: it is consumed when it does) or ``ignored`` (the wait
-        has had its signal, or has ended). Refused with :class:`InvalidSignal` (nothing written)
-        when the run has ended or never waits for ``event``."""
+        (the run has not reached the wait, or this process has not the run's workflow: the
+        Scheduler consumes it) or ``ignored`` (the wait has had its signal, has ended or timed
+        out). Refused with :class:`InvalidSignal` (nothing written) when the run has ended or
+        never waits for ``event``."""
         with self.store.begin() as tx:
             run = tx.lock_run(run_id)
             if run is None:
@@ -223,8 +224,12 @@ class Scheduler:
             signal_id, status = tx.record_signal(wait, payload, by)
             moves = Moves()
             if status == SignalStatus.KEPT and wait.state == StepState.PENDING:
-                moves = self.planner.next(tx, run)
-                status = tx.signal_status(signal_id)
+                known = self.planner.workflows is not None and run.workflow in self.planner.workflows
+                if known:  # this process has the run's code: it ends the wait and starts what follows
+                    moves = self.planner.next(tx, run)
+                    status = tx.signal_status(signal_id)
+                else:  # kept: the Scheduler consumes it (or, were this message lost, the wait's timeout does)
+                    moves.messages.append(Advance(run.id))
         log.info("%s: signal %r %s", what, event, status)
         self._after_commit(tx, moves)
         return status

@@ -132,7 +132,8 @@ class Schedules:
         with self.store.begin() as tx:
             last = tx.lock_schedule(schedule.name)
             now = tx.now()
-            window = now - schedule.catch_up
+            # a tick handled within SAS_PICKUP_TIMEOUT of its time is late, not missed, whatever catch_up says
+            window = now - max(schedule.catch_up, self.settings.pickup_timeout)
             if last < window:  # beat was down longer than the catch-up window
                 missed = len(schedule.ticks(last, window, limit=10_000))
                 if missed:

@@ -45,15 +45,20 @@ class Signals:
         self.settings = settings
         self.scheduler = scheduler
 
-        @celery.task(name=SIGNAL, shared=False, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-        def signal(event: str = "", payload: Any = None, run_id: str | None = None, workflow: str | None = None,
-                   business_key: str | None = None, by: str = "") -> dict[str, str]:
+        @celery.task(name=SIGNAL, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True,
+                     ignore_result=True, max_retries=None)
+        def signal(task: Any, event: str = "", payload: Any = None, run_id: str | None = None,
+                   workflow: str | None = None, business_key: str | None = None, by: str = "") -> dict[str, str]:
             run: Any = run_id if run_id is not None else (workflow, business_key)
             try:
                 receipt = self.send(run, event, payload, by=str(by or "broker"))
             except SasError as exc:  # nobody to answer: the refusal is logged, nothing is written
                 log.error("signal %r refused: %s", event, exc)
                 return {"refused": str(exc)}
+            except Exception as exc:  # the store is down (a failover, a deadlock): the signal must not be lost
+                wait = min(2.0 ** task.request.retries, 30.0)
+                log.warning("signal %r not recorded (%s); trying again in %.0f s", event, exc, wait)
+                raise task.retry(exc=exc, countdown=wait) from None
             return {"run_id": receipt.run_id, "status": receipt.status}
 
     def send(self, run: str | tuple[str, str], event: str, payload: Any = None, *, by: str = "") -> SignalReceipt:

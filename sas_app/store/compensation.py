@@ -49,10 +49,10 @@ class CompensationTx(TxBase):
                 max_failures=step.max_failures, failure_count=0, idempotency_key=undo_key(step.idempotency_key),
                 compensates=step.position, created_at=now, updated_at=now,
             ))
-        self._stop_live_steps(run.id, actor)
+        self.stop_live_steps(run.id, actor)
         return True
 
-    def _stop_live_steps(self, run_id: str, actor: str) -> None:
+    def stop_live_steps(self, run_id: str, actor: str) -> None:
         """Running or waiting workflow steps of a run being undone (not those being undone: they
         are ``compensating`` by now) → stopped."""
         live = (StepState.RUNNING.value, StepState.PENDING.value)

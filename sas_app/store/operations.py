@@ -20,16 +20,17 @@ class OperationsTx(TxBase):
                    detail={"action": action, "by": by, "reason": reason})
 
     def reopen_run(self, run: RunRow, to_state: str, actor: str) -> bool:
-        """error → processing | compensating, for an operator who fixed the cause."""
-        won = self.update_run(run.id, run.process_state, to_state, error=None)
+        """error → processing | compensating, for an operator who fixed the cause (its deadline,
+        which may have sent it there, lifted)."""
+        won = self.update_run(run.id, run.process_state, to_state, error=None, deadline=None)
         if won:
             self.transition(run.id, None, run.process_state, to_state, actor=actor)
         return won
 
     def resubmit_step(self, step: StepRow, pickup_timeout: float, actor: str, step_input: Any = None) -> bool:
-        """failed → pending with its failure count reset (and an edited input, if given)."""
-        values: dict[str, Any] = {"failure_count": 0, "not_before": None, "error": None, "locked_by": None,
-                                  "complete_by": db_now() + pickup_timeout}
+        """failed → pending with its failure count and escalation reset (and an edited input, if given)."""
+        values: dict[str, Any] = {"failure_count": 0, "escalated": 0, "not_before": None, "error": None,
+                                  "locked_by": None, "complete_by": db_now() + pickup_timeout}
         if step_input is not None:
             values["input"] = step_input
         won = self.update_step(step.run_id, step.position, step.attempt, StepState.FAILED, StepState.PENDING,

@@ -32,9 +32,7 @@ class SlotTx(TxBase):
         run before it waits; else it stays pending, asked about again after ``pickup_timeout``.
         Returns the run claimed, or None."""
         assert run.slot is not None and run.max_running is not None
-        if self.is_postgresql:
-            key = func.hashtextextended(f"{run.workflow}\x1f{run.slot}", 0)
-            self.conn.execute(select(func.pg_advisory_xact_lock(key)))
+        self._lock_key(run)
         same = and_(runs.c.workflow == run.workflow, runs.c.slot == run.slot)
         holders = self.conn.execute(select(func.count()).where(same, runs.c.process_state.in_(_LIVE))).scalar_one()
         before = self.conn.execute(select(func.count()).where(
@@ -49,6 +47,19 @@ class SlotTx(TxBase):
         if claimed is not None and holders + 1 < run.max_running:  # room for the next in line too
             self.follow_ups += [Advance(i) for i in self.next_in_line(run.workflow, run.slot, run.id)]
         return claimed
+
+    def slot_holders(self, run: RunRow) -> list[str]:
+        """The live runs holding a slot of ``run``'s key (claims of that key held off meanwhile)."""
+        assert run.slot is not None
+        self._lock_key(run)
+        return list(self.conn.execute(select(runs.c.id).where(
+            runs.c.workflow == run.workflow, runs.c.slot == run.slot, runs.c.process_state.in_(_LIVE),
+            runs.c.id != run.id)).scalars())
+
+    def _lock_key(self, run: RunRow) -> None:
+        if self.is_postgresql:
+            key = func.hashtextextended(f"{run.workflow}\x1f{run.slot}", 0)
+            self.conn.execute(select(func.pg_advisory_xact_lock(key)))
 
     def _park(self, run: RunRow, holders: int, before: int, pickup_timeout: float) -> None:
         now = db_now()

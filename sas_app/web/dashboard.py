@@ -27,7 +27,7 @@ from flask_wtf.csrf import CSRFProtect, generate_csrf  # type: ignore[import-unt
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..errors import SasError, UnknownRun
-from ..states import RUN_STATES, StepState
+from ..states import RUN_STATES, RunState, StepState
 from ..store.observe import Observer
 from .formatting import STATE_COLOURS, detail_text, when
 from .metrics import MARGIN, registry_for
@@ -108,7 +108,8 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
             abort(404, f"no run with id {run_id!r}")
         now = observer.now()
         lanes, t0, t1 = timeline(view, now)
-        waiting = [s for s in view.steps if s.in_store and s.state == StepState.PENDING and s.not_before]
+        live = view.run.process_state in (RunState.PENDING, RunState.PROCESSING)
+        waiting = [s for s in view.steps if live and s.in_store and s.state == StepState.PENDING and s.not_before]
         return render_template("run.html", view=view, lanes=lanes, t0=t0, t1=t1, now=now,
                                children=sas.store.children(run_id), waiting=waiting,
                                signals=sas.store.signals_of(run_id), sent=request.args.get("sent"))

@@ -68,6 +68,9 @@ def test_a_step_at_its_threshold_waits_retries_then_gives_up(sas, pump, then, sc
     assert _alerts(sas, handle.id) == expected
     if state != "processed":
         assert f"again after waiting {flaky.not_before - flaky.updated_at:g} s; then: {then}" in view.run.error
+    if state == "error":  # an operator's resubmit starts the step afresh: its escalation too
+        sas.resubmit(handle.id, by="ops", step="flaky")
+        assert handle.status().step("flaky").escalated == 0
 
 
 @pytest.mark.parametrize("escalate, message", [

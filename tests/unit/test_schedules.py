@@ -89,3 +89,15 @@ def test_a_schedule_whose_payload_lacks_the_concurrency_key_is_refused(sas):
     sas.schedule("desk_check", workflow="per_desk", cron="0 * * * *", payload={"desk": "d1"})
     with pytest.raises(WorkflowDefinitionError, match="already declared"):
         sas.schedule("desk_check", workflow="per_desk", cron="0 * * * *", payload={"desk": "d1"})
+
+
+def test_a_tick_handled_late_by_the_beat_is_late_not_missed(sas, pump):
+    at(sas, "2026-11-24T01:59:00+00:00")
+    sas.schedule("strict", workflow="three", cron="0 2 * * *", catch_up=0)
+    sas.schedules.tick()
+    grace = sas.settings.pickup_timeout
+    sas.test_clock.advance(60 + grace / 2)  # the beat came after the tick, within SAS_PICKUP_TIMEOUT
+    assert [sas.get_run(r).run.business_key for r in sas.schedules.tick()] == ["strict@2026-11-24T02:00:00Z"]
+    at(sas, "2026-11-25T02:00:00+00:00")
+    sas.test_clock.advance(grace * 2)  # later than that, with no catch-up: missed
+    assert sas.schedules.tick() == []

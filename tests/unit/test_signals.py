@@ -147,3 +147,26 @@ def test_a_wait_that_cannot_be_is_refused_when_registered(sas, steps, message):
     with pytest.raises(WorkflowDefinitionError, match=message):
         sas.register(Workflow("bad", [Step("a", "svc.work"), *steps]))
     assert "bad" not in sas.workflows
+
+
+def test_a_signal_after_the_wait_s_timeout_is_ignored_even_before_the_sweep_sees_it(sas, pump):
+    handle = sas.submit(_waits(sas, "compensate"), {}, business_key="late")
+    pump.run()
+    pass_time(sas, handle.status().step("manager").not_before, "the wait's timeout")
+    late = sas.signal(handle.id, "approval", {"approved": True})  # the sweep has not run yet
+    assert late.status == "ignored"
+    assert [e.detail["why"] for e in handle.status().events if e.kind == "signal"] == ["after the wait's timeout"]
+    sas.supervisor.sweep()
+    pump.run()
+    assert handle.status().process_state == "compensated"
+
+
+def test_a_run_cancelled_while_it_waits_waits_no_more(sas, pump):
+    sas.register(Workflow("just_wait", [WaitFor("w", "go", timeout=3600)]))
+    handle = sas.submit("just_wait", {}, business_key="jw")
+    pump.run()
+    assert sas.cancel(handle.id, by="ops") == "cancelled"  # nothing to undo
+    assert handle.status().step("w").state == "stopped"
+    from sas_app.store.observe import Observer
+
+    assert dict(Observer(sas.store).waiting_by_kind()).get("event", 0) == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sas_app import InvalidSubmission, Step, WaitFor, Workflow
+from sas_app import InvalidOperation, InvalidSubmission, Step, WaitFor, Workflow
 from sas_app.errors import WorkflowDefinitionError
 from tests.support import pass_time
 
@@ -97,3 +97,22 @@ def test_a_payload_without_its_concurrency_key_is_refused_with_nothing_written(s
 def test_a_concurrency_limit_that_cannot_be_is_refused_when_registered(sas, options, message):
     with pytest.raises(WorkflowDefinitionError, match=message):
         sas.register(Workflow("bad", [Step("a", "svc.work")], **options))
+
+
+def test_a_run_in_error_put_back_to_work_takes_a_slot_again(sas, pump):
+    sas.register(Workflow("one_by_one", [Step("a", "svc.work", timeout=5, max_failures=1),
+                                         WaitFor("done", "done", timeout=3600)], concurrency_key="customer"))
+    broken = sas.submit("one_by_one", {"customer": 5, "script": {"a": ["permanent", "ok"]}}, business_key="e1")
+    pump.run()
+    assert broken.status().process_state == "error"  # it ended: its slot is free again
+    holder = submit(sas, "one_by_one", 5, "e2")
+    pump.run()
+    assert holder.status().process_state == "processing"
+    with pytest.raises(InvalidOperation, match=f"runs at most 1 at once and {holder.id} hold"):
+        sas.resubmit(broken.id, by="ops")
+    assert broken.status().process_state == "error"
+    sas.signal(holder.id, "done")
+    pump.run()
+    sas.resubmit(broken.id, by="ops")  # the slot is free: it takes it
+    pump.run()
+    assert (broken.status().process_state, broken.status().step("done").state) == ("processing", "pending")
