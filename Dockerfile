@@ -4,6 +4,6 @@ WORKDIR /app
 COPY pyproject.toml README.md celeryconfig.py ./
 COPY sas_app ./sas_app
 COPY workers ./workers
-RUN pip install --no-cache-dir ".[flower]"
+RUN pip install --no-cache-dir .
 ENV SAS_APP=workers.app:sas
 USER nobody

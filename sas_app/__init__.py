@@ -11,6 +11,7 @@ from .errors import (
     InvalidSubmission,
     PermanentError,
     SasError,
+    SchemaNotReady,
     StaleAttempt,
     StepExpired,
     TransientError,
@@ -19,6 +20,7 @@ from .errors import (
     WorkflowDefinitionError,
 )
 from .migrate import migrate
+from .producer import Producer
 from .settings import Settings
 from .signals import SignalReceipt
 from .workflow import Escalate, Sleep, Step, WaitFor, Workflow
@@ -33,10 +35,12 @@ __all__ = [
     "InvalidSignal",
     "InvalidSubmission",
     "PermanentError",
+    "Producer",
     "RunHandle",
     "RunView",
     "SasApp",
     "SasError",
+    "SchemaNotReady",
     "Settings",
     "SignalReceipt",
     "Sleep",

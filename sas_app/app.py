@@ -7,13 +7,15 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, worker_process_init, worker_ready
+from celery.signals import beat_init, celeryd_after_setup, worker_process_init, worker_ready
 from sqlalchemy import MetaData
+from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults, tracing
 from .agent import Agent
@@ -22,12 +24,12 @@ from .celery_config import celery_settings
 from .checks import check_workflow
 from .client import Client, RunHandle, RunView
 from .errors import WorkflowDefinitionError
-from .migrate import migrate
+from .migrate import ensure_schema, migrate, schema_lock, schema_problem
 from .operator import Operator
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, Router
 from .scheduler import Scheduler
 from .schedules import Schedule, Schedules
-from .settings import Settings
+from .settings import Settings, redact_url
 from .signals import SignalReceipt, Signals
 from .store import Store
 from .store.engine import Clock
@@ -54,6 +56,8 @@ class SasApp:
     def __init__(self, settings: Settings | None = None, *, main: str = "sas", celery_config: str | None = None,
                  clock: Clock | None = None) -> None:
         self.settings = settings or Settings.from_env()
+        if self.settings.embedded_store:  # no server, no `sas migrate` to remember
+            ensure_schema(self.settings.database_url, Path(self.settings.home))
         if self.settings.faults:
             faults.arm(self.settings.faults, self.settings.home)
         tracing.setup(self.settings.tracing)
@@ -73,17 +77,37 @@ class SasApp:
                                    self.workflows)
         self.supervisor = Supervisor(self.store, self.celery, self.settings, self.alerts, self.router)
         inline = self.scheduler if self.settings.inline_replies else None
-        self.client = Client(self.store, self.settings, self.router, self.workflows, inline)
+        self.client = Client(self.store, self.settings, self.router, self.workflows, inline, self.celery)
         self.operator = Operator(self.store, self.settings, self.router)
         self.signals = Signals(self.store, self.settings, self.scheduler, self.celery)
         self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
         worker_process_init.connect(self._after_fork, weak=True)
         worker_ready.connect(self._ready, weak=True)
+        celeryd_after_setup.connect(self._check_schema, weak=True)
         beat_init.connect(self._ready, weak=True)
 
     def _after_fork(self, **_: Any) -> None:
         # A forked worker child must not share its parent's database connections.
         self.store.engine.dispose(close=False)
+
+    def _check_schema(self, sender: Any = None, instance: Any = None, **_: Any) -> None:
+        """A worker of this app that uses the state store does not start on a schema that is
+        missing or older than this sas_app needs: one clear line naming ``sas migrate``, not a
+        traceback in every task. A store it cannot reach yet is left to the tasks' own retries."""
+        if getattr(instance, "app", None) is not self.celery:
+            return
+        consumed = set(instance.app.amqp.queues.consume_from or ())
+        if not self.settings.inline_replies and not consumed & {SCHEDULER_QUEUE, SUPERVISOR_QUEUE}:
+            return
+        try:
+            problem = schema_problem(self.store.engine)
+        except SQLAlchemyError as exc:
+            log.warning("could not check the state store's schema (%s); starting anyway", str(exc).splitlines()[0])
+            return
+        if problem:
+            log.critical("%s (%s)", problem, redact_url(self.settings.database_url))
+            print(f"sas worker: {problem}", file=sys.stderr, flush=True)
+            raise SystemExit(1)  # Celery stops the worker with this exit code
 
     def _ready(self, sender: Any = None, **_: Any) -> None:
         """A worker (or beat) of this app is consuming: say so in SAS_READY_FILE, if set."""
@@ -123,8 +147,12 @@ class SasApp:
     def register_tables(self, metadata: MetaData) -> None:
         """Your application's own tables (the orders, in the example): :meth:`migrate` creates
         them beside the state store's, so ``on_submit`` can write them in the submit transaction.
-        Projects with their own migrations need not call this."""
+        Projects with their own migrations need not call this. On the embedded default they are
+        created at once."""
         self.tables.append(metadata)
+        if self.settings.embedded_store:
+            with schema_lock(Path(self.settings.home)):
+                metadata.create_all(self.store.engine)
 
     def migrate(self) -> None:
         """Create or upgrade the state store's schema (Alembic), then any registered tables."""

@@ -65,6 +65,20 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+def run_celery(app: SasApp, argv: list[str]) -> None:
+    """``celery <argv>`` with this app, as ``app.start`` does, but exiting with the command's exit
+    code (a worker stopped at start — its store has no schema — exits 1, not 0)."""
+    from celery.bin.celery import celery as celery_command
+
+    celery_command.params[0].default = app.celery
+    try:
+        code = celery_command.main(args=argv, standalone_mode=False)
+    finally:
+        celery_command.params[0].default = None
+    if isinstance(code, int) and code:
+        sys.exit(code)
+
+
 class SasGroup(click.Group):
     """The ``sas`` command: a state store or broker that is down, or a URL that does not parse,
     ends any command with one line naming the problem (passwords masked), not a traceback."""
@@ -147,7 +161,7 @@ def worker(ctx: Context, queues: str | None, concurrency: int | None, pool: str,
         argv += ["-n", hostname]
     if app.settings.task_events:
         argv.append("-E")
-    app.celery.worker_main(argv=argv)
+    run_celery(app, argv)
 
 
 @main.command()
@@ -159,7 +173,7 @@ def beat(ctx: Context, schedule: str | None, loglevel: str) -> None:
     app = ctx.app
     app.settings.home.mkdir(parents=True, exist_ok=True)
     path = schedule or str(app.settings.home / "celerybeat-schedule")
-    app.celery.start(argv=["beat", "-s", path, "-l", loglevel])
+    run_celery(app, ["beat", "-s", path, "-l", loglevel])
 
 
 @main.command()
@@ -389,6 +403,33 @@ def compensate(ctx: Context, run_id: str, by: str, reason: str) -> None:
     """Undo a processing run, or a run in error, now."""
     _operate(lambda: ctx.app.compensate(run_id, by=by, reason=reason))
     click.echo(f"run {run_id} compensating")
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=5555, show_default=True)
+@click.option("--basic-auth", "basic_auth", envvar="FLOWER_BASIC_AUTH", default="",
+              help="user:password[,user:password...] (env FLOWER_BASIC_AUTH); required unless on a loopback address.")
+@pass_ctx
+def flower(ctx: Context, host: str, port: int, basic_auth: str) -> None:
+    """Serve Flower for this app: its broker, its task names, its workers' task events (SAS_TASK_EVENTS)."""
+    from .web.dashboard import parse_basic_auth
+
+    try:
+        parse_basic_auth(basic_auth)
+    except ValueError as exc:
+        fail(f"--basic-auth: {exc}")
+    if not basic_auth and host not in LOOPBACK:
+        fail(f"Flower on {host} would show every task's arguments to anyone who can reach it: give --basic-auth "
+             "user:password (or FLOWER_BASIC_AUTH), or listen on 127.0.0.1")
+    argv = ["flower", f"--port={port}", f"--address={host}"]
+    if basic_auth:
+        argv.append(f"--basic-auth={basic_auth}")
+    click.echo(f"Flower on http://{host}:{port}/" + (" (basic auth)" if basic_auth else ""), err=True)
+    run_celery(ctx.app, argv)
 
 
 @main.command()

@@ -7,18 +7,39 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import DBAPIError
 
 from . import faults, tracing
-from .errors import DuplicateBusinessKey, InvalidSubmission, UnknownRun, UnknownWorkflow
-from .routing import Advance, Router
+from .errors import (
+    DuplicateBusinessKey,
+    InvalidSubmission,
+    SasError,
+    SchemaNotReady,
+    UnknownRun,
+    UnknownWorkflow,
+)
+from .migrate import schema_problem
+from .routing import SUBMIT, Advance, Router
 from .scheduler import Scheduler
 from .settings import Settings
 from .states import TERMINAL_RUN_STATES
 from .store import EventRow, NewRun, RunRow, StepRow, Store, stored_object
 from .workflow import Workflow
 
+if TYPE_CHECKING:
+    from celery import Celery
+
 log = logging.getLogger("sas.client")
+
+
+def _schema_problem(store: Store) -> str | None:
+    """What is wrong with the store's schema, if that is why a statement failed."""
+    try:
+        return schema_problem(store.engine)
+    except Exception:  # the store is down: that, not the schema, is the problem
+        return None
 
 MAX_KEY_LENGTH = 200
 
@@ -95,15 +116,42 @@ class Client:
     """Submitting runs and looking at them: what :class:`SasApp` offers other Python code.
 
     Built from the store, the settings, the router and the registered workflows; with a
-    ``scheduler`` (SAS_INLINE_REPLIES, the default) a new run's first move is made in this process."""
+    ``scheduler`` (SAS_INLINE_REPLIES, the default) a new run's first move is made in this process.
+    With ``celery``, it also takes submissions sent as the Celery task ``sas.submit`` by producers
+    that have only the broker (:class:`sas_app.Producer`, or any Celery app's ``send_task``)."""
 
     def __init__(self, store: Store, settings: Settings, router: Router, workflows: Mapping[str, Workflow],
-                 scheduler: Scheduler | None = None) -> None:
+                 scheduler: Scheduler | None = None, celery: Celery | None = None) -> None:
         self.store = store
         self.settings = settings
         self.router = router
         self.workflows = workflows
         self.scheduler = scheduler
+        if celery is not None:
+            self._register_submit_task(celery)
+
+    def _register_submit_task(self, celery: Celery) -> None:
+        @celery.task(name=SUBMIT, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True,
+                     ignore_result=True, max_retries=None)
+        def submit(task: Any, workflow: Any = None, payload: Any = None, business_key: Any = None,
+                   reply_to: Any = None, priority: Any = 5) -> dict[str, Any]:
+            """The same rules as :meth:`submit`; a refusal is logged and answered on ``reply_to``
+            (nothing written); a message delivered twice makes one run (its business key)."""
+            try:
+                handle = self.submit(workflow, payload, business_key=business_key, reply_to=reply_to,
+                                     priority=priority)
+            except SchemaNotReady as exc:  # not the submission's fault: it is taken once migrated
+                raise task.retry(exc=exc, countdown=min(2.0 ** task.request.retries, 30.0)) from None
+            except SasError as exc:
+                log.error("submission of %r (business key %r) refused: %s", workflow, business_key, exc)
+                if isinstance(reply_to, str) and 0 < len(reply_to) <= 200:
+                    self.router.answer(reply_to, {"id": f"refused:{workflow}:{business_key}", "kind": "refused",
+                                                  "workflow": workflow, "business_key": business_key,
+                                                  "run_id": None, "reason": str(exc)})
+                return {"refused": str(exc)}
+            except Exception as exc:  # the store is down: the submission must not be lost
+                raise task.retry(exc=exc, countdown=min(2.0 ** task.request.retries, 30.0)) from None
+            return {"run_id": handle.id, "created": handle.created}
 
     def handle(self, run_id: str) -> RunHandle:
         return RunHandle(self, run_id, created=False)
@@ -158,8 +206,14 @@ class Client:
         new = NewRun(run_id, wf.name, business_key, payload, wf.new_steps(run_id), reply_to, priority,
                      wf.run_version, wf.is_linear, deadline=wf.deadline_seconds, slot=wf.slot_of(payload),
                      max_running=wf.max_running if wf.concurrency_key else None)
-        run, created, notes = self.store.create_run(new, pickup_timeout=self.settings.pickup_timeout,
-                                                    on_insert=wf.on_submit)
+        try:
+            run, created, notes = self.store.create_run(new, pickup_timeout=self.settings.pickup_timeout,
+                                                        on_insert=wf.on_submit)
+        except DBAPIError:
+            problem = _schema_problem(self.store)
+            if problem:
+                raise SchemaNotReady(problem) from None
+            raise
         if not created:
             if run.payload != payload:
                 raise DuplicateBusinessKey(

@@ -53,5 +53,9 @@ class DuplicateBusinessKey(InvalidSubmission):
     """The business key already names a run of this workflow with a different payload."""
 
 
+class SchemaNotReady(SasError, RuntimeError):
+    """The state store has no schema yet, or an older one than this sas_app needs: run ``sas migrate``."""
+
+
 class InvalidSignal(SasError, ValueError):
     """A signal the run cannot take (it has ended, or never waits for that event); nothing was written."""

@@ -35,6 +35,8 @@ STEP_LOST = "sas.scheduler.step_lost"
 SWEEP = "sas.supervisor.sweep"
 #: sent by beat: start the runs of the schedules' ticks due (on the Supervisor's queue): see sas_app.schedules
 TICK = "sas.schedules.tick"
+#: sent by producers that have only the broker: submit a run (on the Scheduler's queue): see sas_app.client
+SUBMIT = "sas.submit"
 #: sent by producers to end a run's wait (on the Scheduler's queue): see sas_app.signals
 SIGNAL = "sas.signal"
 
@@ -149,6 +151,19 @@ class Router:
             return True
         except Exception:
             log.exception("could not publish %s; it is committed, so the Supervisor will recover it", message)
+            return False
+
+    def answer(self, reply_to: str, body: dict[str, Any]) -> bool:
+        """Publish ``body`` to a submitter's ``reply_to`` queue, for an answer nothing was written
+        for (a refused submission); False (logged) if the broker refused it."""
+        try:
+            with self.celery.producer_pool.acquire(block=True) as producer:
+                queue = reply_queue(reply_to)
+                producer.publish(body, exchange=queue.exchange, routing_key=reply_to, declare=[queue],
+                                 serializer="json", retry=True)
+            return True
+        except Exception:
+            log.exception("could not answer on %s", reply_to)
             return False
 
     def relay(self, notes: Sequence[Notification]) -> None:

@@ -126,6 +126,12 @@ class Settings:
         return None
 
     @property
+    def embedded_store(self) -> bool:
+        """The state store is the default SQLite file under SAS_HOME (no server): its schema is
+        created, or brought up to date, on first use."""
+        return self.database_url == f"sqlite:///{Path(self.home) / 'state.db'}"
+
+    @property
     def embedded_broker(self) -> bool:
         return self.broker_url.startswith("filesystem://")
 

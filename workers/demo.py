@@ -48,10 +48,10 @@ def plan_faults(orders: int, rate: float, rng: random.Random) -> list[str | None
 
 def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: bool) -> dict[str, Any]:
     console = Console(stderr=as_json)
-    embedded = not (os.environ.get("SAS_DATABASE_URL") or os.environ.get("SAS_BROKER_URL"))
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(os.environ.get("SAS_HOME", ".sas")).resolve()
-    home = base / f"demo-{stamp}" if embedded else base
+    # a folder of its own, on the embedded default and on a server stack alike: its services'
+    # ledgers, logs and (embedded) store hold this demo's orders only
+    home = Path(os.environ.get("SAS_HOME", ".sas")).resolve() / f"demo-{stamp}-{os.getpid()}"
     home.mkdir(parents=True, exist_ok=True)
     ports = {"payment": free_port(), "warehouse": free_port()}
     env = {
@@ -106,7 +106,7 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         bar = progress.add_task("", total=orders)
         with progress:
             while True:
-                counts = sas.store.count_runs_by_state()
+                counts = sas.store.count_states(ids)  # this demo's runs, not the store's
                 done = sum(counts.get(s, 0) for s in TERMINAL_RUN_STATES)
                 progress.update(bar, completed=done, description="  ".join(
                     f"{state} {counts[state]}" for state in RUN_STATES if counts.get(state)))
@@ -126,7 +126,7 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
 
 
 def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float) -> dict[str, Any]:
-    runs = [sas.store.get_run(run_id) for run_id in ids]
+    runs = [sas.store.get_run(run_id) for run_id in ids]  # this demo's orders: the ledgers are its own too
     states = Counter(run.process_state if run else "missing" for run in runs)
     retried = alerts = at_risk = shipments = 0
     for run_id in ids:

@@ -74,6 +74,13 @@ class Queries:
         with self.engine.connect() as conn:
             return [as_row(RunRow, r) for r in conn.execute(query)]
 
+    def count_states(self, run_ids: list[str]) -> dict[str, int]:
+        """How many of these runs are in each state."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(runs.c.process_state, func.count()).where(runs.c.id.in_(run_ids))
+                                .group_by(runs.c.process_state))
+            return {state: int(n) for state, n in rows}
+
     def count_runs_by_state(self) -> dict[str, int]:
         query = select(runs.c.process_state, func.count()).group_by(runs.c.process_state)
         with self.engine.connect() as conn:

@@ -157,9 +157,9 @@ def test_one_trace_follows_a_run_from_submit_through_every_agent(stack, stack_en
     from tests.integration.conftest import shop_app
 
     stack.env["SAS_TRACING"] = "console"
-    stack.up()
     shop = shop_app({**stack_env, "SAS_TRACING": "console"})
-    shop.migrate()
+    shop.migrate()  # before the workers: one on a store without its schema stops at once
+    stack.up()
     try:
         with trace.get_tracer("test").start_as_current_span("checkout") as checkout:
             handle = shop.submit("order", {"amount": 3}, business_key="traced")

@@ -116,10 +116,12 @@ def test_a_store_that_is_down_or_a_bad_url_is_one_line_without_the_password(sas_
     assert "Traceback" not in result.stdout + result.stderr
 
 
-def test_a_store_never_migrated_says_to_migrate(sas_cli):
-    result = sas_cli("runs", ok=False)
+def test_a_store_never_migrated_says_to_migrate_but_the_embedded_default_needs_no_migrate(sas_cli, tmp_path):
+    elsewhere = {"SAS_DATABASE_URL": f"sqlite:///{tmp_path / 'elsewhere.db'}"}  # as a server database is
+    result = sas_cli("runs", ok=False, extra_env=elsewhere)
     assert result.returncode == 2
     assert "no such table: runs; run `sas migrate` first" in result.stderr
+    assert sas_cli("runs", "--json").stdout.strip() == "[]"  # the embedded default: created on first use
 
 
 def test_a_broker_that_is_down_leaves_the_run_stored_for_the_supervisor(sas_cli):
@@ -135,12 +137,23 @@ def test_a_broker_that_is_down_leaves_the_run_stored_for_the_supervisor(sas_cli)
 def test_the_dashboard_refuses_a_store_whose_schema_is_behind_and_says_to_migrate(sas_cli, tmp_path):
     from sas_app.migrate import migrate
 
-    never = sas_cli("dashboard", "--port", "1", ok=False)
+    url = f"sqlite:///{tmp_path / 'elsewhere.db'}"  # not the embedded default: as a server database is
+    never = sas_cli("dashboard", "--port", "1", ok=False, extra_env={"SAS_DATABASE_URL": url})
     assert never.returncode == 2 and "no schema yet: run `sas migrate`" in never.stderr
 
-    migrate(f"sqlite:///{tmp_path / 'home' / 'state.db'}", "0004")  # as the previous version left it
-    behind = sas_cli("dashboard", "--port", "1", ok=False)
+    migrate(url, "0004")  # as the previous version left it
+    behind = sas_cli("dashboard", "--port", "1", ok=False, extra_env={"SAS_DATABASE_URL": url})
     assert behind.returncode == 2
     assert "schema is at revision 0004, this sas_app needs 0012: run `sas migrate`" in behind.stderr
     assert "Traceback" not in behind.stderr
+    embedded = tmp_path / "home" / "state.db"
+    migrate(f"sqlite:///{embedded}", "0004")  # the embedded default is brought up to date on first use
+    assert sas_cli("runs", "--json").stdout.strip() == "[]"
 
+
+
+def test_flower_off_loopback_needs_credentials(sas_cli):
+    refused = sas_cli("flower", "--host", "0.0.0.0", ok=False)
+    assert refused.returncode == 2 and "give --basic-auth user:password (or FLOWER_BASIC_AUTH)" in refused.stderr
+    bad = sas_cli("flower", "--basic-auth", "just-a-user", ok=False)
+    assert bad.returncode == 2 and "--basic-auth: basic auth must be user:password" in bad.stderr
