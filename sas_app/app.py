@@ -26,6 +26,7 @@ from .client import Client, RunHandle, RunView
 from .errors import WorkflowDefinitionError
 from .migrate import ensure_schema, migrate, schema_lock, schema_problem
 from .operator import Operator
+from .retention import Retention
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, Router
 from .scheduler import Scheduler
 from .schedules import Schedule, Schedules
@@ -81,6 +82,7 @@ class SasApp:
         self.operator = Operator(self.store, self.settings, self.router)
         self.signals = Signals(self.store, self.settings, self.scheduler, self.celery)
         self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
+        self.retention = Retention(self.store, self.settings, self.celery)
         worker_process_init.connect(self._after_fork, weak=True)
         worker_ready.connect(self._ready, weak=True)
         celeryd_after_setup.connect(self._check_schema, weak=True)

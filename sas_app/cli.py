@@ -405,6 +405,34 @@ def compensate(ctx: Context, run_id: str, by: str, reason: str) -> None:
     click.echo(f"run {run_id} compensating")
 
 
+@main.command()
+@click.option("--older-than", "older_than", required=True, help="How long ago the runs ended: 30d, 12h, 90m, 3600s.")
+@click.option("--state", "states", default="processed,compensated,cancelled", show_default=True,
+              help="Which finished runs (error too, if named).")
+@click.option("--batch", type=click.IntRange(1, 100_000), default=1000, show_default=True,
+              help="Runs deleted per transaction.")
+@click.option("--dry-run", is_flag=True, help="Say how many runs would go; delete nothing.")
+@pass_ctx
+def purge(ctx: Context, older_than: str, states: str, batch: int, dry_run: bool) -> None:
+    """Delete finished runs that ended long ago, with their steps, events, signals, alerts and
+    notifications, in bounded batches. A run not finished is never deleted."""
+    from .retention import parse_duration, parse_states
+    from .retention import purge as purge_runs
+
+    try:
+        seconds, chosen = parse_duration(older_than), parse_states(states)
+    except ValueError as exc:
+        fail(str(exc))
+    if dry_run:
+        click.echo(f"would delete {ctx.app.store.count_purgeable(seconds, chosen)} run(s) "
+                   f"({', '.join(chosen)}, ended more than {older_than} ago)")
+        return
+    done = purge_runs(ctx.app.store, seconds, chosen, batch=batch)
+    rate = done.runs / done.seconds if done.seconds else 0.0
+    click.echo(f"deleted {done.runs} run(s) and {done.rows} row(s) in all, in {done.seconds:.1f} s "
+               f"({rate:.0f} runs/s)")
+
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 

@@ -35,6 +35,8 @@ STEP_LOST = "sas.scheduler.step_lost"
 SWEEP = "sas.supervisor.sweep"
 #: sent by beat: start the runs of the schedules' ticks due (on the Supervisor's queue): see sas_app.schedules
 TICK = "sas.schedules.tick"
+#: sent by beat when SAS_RETENTION is set: delete finished runs past it (on the Supervisor's queue)
+PURGE = "sas.retention.purge"
 #: sent by producers that have only the broker: submit a run (on the Scheduler's queue): see sas_app.client
 SUBMIT = "sas.submit"
 #: sent by producers to end a run's wait (on the Scheduler's queue): see sas_app.signals

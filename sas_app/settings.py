@@ -64,6 +64,11 @@ class Settings:
     max_sleep: float = 30 * 86400.0
     #: SAS_MAX_DEADLINE — longest run deadline, in seconds, a workflow may declare. Default 90 days.
     max_deadline: float = 90 * 86400.0
+    #: SAS_RETENTION — delete finished runs this long after they ended (``30d``, ``12h``, seconds),
+    #: from beat, in bounded batches. Default off: nothing is ever deleted (``sas purge`` by hand).
+    retention: str = ""
+    #: SAS_RETENTION_STATES — which finished runs retention deletes. Default processed, compensated, cancelled.
+    retention_states: str = "processed,compensated,cancelled"
     #: SAS_ALERT_HOOK — ``module:function`` called with each alert, after it is stored. Default none.
     alert_hook: str = ""
     #: SAS_ALERT_WEBHOOK — URL that receives each alert as a JSON POST (retried). Default none.

@@ -21,6 +21,7 @@ from .fan_out import FanOutTx
 from .hot_path import HotPathTx
 from .operations import OperationsTx
 from .queries import Queries
+from .retention import Retention
 from .rows import RunRow
 from .schedules import ScheduleTx
 from .signals import SignalTx
@@ -37,7 +38,7 @@ class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx, SubmissionTx, ChildTx, Wait
     """Every transition, inside one transaction (see :meth:`Store.begin`)."""
 
 
-class Store(Queries):
+class Store(Queries, Retention):
     """The durable truth: runs, steps and their history. ``clock`` (SQLite only) replaces the
     database's clock, for tests that move time forward instead of waiting."""
 

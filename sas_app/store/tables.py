@@ -228,6 +228,8 @@ outbox = Table(
     Column("created_at", Double, nullable=False),
     Column("sent_at", Double),
 )
+# A run's notifications (retention deleting a run's rows).
+Index("ix_outbox_run", outbox.c.run_id)
 Index(
     "ix_outbox_unsent",
     outbox.c.created_at,
@@ -251,6 +253,8 @@ alerts = Table(
     Column("at", Double, nullable=False),
 )
 Index("ix_alerts_at", alerts.c.at)
+# A run's alerts (its page; retention deleting a run's rows).
+Index("ix_alerts_run", alerts.c.run_id)
 
 
 # One row per schedule (``SasApp.schedule``): the last tick it started a run for (or skipped), so a

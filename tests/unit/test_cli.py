@@ -144,7 +144,7 @@ def test_the_dashboard_refuses_a_store_whose_schema_is_behind_and_says_to_migrat
     migrate(url, "0004")  # as the previous version left it
     behind = sas_cli("dashboard", "--port", "1", ok=False, extra_env={"SAS_DATABASE_URL": url})
     assert behind.returncode == 2
-    assert "schema is at revision 0004, this sas_app needs 0012: run `sas migrate`" in behind.stderr
+    assert "schema is at revision 0004, this sas_app needs 0013: run `sas migrate`" in behind.stderr
     assert "Traceback" not in behind.stderr
     embedded = tmp_path / "home" / "state.db"
     migrate(f"sqlite:///{embedded}", "0004")  # the embedded default is brought up to date on first use
@@ -157,3 +157,14 @@ def test_flower_off_loopback_needs_credentials(sas_cli):
     assert refused.returncode == 2 and "give --basic-auth user:password (or FLOWER_BASIC_AUTH)" in refused.stderr
     bad = sas_cli("flower", "--basic-auth", "just-a-user", ok=False)
     assert bad.returncode == 2 and "--basic-auth: basic auth must be user:password" in bad.stderr
+
+
+def test_purge_deletes_old_finished_runs_and_says_how_many(sas_cli):
+    sas_cli("submit", "order", "--key", "p-1", "--payload", '{"amount": 1}')  # pending: never deleted
+    assert "would delete 0 run(s)" in sas_cli("purge", "--older-than", "0", "--dry-run").stdout
+    assert sas_cli("purge", "--older-than", "1s").stdout.startswith("deleted 0 run(s)")
+    assert len(json.loads(sas_cli("runs", "--json").stdout)) == 1
+    bad = sas_cli("purge", "--older-than", "a month", ok=False)
+    assert bad.returncode == 2 and "'a month' is not a duration" in bad.stderr
+    assert "states must be finished ones" in sas_cli("purge", "--older-than", "1d", "--state", "processing",
+                                                     ok=False).stderr

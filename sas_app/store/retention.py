@@ -1,0 +1,51 @@
+"""Retention: finished runs older than a cutoff, deleted with every row that refers to them —
+steps, events, signals, alerts, outbox notifications — one bounded batch per transaction, so a
+purge holds no lock on the hot path's rows for longer than a batch. A run that is not finished is
+never deleted, nor a child run whose parent is not finished (its parent may not have read its end)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import Engine, delete, exists, func, select
+
+from ..states import TERMINAL_RUN_STATES
+from .engine import db_now
+from .tables import alerts, events, outbox, runs, signals, steps
+
+_PARENT = runs.alias("parent")
+
+
+def _purgeable(older_than: float, states: Sequence[str]):  # type: ignore[no-untyped-def]
+    cutoff = db_now() - older_than
+    parent_not_done = exists(select(1).where(_PARENT.c.id == runs.c.parent_run_id,
+                                             _PARENT.c.process_state.not_in(TERMINAL_RUN_STATES)))
+    return (runs.c.process_state.in_([s for s in states if s in TERMINAL_RUN_STATES]),
+            runs.c.created_at < cutoff, runs.c.updated_at < cutoff, ~parent_not_done)
+
+
+class Retention:
+    engine: Engine
+
+    def count_purgeable(self, older_than: float, states: Sequence[str]) -> int:
+        """How many runs :meth:`purge_batch` would delete, in all."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(runs)
+                                    .where(*_purgeable(older_than, states))).scalar_one())
+
+    def purge_batch(self, older_than: float, states: Sequence[str], limit: int) -> tuple[int, int]:
+        """Delete up to ``limit`` finished runs (in ``states``) that ended more than ``older_than``
+        seconds ago, oldest first, and every row of theirs, in one transaction. Returns the runs
+        and the rows deleted."""
+        with self.engine.begin() as conn:
+            ids = list(conn.execute(
+                select(runs.c.id).where(*_purgeable(older_than, states)).order_by(runs.c.created_at).limit(limit)
+                .with_for_update(skip_locked=True, of=runs)
+            ).scalars())
+            if not ids:
+                return 0, 0
+            rows = 0
+            for table in (events, alerts, outbox, signals, steps):
+                rows += conn.execute(delete(table).where(table.c.run_id.in_(ids))).rowcount
+            rows += conn.execute(delete(runs).where(runs.c.id.in_(ids))).rowcount
+            return len(ids), rows
