@@ -9,74 +9,25 @@ simulated services that way. Errors exit non-zero with one line, never a traceba
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
-import sys
 from dataclasses import asdict
 from importlib.metadata import entry_points
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 from kombu.exceptions import KombuError
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
-from .app import SasApp
+from . import cli_operate, cli_serve
+from .cli_base import DEFAULT_APP, Context, console, fail, one_line, pass_ctx
 from .errors import SasError
 from .graph import Graph
-from .migrate import schema_problem
-from .settings import mask_secrets, redact_url
+from .settings import redact_url
 from .states import RUN_STATES
 from .web.formatting import does, when
-
-DEFAULT_APP = "workers.app:sas"
-# Piped or redirected output is not cut to 80 columns: every id and name stays whole.
-console = Console(width=None if sys.stdout.isatty() else 200)
-
-
-def load_app(spec: str) -> SasApp:
-    module_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `celery -A` does: your own module in the current folder
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        fail(f"cannot import the app module {module_name!r}: {exc}")
-    except Exception as exc:  # building the app failed: a bad setting or URL
-        fail(f"cannot load the app {spec!r}: {one_line(exc)}")
-    app = getattr(module, attr or "sas", None)
-    if not isinstance(app, SasApp):
-        fail(f"{spec!r} does not name a SasApp")
-    return app
-
-
-def fail(message: str) -> NoReturn:
-    click.echo(f"error: {mask_secrets(message)}", err=True)
-    sys.exit(2)
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as one line: its type and the first line of its message (SQLAlchemy's go on with
-    the statement and its parameters)."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def run_celery(app: SasApp, argv: list[str]) -> None:
-    """``celery <argv>`` with this app, as ``app.start`` does, but exiting with the command's exit
-    code (a worker stopped at start — its store has no schema — exits 1, not 0)."""
-    from celery.bin.celery import celery as celery_command
-
-    celery_command.params[0].default = app.celery
-    try:
-        code = celery_command.main(args=argv, standalone_mode=False)
-    finally:
-        celery_command.params[0].default = None
-    if isinstance(code, int) and code:
-        sys.exit(code)
 
 
 class SasGroup(click.Group):
@@ -96,21 +47,6 @@ class SasGroup(click.Group):
             fail(message + (f" ({', '.join(where)})" if where else ""))
 
 
-class Context:
-    def __init__(self, spec: str) -> None:
-        self.spec = spec
-        self._app: SasApp | None = None
-
-    @property
-    def app(self) -> SasApp:
-        if self._app is None:
-            self._app = load_app(self.spec)
-        return self._app
-
-
-pass_ctx = click.make_pass_decorator(Context)
-
-
 @click.group(cls=SasGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--app", "spec", envvar="SAS_APP", default=DEFAULT_APP, show_default=True,
               help="The SasApp to use, as module:attribute (env SAS_APP).")
@@ -118,62 +54,6 @@ pass_ctx = click.make_pass_decorator(Context)
 def main(ctx: click.Context, spec: str) -> None:
     """sas_app: the Scheduler Agent Supervisor pattern on Celery."""
     ctx.obj = Context(spec)
-
-
-@main.command()
-@pass_ctx
-def migrate(ctx: Context) -> None:
-    """Create or upgrade the state store's schema (safe to run again)."""
-    try:
-        ctx.app.migrate()
-    except Exception as exc:  # a database that is down or refuses us: one line, no traceback
-        message = one_line(exc)
-        url = ctx.app.store.engine.url
-        if url.get_backend_name() == "postgresql" and f'database "{url.database}" does not exist' in message:
-            createdb = f"createdb -h {url.host or 'localhost'} -U {url.username or 'postgres'} {url.database}"
-            message += f"; create it first: {createdb}"
-        fail(f"migration failed: {message}")
-    click.echo("schema is up to date")
-
-
-@main.command()
-@click.option("-Q", "--queues", default=None,
-              help="Comma-separated queues to consume (default: all of this app's queues).")
-@click.option("-c", "--concurrency", type=int, default=None, help="Worker processes (default SAS_AGENT_CONCURRENCY).")
-@click.option("-P", "--pool", default="prefork", show_default=True, help="Celery pool: prefork, threads, solo.")
-@click.option("-n", "--hostname", default=None, help="Worker node name (celery's -n).")
-@click.option("-l", "--loglevel", default="INFO", show_default=True)
-@pass_ctx
-def worker(ctx: Context, queues: str | None, concurrency: int | None, pool: str,
-           hostname: str | None, loglevel: str) -> None:
-    """Run a Celery worker for the Scheduler, Supervisor and/or agent queues.
-
-    Same as ``celery worker`` with this app, its queues, prefetch 1 and task events on."""
-    app = ctx.app
-    known = app.queues()
-    chosen = queues.split(",") if queues else known
-    unknown = [q for q in chosen if q not in known]
-    if unknown:
-        fail(f"unknown queue(s) {', '.join(unknown)}; this app has {', '.join(known)}")
-    argv = ["worker", "-Q", ",".join(chosen), "-P", pool, "-l", loglevel,
-            "-c", str(concurrency or app.settings.agent_concurrency), "--without-gossip", "--without-mingle"]
-    if hostname:
-        argv += ["-n", hostname]
-    if app.settings.task_events:
-        argv.append("-E")
-    run_celery(app, argv)
-
-
-@main.command()
-@click.option("--schedule", default=None, help="Beat's schedule file (default under SAS_HOME).")
-@click.option("-l", "--loglevel", default="INFO", show_default=True)
-@pass_ctx
-def beat(ctx: Context, schedule: str | None, loglevel: str) -> None:
-    """Run Celery beat, which starts a Supervisor sweep every SAS_SUPERVISOR_INTERVAL seconds."""
-    app = ctx.app
-    app.settings.home.mkdir(parents=True, exist_ok=True)
-    path = schedule or str(app.settings.home / "celerybeat-schedule")
-    run_celery(app, ["beat", "-s", path, "-l", loglevel])
 
 
 @main.command()
@@ -297,198 +177,8 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     console.print(history)
 
 
-def _json_option(value: str | None, option: str) -> Any:
-    if value is None:
-        return None
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        fail(f"{option} is not valid JSON: {exc}")
-
-
-def _operator_options(fn: Any) -> Any:
-    fn = click.option("--by", default=lambda: os.environ.get("USER") or "operator", show_default="$USER",
-                      help="Who is acting (recorded in the run's history).")(fn)
-    return click.option("--reason", default="", help="Why (recorded in the run's history).")(fn)
-
-
-def _operate(action: Any) -> None:
-    try:
-        action()
-    except SasError as exc:
-        fail(str(exc))
-
-
-@main.command()
-@click.argument("run_id")
-@click.option("--step", default=None, help="The failed step to resubmit (default: the failed one).")
-@click.option("--input", "step_input", default=None, help="An edited input for that step, as JSON.")
-@_operator_options
-@pass_ctx
-def resubmit(ctx: Context, run_id: str, step: str | None, step_input: str | None, by: str, reason: str) -> None:
-    """Resubmit a failed step of a run in error, once its cause is fixed; the run resumes there."""
-    edited = _json_option(step_input, "--input")
-    _operate(lambda: ctx.app.resubmit(run_id, by=by, reason=reason, step=step, step_input=edited))
-    click.echo(f"run {run_id} resubmitted")
-
-
-@main.command()
-@click.argument("run")
-@click.argument("event")
-@click.option("--payload", default="{}", show_default=True, help="The signal's payload (the wait's result), as JSON.")
-@click.option("--by", default=lambda: os.environ.get("USER") or "operator", show_default="$USER",
-              help="Who sends it (recorded in the run's history).")
-@pass_ctx
-def signal(ctx: Context, run: str, event: str, payload: str, by: str) -> None:
-    """Send EVENT to a run waiting for it (a WaitFor step). RUN is a run id or WORKFLOW:BUSINESS_KEY."""
-    workflow, colon, key = run.partition(":")
-    target: str | tuple[str, str] = (workflow, key) if colon else run
-    value = _json_option(payload, "--payload")
-    try:
-        receipt = ctx.app.signal(target, event, value, by=by)
-    except SasError as exc:
-        fail(str(exc))
-    click.echo(f"signal {event!r} for run {receipt.run_id}: {receipt.status}")
-
-
-@main.command("mark-done")
-@click.argument("run_id")
-@click.argument("step")
-@click.option("--result", default=None, help="The step's result, as JSON.")
-@_operator_options
-@pass_ctx
-def mark_done(ctx: Context, run_id: str, step: str, result: str | None, by: str, reason: str) -> None:
-    """Record a step as done by hand (or skipped); the run goes on with the next one."""
-    value = _json_option(result, "--result")
-    _operate(lambda: ctx.app.mark_done(run_id, step, by=by, reason=reason, result=value))
-    click.echo(f"step {step} of run {run_id} marked done")
-
-
-@main.command()
-@click.argument("run_id")
-@_operator_options
-@pass_ctx
-def pause(ctx: Context, run_id: str, by: str, reason: str) -> None:
-    """Dispatch no further step of a run until it is resumed."""
-    _operate(lambda: ctx.app.pause(run_id, by=by, reason=reason))
-    click.echo(f"run {run_id} paused")
-
-
-@main.command()
-@click.argument("run_id")
-@_operator_options
-@pass_ctx
-def resume(ctx: Context, run_id: str, by: str, reason: str) -> None:
-    """Resume a paused run."""
-    _operate(lambda: ctx.app.resume(run_id, by=by, reason=reason))
-    click.echo(f"run {run_id} resumed")
-
-
-@main.command()
-@click.argument("run_id")
-@_operator_options
-@pass_ctx
-def cancel(ctx: Context, run_id: str, by: str, reason: str) -> None:
-    """Cancel a run: no further step starts and whatever may have been done is undone."""
-    states: list[str] = []
-    _operate(lambda: states.append(ctx.app.cancel(run_id, by=by, reason=reason)))
-    click.echo(f"run {run_id} {states[0]}")
-
-
-@main.command()
-@click.argument("run_id")
-@_operator_options
-@pass_ctx
-def compensate(ctx: Context, run_id: str, by: str, reason: str) -> None:
-    """Undo a processing run, or a run in error, now."""
-    _operate(lambda: ctx.app.compensate(run_id, by=by, reason=reason))
-    click.echo(f"run {run_id} compensating")
-
-
-@main.command()
-@click.option("--older-than", "older_than", required=True, help="How long ago the runs ended: 30d, 12h, 90m, 3600s.")
-@click.option("--state", "states", default="processed,compensated,cancelled", show_default=True,
-              help="Which finished runs (error too, if named).")
-@click.option("--batch", type=click.IntRange(1, 100_000), default=1000, show_default=True,
-              help="Runs deleted per transaction.")
-@click.option("--dry-run", is_flag=True, help="Say how many runs would go; delete nothing.")
-@pass_ctx
-def purge(ctx: Context, older_than: str, states: str, batch: int, dry_run: bool) -> None:
-    """Delete finished runs that ended long ago, with their steps, events, signals, alerts and
-    notifications, in bounded batches. A run not finished is never deleted."""
-    from .retention import parse_duration, parse_states
-    from .retention import purge as purge_runs
-
-    try:
-        seconds, chosen = parse_duration(older_than), parse_states(states)
-    except ValueError as exc:
-        fail(str(exc))
-    if dry_run:
-        click.echo(f"would delete {ctx.app.store.count_purgeable(seconds, chosen)} run(s) "
-                   f"({', '.join(chosen)}, ended more than {older_than} ago)")
-        return
-    done = purge_runs(ctx.app.store, seconds, chosen, batch=batch)
-    rate = done.runs / done.seconds if done.seconds else 0.0
-    click.echo(f"deleted {done.runs} run(s) and {done.rows} row(s) in all, in {done.seconds:.1f} s "
-               f"({rate:.0f} runs/s)")
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=5555, show_default=True)
-@click.option("--basic-auth", "basic_auth", envvar="FLOWER_BASIC_AUTH", default="",
-              help="user:password[,user:password...] (env FLOWER_BASIC_AUTH); required unless on a loopback address.")
-@pass_ctx
-def flower(ctx: Context, host: str, port: int, basic_auth: str) -> None:
-    """Serve Flower for this app: its broker, its task names, its workers' task events (SAS_TASK_EVENTS)."""
-    from .web.dashboard import parse_basic_auth
-
-    try:
-        parse_basic_auth(basic_auth)
-    except ValueError as exc:
-        fail(f"--basic-auth: {exc}")
-    if not basic_auth and host not in LOOPBACK:
-        fail(f"Flower on {host} would show every task's arguments to anyone who can reach it: give --basic-auth "
-             "user:password (or FLOWER_BASIC_AUTH), or listen on 127.0.0.1")
-    argv = ["flower", f"--port={port}", f"--address={host}"]
-    if basic_auth:
-        argv.append(f"--basic-auth={basic_auth}")
-    click.echo(f"Flower on http://{host}:{port}/" + (" (basic auth)" if basic_auth else ""), err=True)
-    run_celery(ctx.app, argv)
-
-
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=8080, show_default=True)
-@click.option("--basic-auth", "basic_auth", envvar="FLOWER_BASIC_AUTH", default="",
-              help="user:password[,user:password...], as Flower's (env FLOWER_BASIC_AUTH). Default: no auth.")
-@click.option("--flower-url", envvar="SAS_FLOWER_URL", default="",
-              help="Flower's address, for links to each dispatch's task (env SAS_FLOWER_URL).")
-@click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True)
-@click.option("--secret", envvar="SAS_DASHBOARD_SECRET", default="",
-              help="Signs the forms' CSRF tokens (env SAS_DASHBOARD_SECRET; default: random per process).")
-@pass_ctx
-def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: str, threads: int,
-              secret: str) -> None:
-    """Serve the dashboard and the Prometheus metrics (/metrics) of the state store. With
-    --basic-auth, runs waiting for an event can be approved or rejected from their page."""
-    from waitress import serve
-
-    from .web.dashboard import create_dashboard, parse_basic_auth
-
-    try:
-        credentials = parse_basic_auth(basic_auth)
-    except ValueError as exc:
-        fail(f"--basic-auth: {exc}")
-    problem = schema_problem(ctx.app.store.engine)
-    if problem:
-        fail(problem)
-    app = create_dashboard(ctx.app, basic_auth=credentials, flower_url=flower_url, secret=secret)
-    click.echo(f"sas dashboard on http://{host}:{port}/" + (" (basic auth)" if credentials else ""), err=True)
-    serve(app, host=host, port=port, threads=threads, ident="sas-dashboard")
+for _command in (*cli_serve.COMMANDS, *cli_operate.COMMANDS):
+    main.add_command(_command)
 
 
 def add_commands(group: click.Group) -> None:
