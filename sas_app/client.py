@@ -25,7 +25,7 @@ from .routing import SUBMIT, Advance, Router
 from .scheduler import Scheduler
 from .settings import Settings
 from .states import TERMINAL_RUN_STATES
-from .store import EventRow, NewRun, RunRow, StepRow, Store, stored_object
+from .store import EventRow, RunRow, StepRow, Store, stored_object
 from .workflow import Workflow
 
 if TYPE_CHECKING:
@@ -203,9 +203,7 @@ class Client:
 
     def _submit(self, wf: Workflow, run_id: str, payload: Any, business_key: str, reply_to: str | None,
                 priority: int) -> RunHandle:
-        new = NewRun(run_id, wf.name, business_key, payload, wf.new_steps(run_id), reply_to, priority,
-                     wf.run_version, wf.is_linear, deadline=wf.deadline_seconds, slot=wf.slot_of(payload),
-                     max_running=wf.max_running if wf.concurrency_key else None)
+        new = wf.new_run(run_id, business_key, payload, reply_to=reply_to, priority=priority)
         try:
             run, created, notes = self.store.create_run(new, pickup_timeout=self.settings.pickup_timeout,
                                                         on_insert=wf.on_submit)

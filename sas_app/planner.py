@@ -21,7 +21,7 @@ from .recovery import fail_run
 from .routing import Advance, AgentMessage
 from .settings import Settings, instance_id
 from .states import TERMINAL_RUN_STATES, RunState, StepState
-from .store import NewRun, RunRow, StepRow, Tx
+from .store import RunRow, StepRow, Tx
 from .store.children import child_key
 from .waiting import plan_waits
 from .workflow import Workflow
@@ -212,12 +212,9 @@ class Planner:
         started = tx.start_child_step(step, child_id, instance_id())
         if started is None:
             return
-        child, _ = tx.insert_run(NewRun(
-            child_id, workflow.name, child_key(run.id, step.name, started.attempt), step_input(run, step),
-            workflow.new_steps(child_id), None, run.priority, workflow.run_version, workflow.is_linear,
+        child, _ = tx.insert_run(workflow.new_run(
+            child_id, child_key(run.id, step.name, started.attempt), step_input(run, step), priority=run.priority,
             parent_run_id=run.id, parent_position=step.position, depth=run.depth + 1,
-            deadline=workflow.deadline_seconds, slot=workflow.slot_of(step_input(run, step)),
-            max_running=workflow.max_running if workflow.concurrency_key else None,
         ), self.settings.pickup_timeout)
         moves.messages.append(Advance(child.id))
 

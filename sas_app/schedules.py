@@ -29,7 +29,7 @@ from .recovery import cancel_run
 from .routing import SUPERVISOR_QUEUE, TICK, Advance, Router
 from .settings import Settings, instance_id
 from .states import RunState
-from .store import NewRun, Store, Tx, stored_object
+from .store import Store, Tx, stored_object
 from .workflow import Workflow, is_name
 
 if TYPE_CHECKING:
@@ -170,11 +170,8 @@ class Schedules:
         workflow = self.workflows[schedule.workflow]
         run_id = uuid.uuid4().hex
         payload = {**schedule.payload, "scheduled_for": key.split("@", 1)[1]}
-        run, created = tx.insert_run(NewRun(
-            run_id, workflow.name, key, payload, workflow.new_steps(run_id), None, 5, workflow.run_version,
-            workflow.is_linear, deadline=workflow.deadline_seconds, slot=workflow.slot_of(payload),
-            max_running=workflow.max_running if workflow.concurrency_key else None, schedule=schedule.name,
-        ), self.settings.pickup_timeout)
+        run, created = tx.insert_run(workflow.new_run(run_id, key, payload, schedule=schedule.name),
+                                     self.settings.pickup_timeout)
         if created:
             log.info("schedule %s: tick %s started run %s (%s)", schedule.name, key, run.id, instance_id())
         return run.id if created else None

@@ -11,7 +11,6 @@ in the run's history; the first one for a wait is its result, a second is record
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,13 +19,13 @@ from .routing import SIGNAL
 from .scheduler import Scheduler
 from .settings import Settings
 from .store import Store, stored_object
+from .workflow import is_name
 
 if TYPE_CHECKING:
     from celery import Celery
 
 log = logging.getLogger("sas.signals")
 
-_EVENT = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,99}$")
 
 @dataclass(frozen=True)
 class SignalReceipt:
@@ -65,7 +64,7 @@ class Signals:
         """Send ``event`` (with ``payload``, a JSON object) to ``run`` — a run id, or a
         ``(workflow, business_key)`` pair. Raises :class:`UnknownRun` or :class:`InvalidSignal`
         naming the problem, having written nothing."""
-        if not isinstance(event, str) or not _EVENT.match(event):
+        if not is_name(event):
             raise InvalidSignal(f"event must be a name (letters, digits, '_', '-'), got {event!r}")
         try:
             payload = stored_object({} if payload is None else payload, self.settings.max_payload_bytes,

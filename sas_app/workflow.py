@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import WorkflowDefinitionError
 from .routing import step_key
-from .store import NewStep
+from .store import NewRun, NewStep
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -206,6 +206,14 @@ class Workflow:
             [i - 1] if i else [] for i in range(len(self.steps))
         ]
 
+
+    def new_run(self, run_id: str, business_key: str, payload: Any, *, reply_to: str | None = None,
+                priority: int = 5, **origin: Any) -> NewRun:
+        """A run of this workflow as written at submit: its steps (a copy of the graph), version,
+        deadline and concurrency key's value; ``origin``: a child's parent, or its schedule."""
+        return NewRun(run_id, self.name, business_key, payload, self.new_steps(run_id), reply_to, priority,
+                      self.run_version, self.is_linear, deadline=self.deadline_seconds, slot=self.slot_of(payload),
+                      max_running=self.max_running if self.concurrency_key else None, **origin)
 
     def new_steps(self, run_id: str) -> list[NewStep]:
         """The step rows a run of this workflow starts with: a copy of the graph."""
