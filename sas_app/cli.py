@@ -82,13 +82,14 @@ def submit(ctx: Context, workflow: str, business_key: str, payload: str, wait_fo
 @click.option("--state", type=click.Choice(RUN_STATES), default=None)
 @click.option("--workflow", default=None)
 @click.option("--version", default=None, help="Only runs of this version of their workflow's definition.")
+@click.option("--failure", default=None, help="Only runs whose error says this (any case), e.g. a service's name.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON array instead of a table.")
 @pass_ctx
-def runs(ctx: Context, state: str | None, workflow: str | None, version: str | None, limit: int,
-         as_json: bool) -> None:
+def runs(ctx: Context, state: str | None, workflow: str | None, version: str | None, failure: str | None,
+         limit: int, as_json: bool) -> None:
     """List runs, newest first."""
-    rows = ctx.app.store.list_runs(state=state, workflow=workflow, version=version, limit=limit)
+    rows = ctx.app.store.list_runs(state=state, workflow=workflow, version=version, failure=failure, limit=limit)
     if as_json:
         click.echo(json.dumps([asdict(r) for r in rows], default=str))
         return

@@ -10,6 +10,7 @@ import click
 
 from .cli_base import Context, fail, json_option, operate, operator_options, pass_ctx
 from .errors import SasError
+from .operator import done_message
 
 
 @click.command()
@@ -22,7 +23,7 @@ def resubmit(ctx: Context, run_id: str, step: str | None, step_input: str | None
     """Resubmit a failed step of a run in error, once its cause is fixed; the run resumes there."""
     edited = json_option(step_input, "--input")
     operate(lambda: ctx.app.resubmit(run_id, by=by, reason=reason, step=step, step_input=edited))
-    click.echo(f"run {run_id} resubmitted")
+    click.echo(done_message("resubmit", run_id))
 
 
 @click.command()
@@ -54,7 +55,7 @@ def mark_done(ctx: Context, run_id: str, step: str, result: str | None, by: str,
     """Record a step as done by hand (or skipped); the run goes on with the next one."""
     value = json_option(result, "--result")
     operate(lambda: ctx.app.mark_done(run_id, step, by=by, reason=reason, result=value))
-    click.echo(f"step {step} of run {run_id} marked done")
+    click.echo(done_message("mark_done", run_id, step=step))
 
 
 @click.command()
@@ -64,7 +65,7 @@ def mark_done(ctx: Context, run_id: str, step: str, result: str | None, by: str,
 def pause(ctx: Context, run_id: str, by: str, reason: str) -> None:
     """Dispatch no further step of a run until it is resumed."""
     operate(lambda: ctx.app.pause(run_id, by=by, reason=reason))
-    click.echo(f"run {run_id} paused")
+    click.echo(done_message("pause", run_id))
 
 
 @click.command()
@@ -74,7 +75,7 @@ def pause(ctx: Context, run_id: str, by: str, reason: str) -> None:
 def resume(ctx: Context, run_id: str, by: str, reason: str) -> None:
     """Resume a paused run."""
     operate(lambda: ctx.app.resume(run_id, by=by, reason=reason))
-    click.echo(f"run {run_id} resumed")
+    click.echo(done_message("resume", run_id))
 
 
 @click.command()
@@ -85,7 +86,7 @@ def cancel(ctx: Context, run_id: str, by: str, reason: str) -> None:
     """Cancel a run: no further step starts and whatever may have been done is undone."""
     states: list[str] = []
     operate(lambda: states.append(ctx.app.cancel(run_id, by=by, reason=reason)))
-    click.echo(f"run {run_id} {states[0]}")
+    click.echo(done_message("cancel", run_id, state=states[0]))
 
 
 @click.command()
@@ -95,7 +96,7 @@ def cancel(ctx: Context, run_id: str, by: str, reason: str) -> None:
 def compensate(ctx: Context, run_id: str, by: str, reason: str) -> None:
     """Undo a processing run, or a run in error, now."""
     operate(lambda: ctx.app.compensate(run_id, by=by, reason=reason))
-    click.echo(f"run {run_id} compensating")
+    click.echo(done_message("compensate", run_id))
 
 
 @click.command()

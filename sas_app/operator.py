@@ -114,6 +114,14 @@ class Operator:
         self.router.after_commit(tx.outbox, Advance(run_id), *tx.follow_ups)
 
 
+def done_message(action: str, run_id: str, *, step: str | None = None, state: str | None = None) -> str:
+    """What the CLI and the dashboard say once ``action`` has committed (``state``: the one a
+    cancelled run is in now)."""
+    return {"resubmit": f"run {run_id} resubmitted", "mark_done": f"step {step} of run {run_id} marked done",
+            "pause": f"run {run_id} paused", "resume": f"run {run_id} resumed", "cancel": f"run {run_id} {state}",
+            "compensate": f"run {run_id} compensating"}[action]
+
+
 def _check_slot(tx: Tx, run: RunRow, action: str) -> None:
     """A run in error put back to work takes a slot of its concurrency key again: refused while
     others hold every one (it released its own when it ended)."""

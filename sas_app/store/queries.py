@@ -52,9 +52,10 @@ class Queries:
             return [as_row(SignalRow, r) for r in rows]
 
     def list_runs(self, *, state: str | None = None, workflow: str | None = None, key: str | None = None,
-                  version: str | None = None, limit: int = 50) -> list[RunRow]:
-        """Newest first, filtered by state, workflow, the definition's version and a business-key
-        prefix (``%`` and ``_`` in it are characters, not wildcards)."""
+                  version: str | None = None, failure: str | None = None, limit: int = 50) -> list[RunRow]:
+        """Newest first, filtered by state, workflow, the definition's version, a business-key
+        prefix and words in the run's error (``failure``, any case); ``%`` and ``_`` in the last two
+        are characters, not wildcards."""
         query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
         if state is not None:
             query = query.where(runs.c.process_state == state)
@@ -63,8 +64,9 @@ class Queries:
         if version is not None:
             query = query.where(runs.c.version == version)
         if key is not None:
-            escaped = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            query = query.where(runs.c.business_key.like(escaped + "%", escape="\\"))
+            query = query.where(runs.c.business_key.like(_literal(key) + "%", escape="\\"))
+        if failure is not None:
+            query = query.where(runs.c.error.ilike("%" + _literal(failure) + "%", escape="\\"))
         with self.engine.connect() as conn:
             return [as_row(RunRow, r) for r in conn.execute(query)]
 
@@ -92,3 +94,8 @@ class Queries:
             query = query.where(events.c.run_id == run_id)
         with self.engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
+
+
+def _literal(text: str) -> str:
+    """``text`` for a LIKE pattern, its ``%`` and ``_`` escaped."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

@@ -1,4 +1,4 @@
-"""``sas dashboard``: a read-only web view of the state store, beside Flower.
+"""``sas dashboard``: a web view of the state store, beside Flower, and an operator's console.
 
 Flower shows Celery tasks one by one; this shows what an operator of the pattern needs: runs by
 state over time, runs filtered by state, workflow and key, each run's steps as a timeline
@@ -10,9 +10,11 @@ inline SVG: no build step, no script.
 With basic-auth credentials (the same ``user:password`` list as Flower's ``--basic-auth`` /
 ``FLOWER_BASIC_AUTH``) every page but ``/healthz`` asks for them, and a run waiting for an event
 can be approved or rejected from its page (the signal's payload ``{"approved": …, "by": <user>}``);
-without credentials the dashboard only reads. Those forms carry a CSRF token (Flask-WTF), signed
-with ``secret`` (``SAS_DASHBOARD_SECRET``; left out, a random one per process, so a form outlives
-neither a restart nor a hop to another dashboard process).
+an operator can resubmit, mark done, pause, resume, cancel and compensate a run, and resubmit or
+cancel every run a filter selects (:mod:`sas_app.web.actions`); without credentials the dashboard
+only reads. Those forms carry a CSRF token (Flask-WTF), signed with ``secret``
+(``SAS_DASHBOARD_SECRET``; left out, a random one per process, so a form outlives neither a
+restart nor a hop to another dashboard process).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ..errors import SasError, UnknownRun
 from ..states import RUN_STATES, RunState, StepState
 from ..store.observe import Observer
+from .actions import actions, user
 from .formatting import STATE_COLOURS, detail_text, when
 from .metrics import MARGIN, registry_for
+from .run_filter import RunFilter
 from .timeline import chart, timeline
 
 if TYPE_CHECKING:
@@ -89,16 +93,10 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
 
     @app.get("/runs")
     def run_list() -> str:
-        state = request.args.get("state") or None
-        if state is not None and state not in RUN_STATES:
-            abort(400, f"unknown state {state!r}; one of {', '.join(RUN_STATES)}")
-        workflow = request.args.get("workflow") or None
-        key = request.args.get("key") or None
-        version = request.args.get("version") or None
+        chosen = RunFilter.of(request.args)
         limit = min(max(request.args.get("limit", 200, type=int) or 200, 1), 1000)
-        rows = sas.store.list_runs(state=state, workflow=workflow, key=key, version=version, limit=limit)
-        return render_template("runs.html", runs=rows, state=state, workflow=workflow, key=key or "",
-                               version=version or "", workflows=observer.workflows(), limit=limit)
+        return render_template("runs.html", runs=chosen.runs(sas.store, limit), chosen=chosen,
+                               workflows=observer.workflows(), limit=limit)
 
     @app.get("/runs/<run_id>")
     def run_page(run_id: str) -> str:
@@ -112,7 +110,8 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         waiting = [s for s in view.steps if live and s.in_store and s.state == StepState.PENDING and s.not_before]
         return render_template("run.html", view=view, lanes=lanes, t0=t0, t1=t1, now=now,
                                children=sas.store.children(run_id), waiting=waiting,
-                               signals=sas.store.signals_of(run_id), sent=request.args.get("sent"))
+                               signals=sas.store.signals_of(run_id), sent=request.args.get("sent"),
+                               done=request.args.get("done"))
 
     @app.post("/runs/<run_id>/signal")
     def send_signal(run_id: str) -> Any:
@@ -120,15 +119,17 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         decision = request.form.get("decision")
         if decision not in ("approve", "reject"):
             abort(400, f"decision must be approve or reject, got {decision!r}")
-        user = str(request.authorization.username if request.authorization else "")
+        by = user()
         try:
-            receipt = sas.signal(run_id, request.form.get("event", ""), {"approved": decision == "approve", "by": user},
-                                 by=user)
+            receipt = sas.signal(run_id, request.form.get("event", ""), {"approved": decision == "approve", "by": by},
+                                 by=by)
         except UnknownRun:
             abort(404, f"no run with id {run_id!r}")
         except SasError as exc:
             abort(409, str(exc))
         return redirect(f"/runs/{run_id}?sent={decision}d: {receipt.status}", code=303)
+
+    app.register_blueprint(actions(sas))
 
     @app.get("/alerts")
     def alert_list() -> str:

@@ -4,6 +4,7 @@ a trace followed from submit through the agents."""
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 
@@ -183,3 +184,68 @@ def test_one_trace_follows_a_run_from_submit_through_every_agent(stack, stack_en
     finally:
         tracing.shutdown()
         shop.store.dispose()
+
+
+def log_in(browser, credentials=b"ops:s3cret"):
+    """Send basic auth with every request of the current tab."""
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setExtraHTTPHeaders",
+                            {"headers": {"Authorization": "Basic " + base64.b64encode(credentials).decode()}})
+
+
+def test_an_operator_resubmits_failed_orders_in_bulk_and_cancels_a_held_one_from_the_browser(stack, shop, browser):
+    """Behind basic auth (sent by the browser on every request) and the forms' CSRF tokens."""
+    stack.up()
+    broken = [shop.submit("order", {"amount": 5 + i, "faults": {"charge": "permanent", "release": "permanent@1"}},
+                          business_key=f"broken-{i}") for i in range(2)]
+    assert [h.wait(30).process_state for h in broken] == ["error", "error"]
+    held = shop.submit("held_order", {"amount": 900}, business_key="held-1")
+    wait_for(lambda: any(s.name == "manager_review" and s.state == "pending" for s in held.status().steps), 30,
+             "the held order to wait for its review")
+    port = free_port()
+    stack.start("dashboard", [SAS, "dashboard", "--port", str(port), "--basic-auth", "ops:s3cret"],
+                ready=Ready(url=f"http://127.0.0.1:{port}/healthz"))
+    base = f"http://127.0.0.1:{port}"
+    log_in(browser)
+
+    # every order in error whose failure says the compensation failed: a confirmation, then one click
+    browser.get(base + "/runs")
+    Select(browser.find_element(By.ID, "state")).select_by_value("error")
+    browser.find_element(By.ID, "failure").send_keys("compensation failed")
+    browser.find_element(By.ID, "filter").click()
+    wait_for(lambda: "failure=compensation" in browser.current_url, 10, "the filtered page")
+    browser.find_element(By.ID, "bulk-resubmit").click()
+    wait_for(lambda: "/runs/bulk" in browser.current_url, 10, "the confirmation page")
+    assert browser.find_element(By.ID, "count").text == "2"
+    assert all(h.status().process_state == "error" for h in broken)
+    browser.find_element(By.CSS_SELECTOR, '#confirm input[name="reason"]').send_keys("warehouse fixed")
+    browser.find_element(By.ID, "confirm-button").click()
+    wait_for(lambda: "Resubmit: 2 done, 0 refused" in browser.page_source, 10, "the bulk action's result")
+    assert [h.wait(30).process_state for h in broken] == ["compensated", "compensated"]
+    for handle in broken:
+        [event] = [e for e in handle.status().events if e.kind == "operator"]
+        assert (event.actor, event.detail["action"], event.detail["reason"]) == ("ops", "resubmit", "warehouse fixed")
+
+    # the held order, cancelled from its page: its reservation is released, the history says who;
+    # a second operator had the same page open in another tab
+    browser.get(f"{base}/runs/{held.id}")
+    first = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    log_in(browser)  # a tab of its own: the header is set per tab
+    browser.get(f"{base}/runs/{held.id}")
+    second = browser.current_window_handle
+    browser.switch_to.window(first)
+    cancel = browser.find_element(By.CSS_SELECTOR, 'form.act[data-action="cancel"]')
+    cancel.find_element(By.NAME, "reason").send_keys("customer called")
+    cancel.find_element(By.TAG_NAME, "button").click()
+    wait_for(lambda: browser.find_elements(By.ID, "done"), 10, "the action's notice")
+    assert browser.find_element(By.ID, "done").text == f"run {held.id} compensating"
+    assert held.wait(30).process_state == "cancelled"
+    browser.refresh()
+    operator = browser.find_element(By.CSS_SELECTOR, 'tr.event[data-kind="operator"]')
+    assert "ops" in operator.text and "customer called" in operator.text
+    # the second operator's cancel, from the page as it was: refused with the CLI's words
+    browser.switch_to.window(second)
+    browser.find_element(By.CSS_SELECTOR, 'form.act[data-action="cancel"] button').click()
+    wait_for(lambda: browser.find_elements(By.ID, "refused"), 10, "the refusal")
+    assert browser.find_element(By.ID, "refused").text == f"cannot cancel run {held.id}: it is cancelled"

@@ -45,6 +45,7 @@ def test_migrate_submit_list_and_show(sas_cli, tmp_path):
     assert shown["version"] and [r["id"] for r in json.loads(
         sas_cli("runs", "--json", "--version", shown["version"]).stdout)] == [run_id]
     assert json.loads(sas_cli("runs", "--json", "--version", "nope").stdout) == []
+    assert json.loads(sas_cli("runs", "--json", "--failure", "payment").stdout) == []  # it has not failed
     assert shown["events"][0]["to_state"] == "pending"
     assert "charge_payment" in sas_cli("show", run_id).stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home"], "the embedded broker writes only under SAS_HOME"

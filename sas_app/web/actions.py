@@ -1,0 +1,116 @@
+"""What an operator does from the dashboard: on a run's page resubmit, mark a step done, pause,
+resume, cancel and compensate; from the runs list, resubmit or cancel every run a filter selects,
+after a confirmation page that says how many it will touch.
+
+Each action is the operator's own (:mod:`sas_app.operator`): the same rules, one transaction per
+run, recorded as an ``operator`` event by the user the dashboard authenticated, and refused with
+the same message as the CLI (a 409 page naming it; nothing changed). The dashboard asks for basic
+auth before any of it and checks a CSRF token on every form (see :mod:`sas_app.web.dashboard`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from flask import Blueprint, abort, redirect, render_template, request
+from werkzeug.datastructures import MultiDict
+
+from ..errors import SasError, UnknownRun
+from ..operator import done_message
+from ..states import RunState
+from .run_filter import RunFilter
+
+if TYPE_CHECKING:
+    from ..app import SasApp
+
+ACTIONS = ("resubmit", "mark_done", "pause", "resume", "cancel", "compensate")
+#: What each bulk action applies to: the runs the filter selects in these states.
+BULK = {"resubmit": (RunState.ERROR,), "cancel": (RunState.PENDING, RunState.PROCESSING)}
+#: At most this many runs per bulk action (the newest the filter selects).
+BULK_LIMIT = 1000
+
+
+def actions(sas: SasApp) -> Blueprint:
+    bp = Blueprint("actions", __name__)
+
+    @bp.post("/runs/<run_id>/act")
+    def act(run_id: str) -> Any:
+        action = request.form.get("action", "")
+        if action not in ACTIONS:
+            abort(400, f"action must be one of {', '.join(ACTIONS)}, got {action!r}")
+        try:
+            said = perform(sas, run_id, action, request.form, user())
+        except UnknownRun:
+            abort(404, f"no run with id {run_id!r}")
+        except SasError as exc:
+            return render_template("refused.html", message=str(exc), back=f"/runs/{run_id}"), 409
+        return redirect(f"/runs/{run_id}?done={said}", code=303)
+
+    @bp.get("/runs/bulk")
+    def confirm_bulk() -> Any:
+        action = bulk_action(request.args)
+        chosen = RunFilter.of(request.args)
+        selected = chosen.runs(sas.store, BULK_LIMIT + 1)
+        more = len(selected) > BULK_LIMIT
+        selected = selected[:BULK_LIMIT]
+        touched = [r for r in selected if r.process_state in BULK[action]]
+        return render_template("bulk.html", action=action, chosen=chosen, selected=selected, touched=touched,
+                               left=len(selected) - len(touched), more=more, limit=BULK_LIMIT,
+                               states=BULK[action])
+
+    @bp.post("/runs/bulk")
+    def bulk() -> Any:
+        action = bulk_action(request.form)
+        ids = request.form.getlist("run")
+        if not ids or len(ids) > BULK_LIMIT:
+            abort(400, f"a bulk {action} takes 1 to {BULK_LIMIT} runs, got {len(ids)}")
+        done, refused = [], []
+        for run_id in ids:
+            try:
+                done.append(perform(sas, run_id, action, request.form, user()))
+            except SasError as exc:
+                refused.append((run_id, str(exc)))
+        return render_template("bulk_done.html", action=action, done=done, refused=refused,
+                               back="/runs?" + request.form.get("filter", ""))
+
+    return bp
+
+
+def perform(sas: SasApp, run_id: str, action: str, form: MultiDict[str, str], by: str) -> str:
+    """Do ``action`` to one run as ``by``; what the CLI would say once it has."""
+    reason = form.get("reason", "").strip()
+    step = form.get("step", "").strip() or None
+    if action == "resubmit":
+        sas.resubmit(run_id, by=by, reason=reason, step=step, step_input=json_field(form, "input"))
+    elif action == "mark_done":
+        if step is None:
+            abort(400, "say which step to mark done")
+        sas.mark_done(run_id, step, by=by, reason=reason, result=json_field(form, "result"))
+    elif action == "cancel":
+        return done_message(action, run_id, state=sas.cancel(run_id, by=by, reason=reason))
+    else:
+        getattr(sas, action)(run_id, by=by, reason=reason)
+    return done_message(action, run_id, step=step)
+
+
+def bulk_action(args: MultiDict[str, str]) -> str:
+    action = args.get("action", "")
+    if action not in BULK:
+        abort(400, f"a bulk action is one of {', '.join(BULK)}, got {action!r}")
+    return action
+
+
+def json_field(form: MultiDict[str, str], name: str) -> Any:
+    text = form.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        abort(400, f"{name} is not valid JSON: {exc}")
+
+
+def user() -> str:
+    """The user the dashboard's basic auth let in (it refuses any form without one)."""
+    return str(request.authorization.username if request.authorization else "")

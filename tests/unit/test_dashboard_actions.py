@@ -1,0 +1,164 @@
+"""Operators acting from the dashboard (the in-process pump on SQLite): each action behind basic
+auth and a CSRF token, recorded with the authenticated user, refused with the CLI's message and
+nothing changed; bulk actions touch exactly the runs their confirmation page counted."""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+
+import pytest
+
+from sas_app.web.dashboard import create_dashboard, parse_basic_auth
+
+OPS = {"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}
+
+
+@pytest.fixture
+def web(sas):
+    return create_dashboard(sas, basic_auth=parse_basic_auth("ops:s3cret"), metrics_margin=0.0).test_client()
+
+
+def token(web, path):
+    """The session's CSRF token, from a page with a form."""
+    return re.search(r'name="csrf_token" value="([^"]+)"', web.get(path, headers=OPS).get_data(as_text=True)).group(1)
+
+
+def act(web, run_id, action, page=None, **form):
+    return web.post(f"/runs/{run_id}/act", headers=OPS,
+                    data={"action": action, "csrf_token": token(web, page or f"/runs/{run_id}"), **form})
+
+
+def operator_events(sas, run_id):
+    return [(e.detail["action"], e.actor, e.detail["reason"]) for e in sas.store.get_events(run_id)
+            if e.kind == "operator"]
+
+
+def failed(sas, pump, key, workflow="three", step="second"):
+    handle = sas.submit(workflow, {"script": {step: ["permanent", "ok"]}}, business_key=key)
+    pump.run()
+    assert handle.status().process_state == "error"
+    return handle
+
+
+def test_a_failed_run_is_resubmitted_from_its_page_and_the_history_names_the_user(sas, pump, web):
+    handle = failed(sas, pump, "r1")
+    page = web.get(f"/runs/{handle.id}", headers=OPS).get_data(as_text=True)
+    assert re.search(r'data-action="resubmit".*<option>second</option>', page, re.S)
+
+    sent = act(web, handle.id, "resubmit", step="second", input='{"fixed": true}', reason="card re-enabled")
+    assert sent.status_code == 303
+    assert f"run {handle.id} resubmitted" in web.get(sent.location, headers=OPS).get_data(as_text=True)
+    pump.run()
+    view = handle.status()
+    assert (view.process_state, view.step("second").input) == ("processed", {"fixed": True})
+    assert operator_events(sas, handle.id) == [("resubmit", "ops", "card re-enabled")]
+
+
+def test_mark_done_pause_resume_cancel_and_compensate_from_the_page(sas, pump, web):
+    by_hand = failed(sas, pump, "m1")
+    assert act(web, by_hand.id, "mark_done", step="second", result='{"manual": 1}').status_code == 303
+    pump.run()
+    assert (by_hand.status().process_state, by_hand.status().step("second").result) == ("processed", {"manual": 1})
+
+    held = sas.submit("saga", {}, business_key="p1")
+    pump.run(["sas.scheduler"])
+    assert act(web, held.id, "pause", reason="hold").status_code == 303
+    pump.run()
+    assert held.status().run.paused_by == "ops"
+    assert 'data-action="resume"' in web.get(f"/runs/{held.id}", headers=OPS).get_data(as_text=True)
+    assert act(web, held.id, "compensate", reason="order void").status_code == 303
+    pump.run()
+    assert held.status().process_state == "compensated"
+
+    waiting = sas.submit("claim", {}, business_key="c1")
+    pump.run()
+    sent = act(web, waiting.id, "cancel", reason="customer asked")
+    assert f"run {waiting.id} compensating" in web.get(sent.location, headers=OPS).get_data(as_text=True)
+    pump.run()
+    assert waiting.status().process_state == "cancelled"
+    assert operator_events(sas, held.id) == [("pause", "ops", "hold"), ("compensate", "ops", "order void")]
+    assert operator_events(sas, waiting.id) == [("cancel", "ops", "customer asked")]
+
+
+def test_an_action_the_state_does_not_allow_is_refused_with_the_clis_message(sas, pump, web):
+    done = sas.submit("three", {}, business_key="d1")
+    page = f"/runs/{failed(sas, pump, 'd2').id}"  # a page with a form, for the session's token
+    before = done.status()
+    for action, message in [("resume", f"cannot resume run {done.id}: it is processed and not paused"),
+                            ("cancel", f"cannot cancel run {done.id}: it is processed"),
+                            ("resubmit", f"cannot resubmit run {done.id}: it is processed, not error")]:
+        refused = act(web, done.id, action, page)
+        assert refused.status_code == 409
+        assert re.search(r'<p id="refused" class="refused">(.*?)</p>', refused.get_data(as_text=True)).group(1) \
+            == message
+    assert done.status() == before
+
+
+def test_bad_input_is_a_clear_error_and_writes_nothing(sas, pump, web):
+    handle = failed(sas, pump, "b1")
+    before = handle.status()
+    bad_json = act(web, handle.id, "resubmit", input="{not json")
+    assert bad_json.status_code == 400 and "input is not valid JSON" in bad_json.get_data(as_text=True)
+    assert act(web, handle.id, "mark_done").status_code == 400  # which step?
+    assert act(web, handle.id, "delete").status_code == 400
+    assert act(web, "nope", "pause", f"/runs/{handle.id}").status_code == 404
+    assert handle.status() == before
+
+
+def test_no_action_without_credentials_and_a_token(sas, pump, web):
+    handle = failed(sas, pump, "a1")
+    form = {"action": "resubmit"}
+    assert web.post(f"/runs/{handle.id}/act", data=form).status_code == 401
+    assert web.post(f"/runs/{handle.id}/act", data=form, headers=OPS).status_code == 400  # no CSRF token
+    reader = create_dashboard(sas, metrics_margin=0.0).test_client()
+    assert reader.post(f"/runs/{handle.id}/act", data=form).status_code == 403
+    page = reader.get(f"/runs/{handle.id}").get_data(as_text=True)
+    hint = f"sas resubmit | mark-done | pause | resume | cancel | compensate {handle.id}"
+    assert 'class="act"' not in page and hint in page
+    assert handle.status().process_state == "error" and operator_events(sas, handle.id) == []
+
+
+def test_bulk_resubmit_of_the_runs_a_filter_selects_after_a_confirmation(sas, pump, web):
+    payment = [failed(sas, pump, f"pay-{i}", step="second") for i in range(3)]
+    other = failed(sas, pump, "ship-1", step="third")  # in error, but its failure names another step
+    fine = sas.submit("three", {}, business_key="fine")
+    pump.run()
+
+    listing = web.get("/runs?state=error&failure=SECOND+refused", headers=OPS).get_data(as_text=True)
+    assert len(re.findall(r'<tr class="run"', listing)) == 3 and 'id="bulk-resubmit"' in listing
+    page = web.get("/runs/bulk?action=resubmit&state=error&workflow=three&failure=second+refused", headers=OPS)
+    text = html.unescape(page.get_data(as_text=True))
+    assert re.search(r'<b id="count">(\d+)</b>', text).group(1) == "3"
+    assert "runs in error of three whose error says 'second refused'" in text
+    ids = re.findall(r'name="run" value="(\w+)"', text)
+    assert sorted(ids) == sorted(h.id for h in payment)
+    assert all(h.status().process_state == "error" for h in payment)  # a confirmation page changes nothing
+
+    sas.resubmit(payment[0].id, by="someone-else")  # between the confirmation and the click
+    form = {"action": "resubmit", "run": ids, "reason": "payment service back",
+            "csrf_token": token(web, f"/runs/{other.id}"), "filter": "state=error"}
+    done = web.post("/runs/bulk", data=form, headers=OPS).get_data(as_text=True)
+    assert "Resubmit: 2 done, 1 refused" in done
+    assert f"{payment[0].id}</a>: cannot resubmit run {payment[0].id}: it is processing, not error" in done
+    pump.run()
+    assert [h.status().process_state for h in (*payment, other, fine)] == ["processed"] * 3 + ["error", "processed"]
+    assert [operator_events(sas, h.id) for h in payment[1:]] == [[("resubmit", "ops", "payment service back")]] * 2
+
+
+def test_bulk_cancel_counts_only_the_runs_it_may_cancel(sas, pump, web):
+    waiting = [sas.submit("claim", {}, business_key=f"w-{i}") for i in range(2)]
+    done = sas.submit("claim", {"script": {"file": ["permanent"]}}, business_key="gone")  # ends in error
+    pump.run()
+    text = web.get("/runs/bulk?action=cancel&workflow=claim", headers=OPS).get_data(as_text=True)
+    assert re.search(r'<b id="count">(\d+)</b>', text).group(1) == "2" and "the other 1 is left alone" in text
+    ids = re.findall(r'name="run" value="(\w+)"', text)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', text).group(1)
+    result = web.post("/runs/bulk", headers=OPS,
+                      data={"action": "cancel", "run": ids, "csrf_token": csrf}).get_data(as_text=True)
+    assert "Cancel: 2 done, 0 refused" in result
+    pump.run()
+    assert [h.status().process_state for h in (*waiting, done)] == ["cancelled", "cancelled", "error"]
+    assert web.get("/runs/bulk?action=delete", headers=OPS).status_code == 400
+    assert web.post("/runs/bulk", headers=OPS, data={"action": "cancel", "csrf_token": csrf}).status_code == 400
