@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
 from . import faults
-from .breaker import Breaker, BreakerOpen
+from .breaker import Breaker, BreakerOpen, LocalState, SharedState
 from .errors import (
     PermanentError,
     StaleAttempt,
@@ -205,15 +205,17 @@ class Agent:
         retry_max: float = 2.0,
         breaker_fail_max: int = 5,
         breaker_reset: float = 10.0,
-        breaker_url: str | None = None,
+        breaker_state: Callable[[], SharedState] | None = None,
+        breaker_fresh: float = 0.0,
         rate_limit: str | None = None,
         replies: Replies | None = None,
         db_clock: Callable[[], float | None] | None = None,
     ) -> None:
         """``breaker_fail_max`` transient failures in a row open this agent's circuit breaker for
-        ``breaker_reset`` seconds (0 disables it); its state is shared through Redis at
-        ``breaker_url``. ``rate_limit`` (Celery's, e.g. ``"10/s"``) caps each worker's calls of
-        each action; concurrency is the ``-c`` of the workers consuming ``sas.agent.<name>``.
+        ``breaker_reset`` seconds (0 disables it); its state is kept in ``breaker_state()`` (Redis or
+        the state store, each read trusted ``breaker_fresh`` seconds; by default this process's).
+        ``rate_limit`` (Celery's, e.g. ``"10/s"``) caps each worker's calls of each action;
+        concurrency is the ``-c`` of the workers consuming ``sas.agent.<name>``.
 
         With ``replies`` the agent hands its reply to the Scheduler's handler in its own process
         (the same transaction and fencing as on the Scheduler's queue, one message fewer per step);
@@ -229,7 +231,8 @@ class Agent:
         self.retry_max = retry_max
         self.rate_limit = rate_limit
         self.breaker = (
-            Breaker(name, breaker_fail_max, breaker_reset, breaker_url, counts=is_transient)
+            Breaker(name, breaker_fail_max, breaker_reset, breaker_state or LocalState, counts=is_transient,
+                    fresh=breaker_fresh)
             if breaker_fail_max > 0 else None
         )
         self.replies = replies

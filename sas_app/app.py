@@ -20,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import faults, tracing
 from .agent import Agent
 from .alerts import Alerts, load_hook
+from .breaker import STORE_FRESH, RedisState
 from .celery_config import celery_settings
 from .checks import check_workflow
 from .client import Client, RunHandle, RunView
@@ -125,9 +126,11 @@ class SasApp:
         if not name or not name.replace("_", "").replace("-", "").isalnum():
             raise WorkflowDefinitionError(f"agent name {name!r} must be letters, digits, '_' or '-'")
         s = self.settings
-        redis_url = s.breaker_url or (s.broker_url if s.broker_url.startswith(("redis://", "rediss://")) else "")
+        redis_url = s.breaker_redis_url
         defaults: dict[str, Any] = {"breaker_fail_max": s.breaker_fail_max, "breaker_reset": s.breaker_reset,
-                                    "breaker_url": redis_url or None,
+                                    "breaker_state": (lambda: RedisState(redis_url)) if redis_url else
+                                    self.store.breaker_state,
+                                    "breaker_fresh": 0.0 if redis_url else STORE_FRESH,
                                     "replies": self.scheduler if s.inline_replies else None,
                                     "db_clock": self.store.db_clock if s.inline_replies else None,
                                     "rate_limit": s.rate_limit(name)}
@@ -166,8 +169,10 @@ class SasApp:
         """Check ``workflow`` against the registered agents and make it submittable."""
         if workflow.name in self.workflows:
             raise WorkflowDefinitionError(f"a workflow named {workflow.name!r} is already registered")
-        check_workflow(workflow, self.actions(), visibility_timeout=self.settings.visibility_timeout,
-                       known_workflows=self.workflows, max_sleep=self.settings.max_sleep,
+        s = self.settings
+        check_workflow(workflow, self.actions(), visibility_timeout=s.visibility_timeout,
+                       consumer_timeout=s.broker_consumer_timeout if s.amqp_broker else None,
+                       clock_skew=s.clock_skew, known_workflows=self.workflows, max_sleep=self.settings.max_sleep,
                        max_deadline=self.settings.max_deadline)
         self.workflows[workflow.name] = workflow
         return workflow

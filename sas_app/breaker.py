@@ -1,12 +1,15 @@
-"""A circuit breaker per agent, shared by every worker process through Redis (pybreaker's Redis
-storage), so that when a remote service keeps failing the agents stop calling it.
+"""A circuit breaker per agent, shared by every worker process (pybreaker over a shared state), so
+that when a remote service keeps failing the agents stop calling it.
 
 While the breaker is open a call is not made: the agent defers the step (it goes back to pending
 until the breaker may close, and its failure budget is untouched). Once the reset timeout has
-passed, exactly one process at a time — the holder of a short Redis lock — makes a probe call;
-the others keep deferring. A successful probe closes the breaker for everyone.
+passed, exactly one process at a time — the holder of a short lock in the shared state — makes a
+probe call; the others keep deferring. A successful probe closes the breaker for everyone.
 
-Without Redis (the embedded default) the breaker lives in each worker process.
+The shared state is a handful of keys (:class:`SharedState`): in Redis (``SAS_BREAKER_URL``, or the
+broker's own Redis) read on every call, or in the state store (:mod:`sas_app.store.breakers`, with
+any other broker — RabbitMQ, the embedded one) read at most every :data:`STORE_FRESH` seconds, so
+that the hot path pays one indexed read per half second per process, not one per call.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pybreaker
 import redis
@@ -24,6 +28,62 @@ import redis
 log = logging.getLogger("sas.breaker")
 
 T = TypeVar("T")
+
+#: How long a process trusts what it last read of a breaker kept in the state store.
+STORE_FRESH = 0.5
+
+
+class SharedState(Protocol):
+    """Keys every worker process sees: Redis, or a table of the state store."""
+
+    def get(self, key: str) -> str | None: ...
+    def put(self, key: str, value: str) -> None: ...
+    def incr(self, key: str) -> int: ...
+    def claim(self, key: str, value: str, seconds: float) -> bool:
+        """Set ``key`` unless it is set and not expired; True if this call set it."""
+        ...
+
+
+class RedisState:
+    def __init__(self, url: str) -> None:
+        self.redis = redis.Redis.from_url(url, socket_timeout=2, decode_responses=True)
+
+    def get(self, key: str) -> str | None:
+        return self.redis.get(key)  # type: ignore[return-value]
+
+    def put(self, key: str, value: str) -> None:
+        self.redis.set(key, value)
+
+    def incr(self, key: str) -> int:
+        return int(self.redis.incr(key))
+
+    def claim(self, key: str, value: str, seconds: float) -> bool:
+        return bool(self.redis.set(key, value, nx=True, px=int(seconds * 1000)))
+
+
+class LocalState:
+    """This process's own keys: a breaker nobody else sees (an agent built without a shared state)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, tuple[str, float | None]] = {}
+
+    def get(self, key: str) -> str | None:
+        value, until = self.values.get(key, (None, None))
+        return value if until is None or until > time.monotonic() else None
+
+    def put(self, key: str, value: str) -> None:
+        self.values[key] = (value, None)
+
+    def incr(self, key: str) -> int:
+        value = int(self.get(key) or 0) + 1
+        self.put(key, str(value))
+        return value
+
+    def claim(self, key: str, value: str, seconds: float) -> bool:
+        if self.get(key) is not None:
+            return False
+        self.values[key] = (value, time.monotonic() + seconds)
+        return True
 
 
 class BreakerOpen(Exception):
@@ -34,44 +94,94 @@ class BreakerOpen(Exception):
         self.delay = delay
 
 
-class _RedisStorage(pybreaker.CircuitRedisStorage):
-    """pybreaker's Redis storage keeps when the breaker opened in whole seconds, which would let a
-    probe through up to a second early; this one keeps the exact time."""
+class _Storage(pybreaker.CircuitBreakerStorage):
+    """pybreaker's state in :class:`SharedState` keys, each read trusted for ``fresh`` seconds.
+    A success resets the failure count only when it is not zero already (pybreaker resets it on
+    every success: a write per call)."""
+
+    def __init__(self, shared: SharedState, namespace: str, fresh: float) -> None:
+        super().__init__(namespace)
+        self._shared, self._ns, self._fresh = shared, namespace, fresh
+        self._seen: dict[str, tuple[str | None, float]] = {}
+
+    def _read(self, key: str) -> str | None:
+        value, at = self._seen.get(key, (None, -1e18))
+        if time.monotonic() - at >= self._fresh:
+            value = self._shared.get(f"{self._ns}:{key}")
+            self._seen[key] = (value, time.monotonic())
+        return value
+
+    def _write(self, key: str, value: str) -> None:
+        self._shared.put(f"{self._ns}:{key}", value)
+        self._seen[key] = (value, time.monotonic())
+
+    def _incr(self, key: str) -> None:
+        self._seen[key] = (str(self._shared.incr(f"{self._ns}:{key}")), time.monotonic())
+
+    @property
+    def state(self) -> str:
+        return self._read("state") or pybreaker.STATE_CLOSED
+
+    @state.setter
+    def state(self, state: str) -> None:
+        self._write("state", state)
+
+    @property
+    def counter(self) -> int:
+        return int(self._read("fail_counter") or 0)
+
+    def increment_counter(self) -> None:
+        self._incr("fail_counter")
+
+    def reset_counter(self) -> None:
+        if self.counter:
+            self._write("fail_counter", "0")
+
+    @property
+    def success_counter(self) -> int:
+        return int(self._read("success_counter") or 0)
+
+    def increment_success_counter(self) -> None:
+        self._incr("success_counter")
+
+    def reset_success_counter(self) -> None:
+        if self.success_counter:
+            self._write("success_counter", "0")
 
     @property
     def opened_at(self) -> datetime | None:
-        value = self._redis.get(self._namespace("opened_at_exact"))
+        value = self._read("opened_at")
         return datetime.fromtimestamp(float(value), tz=timezone.utc) if value else None
 
     @opened_at.setter
     def opened_at(self, when: datetime) -> None:
-        self._redis.set(self._namespace("opened_at_exact"), when.timestamp())
+        self._write("opened_at", repr(when.timestamp()))
 
 
 class Breaker:
-    """The breaker of one agent. ``counts(exc)`` says whether a failure is the service's fault."""
+    """The breaker of one agent. ``counts(exc)`` says whether a failure is the service's fault;
+    ``shared()`` opens the shared state (once per process: a forked worker opens its own); ``fresh``
+    is how long a read of it is trusted."""
 
-    def __init__(self, agent: str, fail_max: int, reset_timeout: float, redis_url: str | None,
-                 counts: Callable[[BaseException], bool]) -> None:
+    def __init__(self, agent: str, fail_max: int, reset_timeout: float,
+                 shared: Callable[[], SharedState], counts: Callable[[BaseException], bool],
+                 fresh: float = 0.0) -> None:
         self.agent = agent
         self.fail_max = fail_max
         self.reset_timeout = reset_timeout
-        self.redis_url = redis_url
+        self.shared = shared
         self.counts = counts
+        self.fresh = fresh
         self._pid = 0
         self._lock = threading.Lock()
         self._breaker: pybreaker.CircuitBreaker | None = None
-        self._redis: redis.Redis | None = None
+        self._state: SharedState | None = None
 
     def _get(self) -> pybreaker.CircuitBreaker:
         with self._lock:
-            if self._breaker is None or self._pid != os.getpid():  # one client per (forked) process
-                storage: pybreaker.CircuitBreakerStorage
-                if self.redis_url:
-                    self._redis = redis.Redis.from_url(self.redis_url, socket_timeout=2)
-                    storage = _RedisStorage(pybreaker.STATE_CLOSED, self._redis, namespace=f"sas:breaker:{self.agent}")
-                else:
-                    storage = pybreaker.CircuitMemoryStorage(pybreaker.STATE_CLOSED)
+            if self._breaker is None or self._pid != os.getpid():
+                self._state = self.shared()
+                storage = _Storage(self._state, f"sas:breaker:{self.agent}", self.fresh)
                 self._breaker = pybreaker.CircuitBreaker(
                     fail_max=self.fail_max, reset_timeout=self.reset_timeout, state_storage=storage,
                     exclude=[lambda exc: not self.counts(exc)], name=self.agent,
@@ -105,11 +215,9 @@ class Breaker:
             raise BreakerOpen(self.agent, self.reset_timeout) from None
 
     def _may_probe(self) -> bool:
-        """One probe at a time across processes: whoever sets the lock key first."""
-        if self._redis is None:
-            return True
-        key = f"sas:breaker:{self.agent}:probe"
-        return bool(self._redis.set(key, os.getpid(), nx=True, px=int(max(self.reset_timeout, 1.0) * 1000)))
+        """One probe at a time across processes: whoever claims the probe key first."""
+        assert self._state is not None
+        return self._state.claim(f"sas:breaker:{self.agent}:probe", str(os.getpid()), max(self.reset_timeout, 1.0))
 
     @property
     def state(self) -> str:

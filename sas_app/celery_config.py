@@ -15,6 +15,13 @@ from typing import Any
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP
 from .settings import Settings
 
+#: On RabbitMQ: a publish returns once the broker has taken the message (publisher confirms), so
+#: one lost in a broker restart is an error here rather than silence; every queue Celery declares
+#: (sas.scheduler, sas.agent.*, created on first use) takes priorities 0-9, so an urgent run's
+#: steps overtake the others' (see Router.broker_priority). Whoever else declares those queues — a
+#: producer — must declare them alike: RabbitMQ refuses a queue redeclared with other arguments.
+AMQP: dict[str, Any] = {"broker_transport_options": {"confirm_publish": True}, "task_queue_max_priority": 9}
+
 
 def celery_settings(settings: Settings) -> dict[str, Any]:
     conf: dict[str, Any] = {
@@ -60,6 +67,8 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
             }
         },
     }
+    if settings.amqp_broker:
+        conf.update(AMQP)
     if settings.embedded_broker:
         # kombu's filesystem transport: every process sharing SAS_HOME shares the queues. A
         # consumer takes a message by renaming its file into ``processed`` (atomic on one file

@@ -15,10 +15,13 @@ from .workflow import NAME, ON_TIMEOUT, Escalate, Step, Workflow, action_name, s
 
 def check_workflow(
     workflow: Workflow, known_actions: Iterable[str], *, visibility_timeout: float,
-    known_workflows: Iterable[str] = (), max_sleep: float = 30 * 86400, max_deadline: float = 90 * 86400,
+    consumer_timeout: float | None = None, clock_skew: float = 0.0, known_workflows: Iterable[str] = (),
+    max_sleep: float = 30 * 86400, max_deadline: float = 90 * 86400,
 ) -> None:
     """Raise :class:`WorkflowDefinitionError` naming the first mistake in ``workflow``
-    (``known_workflows``: those registered before it, which its child steps may start)."""
+    (``known_workflows``: those registered before it, which its child steps may start). With an
+    AMQP broker ``consumer_timeout`` is its consumer timeout, else Redis's ``visibility_timeout``
+    bounds a step's."""
     known = set(known_actions)
     where = f"workflow {workflow.name!r}"
     if not isinstance(workflow.name, str) or not NAME.match(workflow.name):
@@ -57,7 +60,9 @@ def check_workflow(
             raise WorkflowDefinitionError(
                 f"{where}, step {s.name!r}: timeout must be a positive number of seconds, got {s.timeout!r}"
             )
-        if s.timeout >= visibility_timeout:
+        if consumer_timeout is not None:
+            _check_consumer_timeout(where, s, consumer_timeout, clock_skew)
+        elif s.timeout >= visibility_timeout:
             raise WorkflowDefinitionError(
                 f"{where}, step {s.name!r}: timeout {s.timeout}s is not below the broker's "
                 f"visibility timeout ({visibility_timeout}s); raise SAS_VISIBILITY_TIMEOUT or the "
@@ -83,6 +88,18 @@ def check_workflow(
     if workflow.version is not None and (not isinstance(workflow.version, str) or not NAME.match(workflow.version)):
         raise WorkflowDefinitionError(f"{where}: version {workflow.version!r} must be a name (letters, digits, "
                                       "'_', '-')")
+
+
+def _check_consumer_timeout(where: str, s: Step, consumer_timeout: float, clock_skew: float) -> None:
+    """RabbitMQ closes the channel of a consumer that holds a message unacknowledged past its
+    consumer timeout; an agent acknowledges a step's message once the step has ended."""
+    if s.timeout + clock_skew >= consumer_timeout:
+        raise WorkflowDefinitionError(
+            f"{where}, step {s.name!r}: timeout {s.timeout:g}s plus the clock-skew margin {clock_skew:g}s "
+            f"({s.timeout + clock_skew:g}s) is not below the broker's consumer timeout ({consumer_timeout:g}s): "
+            "RabbitMQ would close the channel of a message still in work; shorten the step's timeout, or raise "
+            "consumer_timeout in rabbitmq.conf and SAS_BROKER_CONSUMER_TIMEOUT with it"
+        )
 
 
 def _check_sleep(where: str, s: Step, max_sleep: float) -> None:

@@ -23,14 +23,17 @@ from typing import Any
 
 from celery import Celery
 
+from .celery_config import AMQP
 from .routing import SCHEDULER_QUEUE, SUBMIT
+from .settings import is_amqp
 
 
 class Producer:
     def __init__(self, broker_url: str, **celery_settings: Any) -> None:
         self.celery = Celery("sas-producer", broker=broker_url, set_as_current=False)
+        amqp = AMQP if is_amqp(broker_url) else {}
         self.celery.conf.update({"task_serializer": "json", "accept_content": ["json"],
-                                 "broker_connection_retry_on_startup": True, **celery_settings})
+                                 "broker_connection_retry_on_startup": True, **amqp, **celery_settings})
 
     def submit(self, workflow: str, payload: dict[str, Any], *, business_key: str, reply_to: str | None = None,
                priority: int = 5) -> str:

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sas.routing")
 
+#: How long a publish waits for the broker's confirm (RabbitMQ) before it is retried.
+CONFIRM_TIMEOUT = 5.0
+
 SCHEDULER_QUEUE = "sas.scheduler"
 SUPERVISOR_QUEUE = "sas.supervisor"
 
@@ -125,6 +128,9 @@ class Router:
         self.celery = celery
         self.settings = settings
         self.mark_sent = mark_sent
+        # With publisher confirms (RabbitMQ) wait this long for one, then retry the publish (a
+        # message twice is harmless; none at all is what the Supervisor recovers).
+        self.confirm: dict[str, Any] = {"confirm_timeout": CONFIRM_TIMEOUT} if settings.amqp_broker else {}
 
     def after_commit(self, notes: Sequence[Notification], *messages: Message | None) -> None:
         self.relay(notes)
@@ -137,7 +143,7 @@ class Router:
         try:
             if isinstance(message, Advance):
                 self.celery.send_task(ADVANCE, args=[message.run_id], queue=SCHEDULER_QUEUE,
-                                      countdown=message.delay or None)
+                                      countdown=message.delay or None, **self.confirm)
             else:
                 self.celery.send_task(
                     agent_task_name(message.agent, message.action),
@@ -149,6 +155,7 @@ class Router:
                     expires=message.timeout + self.settings.clock_skew,
                     soft_time_limit=message.timeout + 1,
                     time_limit=message.timeout + 5,
+                    **self.confirm,
                 )
             return True
         except Exception:
@@ -162,7 +169,7 @@ class Router:
             with self.celery.producer_pool.acquire(block=True) as producer:
                 queue = reply_queue(reply_to)
                 producer.publish(body, exchange=queue.exchange, routing_key=reply_to, declare=[queue],
-                                 serializer="json", retry=True)
+                                 serializer="json", retry=True, **self.confirm)
             return True
         except Exception:
             log.exception("could not answer on %s", reply_to)
@@ -178,7 +185,7 @@ class Router:
                 for note in notes:
                     queue = reply_queue(note.reply_to)
                     producer.publish(note.body, exchange=queue.exchange, routing_key=note.reply_to,
-                                     declare=[queue], serializer="json", retry=True)
+                                     declare=[queue], serializer="json", retry=True, **self.confirm)
             self.mark_sent([n.id for n in notes])
         except Exception:
             log.exception("could not relay %d notification(s); the Supervisor will", len(notes))

@@ -46,6 +46,10 @@ class Settings:
     #: SAS_VISIBILITY_TIMEOUT — Redis redelivers an unacknowledged message after this many seconds;
     #: it must exceed the longest step timeout or a slow agent's message is run twice. Default 3600.
     visibility_timeout: float = 3600.0
+    #: SAS_BROKER_CONSUMER_TIMEOUT — RabbitMQ closes the channel of a consumer holding a message
+    #: unacknowledged for longer than this (its ``consumer_timeout``, 30 minutes by default): with
+    #: an AMQP broker every step's timeout plus SAS_CLOCK_SKEW must stay below it. Default 1800.
+    broker_consumer_timeout: float = 1800.0
     #: SAS_CLOCK_SKEW — how far, in seconds, hosts' clocks may disagree. Deadlines are compared on
     #: the database's clock, but Celery checks a message's ``expires`` on the consuming worker's
     #: own clock: agent messages expire this long after their step's timeout, as a backstop
@@ -84,7 +88,7 @@ class Settings:
     #: SAS_BREAKER_RESET — seconds a breaker stays open before one probe call. Default 10.
     breaker_reset: float = 10.0
     #: SAS_BREAKER_URL — Redis holding breaker state shared by all workers. Default: the broker's
-    #: URL when it is Redis; otherwise each process keeps its own.
+    #: URL when it is Redis; otherwise the state store (table ``breakers``).
     breaker_url: str = ""
     #: SAS_AGENT_RATE_LIMITS — Celery rate limits per agent, ``"payment=20/s,warehouse=5/s"``: each
     #: worker starts at most that many of the agent's calls. Default none.
@@ -113,7 +117,8 @@ class Settings:
             object.__setattr__(self, "database_url", f"sqlite:///{home / 'state.db'}")
         if not self.broker_url:
             object.__setattr__(self, "broker_url", "filesystem://")
-        for name in ("supervisor_interval", "pickup_timeout", "retry_backoff", "visibility_timeout", "clock_skew"):
+        for name in ("supervisor_interval", "pickup_timeout", "retry_backoff", "visibility_timeout", "clock_skew",
+                     "broker_consumer_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
         for name in ("sweep_batch", "max_branches", "max_child_depth"):
@@ -129,6 +134,18 @@ class Settings:
             if name.strip() == agent:
                 return limit.strip()
         return None
+
+    @property
+    def amqp_broker(self) -> bool:
+        """The broker is RabbitMQ (or another AMQP 0-9-1 broker)."""
+        return is_amqp(self.broker_url)
+
+    @property
+    def breaker_redis_url(self) -> str:
+        """The Redis holding the agents' circuit breakers: SAS_BREAKER_URL, else the broker's when it
+        is Redis; empty when the state store holds them."""
+        redis_broker = self.broker_url.startswith(("redis://", "rediss://"))
+        return self.breaker_url or (self.broker_url if redis_broker else "")
 
     @property
     def embedded_store(self) -> bool:
@@ -169,6 +186,11 @@ def _parse(kind: type, raw: str) -> object:
     if kind in (int, float):
         return kind(raw)
     return raw
+
+
+def is_amqp(url: str) -> bool:
+    """A broker URL of RabbitMQ (or another AMQP 0-9-1 broker)."""
+    return url.startswith(("amqp://", "amqps://", "pyamqp://"))
 
 
 def redact_url(url: str) -> str:

@@ -6,8 +6,9 @@ clock; ``transitions`` the fenced transitions of runs and steps; ``submission`` 
 ``for_each`` step's; ``waits`` a sleep's or a wait's, ``signals`` the signals that end waits,
 ``slots`` one run at a time per key, ``schedules`` scheduled starts; ``compensation``,
 ``operations`` and ``sweep`` the transitions of undoing a run, of operators and the Supervisor's
-queries; ``retention`` deleting old finished runs; ``queries`` and ``observe`` the read-only
-ones; ``database`` the :class:`Store` that opens transactions. Nothing here sends a message.
+queries; ``retention`` deleting old finished runs; ``breakers`` agents' circuit breakers;
+``queries`` and ``observe`` the read-only ones; ``database`` the :class:`Store` that opens
+transactions. Nothing here sends a message.
 """
 
 from .database import Store, Tx, dumps_payload, stored_object

@@ -15,6 +15,7 @@ from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..routing import Notification
+from .breakers import StoreState
 from .children import ChildTx
 from .engine import Clock, db_now, make_engine
 from .fan_out import FanOutTx
@@ -82,6 +83,10 @@ class Store(Queries, Retention):
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def breaker_state(self) -> StoreState:
+        """Agents' circuit breakers kept here (when no Redis keeps them)."""
+        return StoreState(self.engine)
 
     @contextmanager
     def begin(self) -> Iterator[Tx]:

@@ -279,5 +279,15 @@ supervisors = Table(
     Column("last_sweep_at", Double, nullable=False),
 )
 
-__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "events", "metadata", "outbox", "runs", "schedules", "signals",
-           "steps", "supervisors"]
+#: Agents' circuit breakers, when no Redis holds them (see sas_app.breaker): a few keys per agent;
+#: ``expires_at`` (the database's clock) for the probe lock only.
+breakers = Table(
+    "breakers",
+    metadata,
+    Column("key", String(200), primary_key=True),
+    Column("value", String(100), nullable=False),
+    Column("expires_at", Double),
+)
+
+__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "breakers", "events", "metadata", "outbox", "runs", "schedules",
+           "signals", "steps", "supervisors"]

@@ -13,7 +13,7 @@ Series: ``sas_runs{workflow,state}``, ``sas_runs_finished_total{workflow,state}`
 ``sas_compensations_total{workflow}``, ``sas_alerts_total{kind}``, ``sas_alerts_current{kind}`` (alerts
 whose run is in error or unfinished), ``sas_stale_replies_total``,
 ``sas_supervisor_sweeps_total{instance}``, ``sas_supervisor_last_sweep_age_seconds{instance}``,
-``sas_breaker_state{agent}`` (0 closed, 1 half-open, 2 open; with a shared Redis breaker only),
+``sas_breaker_state{agent}`` (0 closed, 1 half-open, 2 open),
 ``sas_metrics_caught_up`` (0 while a dashboard started over a long history is still reading it,
 ``MAX_BATCHES`` x ``BATCH`` events a scrape: the counters are left out until then, so that
 ``rate()`` never sees the history arrive as a burst).
@@ -170,7 +170,7 @@ class StoreCollector(Collector):
         yield family(GaugeMetricFamily, "sas_breaker_state", "Agents' circuit breakers: 0 closed, 1 half-open, 2 open",
                      ["agent"], (((name,), BREAKER_STATES.get(agent.breaker.state, 0))
                                  for name, agent in self.sas.agents.items()
-                                 if agent.breaker is not None and agent.breaker.redis_url))
+                                 if agent.breaker is not None))
 
 
 def family(kind: type[CounterMetricFamily] | type[GaugeMetricFamily], name: str, documentation: str,

@@ -1,5 +1,6 @@
-"""Integration fixtures: a fresh PostgreSQL database and Redis database number per test, and the
-real processes. A service that does not answer fails the tests loudly; nothing is skipped."""
+"""Integration fixtures: a fresh PostgreSQL database and Redis database number (or RabbitMQ
+virtual host) per test, and the real processes. A service that does not answer fails the tests
+loudly; nothing is skipped. A test marked ``both_brokers`` runs on Redis and on RabbitMQ."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis
 
 from sas_app import SasApp, Settings
 from tests.conftest import fresh_postgres_database
+from tests.integration.rabbitmq import rabbitmq_vhost
 from tests.integration.stack import Stack, free_port
 from workers.orders import install
 
@@ -39,11 +41,31 @@ def redis_url():
     return url
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("both_brokers"):
+        metafunc.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
+
+
 @pytest.fixture
-def stack_env(db_url, redis_url, tmp_path):
+def broker(request):
+    """Which broker the stack runs on: Redis, unless the test runs on both and this is RabbitMQ's turn."""
+    return getattr(request, "param", "redis")
+
+
+@pytest.fixture
+def broker_url(broker, request):
+    if broker == "redis":
+        yield request.getfixturevalue("redis_url")
+        return
+    with rabbitmq_vhost() as url:
+        yield url
+
+
+@pytest.fixture
+def stack_env(db_url, broker_url, tmp_path):
     return {
         "SAS_DATABASE_URL": db_url,
-        "SAS_BROKER_URL": redis_url,
+        "SAS_BROKER_URL": broker_url,
         "SAS_HOME": str(tmp_path / "home"),
         "SAS_SUPERVISOR_INTERVAL": "0.5",
         "SAS_PICKUP_TIMEOUT": "2",

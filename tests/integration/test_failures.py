@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from tests.integration.conftest import shop_app
+from tests.integration.rabbitmq import purge_queues, rabbitmqctl
 from tests.integration.stack import clock_off_by
 from tests.support import wait_for
 
@@ -21,6 +22,7 @@ def children_lost(stack, name: str) -> int:
     return stack.log(name).count("Task handler raised error: WorkerLostError")
 
 
+@pytest.mark.both_brokers
 def test_a_poison_step_costs_max_failures_workers_then_the_order_is_undone(stack, stack_env):
     # A long complete-by: only the workers' reports of their lost children can recover the step.
     shop = shop_app(stack_env, charge_timeout=30, max_failures=3)
@@ -95,3 +97,33 @@ def test_redis_emptied_mid_run_loses_no_order(stack, shop, redis_url):
     assert [v.process_state for v in views] == ["processed"] * 8
     charges = Counter(e["order_id"] for e in stack.ledger() if e["action"] == "charge")
     assert set(charges.values()) == {1} and len(charges) == 9
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
+def test_rabbitmq_restarted_and_its_queues_purged_mid_run_loses_no_order(stack, stack_env, broker_url):
+    """Where the Redis run empties Redis: RabbitMQ's application restarted (every connection
+    dropped, what was unacknowledged given back), then every queue of the run's virtual host purged.
+    Each step may pass its complete-by 10 times: workers take seconds to reconnect, and an order
+    undone because nobody took its step meanwhile would be right, but not what this looks at."""
+    shop = shop_app(stack_env, max_failures=10)
+    shop.migrate()
+    stack.up()
+    assert shop.submit("order", {"amount": 1}, business_key="before").wait(30).process_state == "processed"
+    in_flight = [shop.submit("order", {"amount": 2, "faults": {"charge": "latency:1"}}, business_key=f"mid-{i}")
+                 for i in range(4)]
+    wait_for(lambda: len(stack.requests_seen()) >= 2, 20, "charges to be in flight")
+
+    rabbitmqctl("stop_app")
+    try:
+        late = [shop.submit("order", {"amount": 3}, business_key=f"while-down-{i}") for i in range(2)]
+    finally:
+        rabbitmqctl("start_app")
+    rabbitmqctl("await_startup")
+    wait_for(lambda: purge_queues(broker_url) or True, 5, "the queues to be purged")
+    after = [shop.submit("order", {"amount": 4}, business_key=f"after-{i}") for i in range(3)]
+
+    views = [h.wait(90) for h in in_flight + late + after]
+    assert [v.process_state for v in views] == ["processed"] * 9
+    charges = Counter(e["order_id"] for e in stack.ledger() if e["action"] == "charge")
+    assert set(charges.values()) == {1} and len(charges) == 10
+    shop.store.dispose()

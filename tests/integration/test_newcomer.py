@@ -129,7 +129,8 @@ def _answers(url: str) -> bool:
         return False
 
 
-def test_demo_on_redis_and_postgresql_twice_loses_nothing_and_counts_its_own_orders(stack_env, tmp_path):
+@pytest.mark.both_brokers
+def test_demo_on_the_production_stack_twice_loses_nothing_and_counts_its_own_orders(stack_env, tmp_path):
     env = {**os.environ, **{k: stack_env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL")},
            "SAS_HOME": str(tmp_path / "demo")}
     for _ in range(2):  # the second against the same database and broker, and the same SAS_HOME

@@ -30,6 +30,7 @@ def collect(shop, queue, until: str, timeout: float = 30, at_least: int = 0) -> 
     return notes
 
 
+@pytest.mark.both_brokers
 def test_a_reply_to_consumer_receives_every_transition_in_order(stack, shop):
     stack.up()
     queue = f"replies-{uuid.uuid4().hex[:8]}"

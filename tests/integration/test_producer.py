@@ -39,12 +39,14 @@ def only_the_broker(broker_url: str, script: str) -> subprocess.CompletedProcess
                           text=True, timeout=60)
 
 
+@pytest.mark.both_brokers
 def test_a_process_with_only_the_broker_submits_runs_that_are_processed(stack, app, stack_env):
     stack.worker("all", "sas.scheduler,sas.supervisor,sas.agent.work", 2, env=APP)
     celery_only = only_the_broker(stack_env["SAS_BROKER_URL"], """
         import os, sys
         from celery import Celery
         app = Celery(broker=os.environ["BROKER_URL"])
+        app.conf.task_queue_max_priority = 9
         app.send_task("sas.submit", queue="sas.scheduler",
                       kwargs={"workflow": "three_at_once", "payload": {}, "business_key": "celery-only"})
         print(sorted(m for m in sys.modules if m.startswith(("sas_app", "sqlalchemy", "psycopg"))))

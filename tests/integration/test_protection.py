@@ -14,6 +14,7 @@ def deferrals(shop, handle, position=0):
             if e.kind == "transition" and e.position == position and e.detail and "deferred" in e.detail]
 
 
+@pytest.mark.both_brokers
 def test_with_the_breaker_open_no_request_reaches_the_service_and_no_budget_burns(stack, shop):
     stack.env.update({"SAS_BREAKER_FAIL_MAX": "3", "SAS_BREAKER_RESET": "3"})
     stack.up()
@@ -33,6 +34,7 @@ def test_with_the_breaker_open_no_request_reaches_the_service_and_no_budget_burn
     assert min(reserved_at) >= opened + 3 - 0.05, "a reservation went through while the breaker was open"
 
 
+@pytest.mark.both_brokers
 def test_an_urgent_run_overtakes_queued_ones_on_the_agent_queue(stack, shop):
     stack.services()
     stack.scheduler()

@@ -1,0 +1,59 @@
+"""RabbitMQ for the integration tests: a virtual host of each test's own on the broker at
+SAS_TEST_RABBITMQ (scripts/test starts one), made and dropped with rabbitmqctl, and what a test
+does to it (purge its queues, restart the broker's application)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from kombu import Connection
+
+RABBITMQ = os.environ.get("SAS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672")
+
+
+def rabbitmqctl(*args: str) -> str:
+    """Run ``rabbitmqctl`` (Debian's, as root); fail the test loudly if it cannot."""
+    tool = shutil.which("rabbitmqctl")
+    if tool is None:
+        pytest.fail("rabbitmqctl is missing: apt-get install rabbitmq-server (scripts/test does)", pytrace=False)
+    done = subprocess.run([tool, "-q", *args], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        pytest.fail(f"rabbitmqctl {' '.join(args)} failed: {done.stderr.strip() or done.stdout.strip()}",
+                    pytrace=False)
+    return done.stdout
+
+
+@contextmanager
+def rabbitmq_vhost() -> Iterator[str]:
+    """The URL of a fresh virtual host, deleted with everything in it afterwards."""
+    name = f"sas_t_{uuid.uuid4().hex[:12]}"
+    try:
+        with Connection(RABBITMQ, connect_timeout=5) as conn:
+            conn.connect()
+    except Exception as exc:
+        pytest.fail(f"RabbitMQ at {RABBITMQ} is not answering ({exc}); scripts/test starts it", pytrace=False)
+    rabbitmqctl("add_vhost", name)
+    try:
+        rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        yield f"{RABBITMQ}/{name}"
+    finally:
+        rabbitmqctl("delete_vhost", name)
+
+
+def purge_queues(url: str) -> dict[str, int]:
+    """Empty every queue of ``url``'s virtual host (what is delivered and unacknowledged stays with
+    its consumer); how many messages each held."""
+    vhost = url.rsplit("/", 1)[1]
+    purged = {}
+    for line in rabbitmqctl("list_queues", "-p", vhost, "name", "messages_ready").splitlines():
+        name, _, ready = line.rpartition("\t")
+        if name and ready.isdigit() and int(ready):
+            rabbitmqctl("purge_queue", "-p", vhost, name)
+            purged[name] = int(ready)
+    return purged
