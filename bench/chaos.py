@@ -1,16 +1,18 @@
 """Chaos: the order example on a real stack while its processes and servers are killed.
 
-Starts its own Redis and PostgreSQL (Debian's server binaries, on free loopback ports, each with a
-password), the payment and warehouse services, several agent workers, a Scheduler worker and two
-beat processes (two Supervisors). It submits N orders, some with remote faults (transient errors,
+Starts its own broker — Redis, or with ``--broker rabbitmq`` a RabbitMQ node — and PostgreSQL
+(Debian's server binaries, on free loopback ports, each with a password), the payment and
+warehouse services, several agent workers, a Scheduler worker and two beat processes (two
+Supervisors). It submits N orders, some with remote faults (transient errors,
 hangs past complete-by, latency, a declined card), one or more poison orders whose step kills
 the worker running it, and held orders that wait in the store for a manager's review (a signal,
 sent while all this goes on) and a cooling-off sleep (:mod:`bench.held_orders`); meanwhile, on a
 seeded random schedule, it:
 
 * SIGKILLs and restarts agent workers, the Scheduler worker and a Supervisor (beat);
-* restarts Redis (SIGKILL; it comes back from its append-only file) and PostgreSQL (an immediate,
-  crash-like stop) while runs are in flight, and empties Redis (FLUSHALL) mid-run;
+* restarts the broker (SIGKILL; Redis comes back from its append-only file, RabbitMQ with its
+  durable queues) and PostgreSQL (an immediate, crash-like stop) while runs are in flight, and
+  empties the broker mid-run (Redis: FLUSHALL; RabbitMQ: every queue purged);
 * pauses an agent worker (SIGSTOP) past complete-by and resumes it (a zombie that wakes up late);
 * kills an agent after its remote call succeeded but before its reply (fault point);
 * asks an agent worker for a warm shutdown (SIGTERM) mid-step and starts it again.
@@ -22,7 +24,7 @@ waiting (a signal consumed twice or missed, a sleep woken early), and no passwor
 prints the figures and writes ``bench/results/chaos-<date>.json``; the exit status is non-zero if
 any invariant broke. Usage::
 
-    python -m bench.chaos [--orders 500] [--seed 1] [--each 2]      # from a checkout
+    python -m bench.chaos [--orders 500] [--seed 1] [--each 2] [--broker redis|rabbitmq]
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import httpx
 from sqlalchemy import select
 
 from bench.held_orders import HeldOrders
+from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
 from bench.throughput import percentile as nearest_rank
 from bench.throughput import record
@@ -59,8 +62,8 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 AGENT_QUEUES = "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders"
 #: what the schedule can do, each at least ``--each`` times ("poison" submits a poison order)
-KINDS = ("kill_agent", "kill_scheduler", "kill_supervisor", "restart_redis", "restart_postgres", "zombie",
-         "kill_after_call", "warm_shutdown", "flushall", "poison")
+KINDS = ("kill_agent", "kill_scheduler", "kill_supervisor", "restart_broker", "restart_postgres", "zombie",
+         "kill_after_call", "warm_shutdown", "empty_broker", "poison")
 #: the order example's remote actions, as its payload names them for faults, and their undos
 DO_ACTIONS = ("reserve", "charge", "ship")
 
@@ -111,6 +114,7 @@ class Chaos:
         self.home = Path(args.home or tempfile.mkdtemp(prefix=f"sas-chaos-{stamp}-"))
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         self.servers = Servers(self.home)
+        self.rabbit = RabbitNode(self.home) if args.broker == "rabbitmq" else None
         self.injected: Counter[str] = Counter()
         self.timeline: list[dict[str, Any]] = []
         self.accepted: dict[str, str] = {}  # business key -> run id
@@ -133,7 +137,7 @@ class Chaos:
             "SAS_APP": "workers.app:sas",
             "SAS_HOME": str(self.home / "sas"),
             "SAS_DATABASE_URL": s.database_url,
-            "SAS_BROKER_URL": s.redis_url,
+            "SAS_BROKER_URL": self.broker_url(),
             "SAS_SUPERVISOR_INTERVAL": "1",
             "SAS_PICKUP_TIMEOUT": "5",
             "SAS_RETRY_BACKOFF": "0.5",
@@ -152,7 +156,10 @@ class Chaos:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.getLogger().addHandler(handler)
         logging.getLogger().setLevel(logging.INFO)
-        self.servers.start_redis()
+        if self.rabbit:
+            self.rabbit.start()
+        else:
+            self.servers.start_redis()
         self.servers.init_postgres()
         self.ports = {"payment": free_port(), "warehouse": free_port()}
         env = self.env()
@@ -201,19 +208,26 @@ class Chaos:
             fleet.kill(name)
             self.later(2.0, lambda: fleet.start(name, wait=False))
             return name
-        if kind == "restart_redis":
+        if kind == "restart_broker" and self.rabbit:
+            self.rabbit.kill()
+            time.sleep(1.0)
+            self.rabbit.start()
+            return "RabbitMQ SIGKILLed, restarted with its durable queues"
+        if kind == "restart_broker":
             servers.kill_redis()
             time.sleep(1.0)
             servers.start_redis()
-            return "SIGKILL, restarted from its append-only file"
+            return "Redis SIGKILLed, restarted from its append-only file"
         if kind == "restart_postgres":
             servers.stop_postgres("immediate")
             time.sleep(1.0)
             servers.start_postgres()
             return "immediate stop, crash recovery"
-        if kind == "flushall":
+        if kind == "empty_broker" and self.rabbit:
+            return f"RabbitMQ: every queue purged ({self.rabbit.purge()} ready messages)"
+        if kind == "empty_broker":
             servers.flushall()
-            return "every queue, unacked message and binding gone"
+            return "Redis FLUSHALL: every queue, unacked message and binding gone"
         if kind == "zombie":
             name = rng.choice(self.agent_names)
             fleet.signal(name, signal.SIGSTOP)
@@ -386,7 +400,7 @@ class Chaos:
             "config": {"orders": self.args.orders, "rate_per_s": self.args.rate, "each": self.args.each,
                        "agent_workers": self.args.agents, "max_failures": self.args.max_failures,
                        "supervisor_interval_s": 1, "charge_timeout_s": 3, "step_timeout_s": 5,
-                       "redis": self.servers.redis_url.replace(self.servers.redis_password, "***"),
+                       "broker": self.broker_url().replace(self.secrets()[0], "***"),
                        "postgres": self.servers.database_url.replace(self.servers.pg_password, "***")},
             "faults_injected": dict(sorted(self.injected.items())),
             "timeline": self.timeline,
@@ -431,18 +445,28 @@ class Chaos:
     def secrets_in_logs(self) -> int:
         """Lines, in every log this run wrote, that show a password."""
         found = 0
+        rabbit = [*self.rabbit.root.glob("*.log"), *self.rabbit.root.glob("log/*.log")] if self.rabbit else []
         for path in [*self.home.glob("logs/*.log"), self.servers.redis_dir / "redis.log",
-                     self.servers.pg_data.parent / "postgres.log"]:
+                     self.servers.pg_data.parent / "postgres.log", *rabbit]:
             if path.exists():
                 text = path.read_text(errors="replace")
-                found += sum(text.count(secret) for secret in self.servers.secrets())
+                found += sum(text.count(secret) for secret in self.secrets())
         return found
+
+    def broker_url(self) -> str:
+        return self.rabbit.url if self.rabbit else self.servers.redis_url
+
+    def secrets(self) -> list[str]:
+        """The broker's password first."""
+        return [self.rabbit.password, self.servers.pg_password] if self.rabbit else self.servers.secrets()
 
     def stop(self) -> None:
         if hasattr(self, "fleet"):
             self.fleet.stop_all(grace=0)
         if hasattr(self, "sas"):
             self.sas.store.dispose()
+        if self.rabbit:
+            self.rabbit.stop()
         self.servers.stop()
 
 
@@ -526,6 +550,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds after the last fault by which every run must have ended (default 180)")
     parser.add_argument("--review-timeout", type=float, default=20.0,
                         help="seconds a held order waits for its manager's review (default 20)")
+    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
+                        help="the broker the run starts, restarts and empties (default redis)")
     parser.add_argument("--home", default=None, help="folder for servers, logs and ledgers (default: a new temp dir)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where chaos-<date>.json goes")
     parser.add_argument("--keep", action="store_true", help="keep the home folder even when every invariant holds")
@@ -546,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         chaos.stop()
         signal.signal(signal.SIGTERM, previous)
     print_report(result)
-    record(args.out, "chaos", result)
+    record(args.out, "chaos" if args.broker == "redis" else f"chaos-{args.broker}", result)
     if result["invariants_hold"] and not args.keep:
         shutil.rmtree(chaos.home, ignore_errors=True)
         print("logs and state removed (every invariant held; --keep keeps them)")

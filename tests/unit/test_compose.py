@@ -56,3 +56,25 @@ def test_no_credentials_are_committed_and_flower_asks_for_them(services):
     assert [p for p in services["dashboard"]["command"] if p.startswith("--basic-auth=")] == \
         [p for p in services["flower"]["command"] if p.startswith("--basic-auth=")], "the dashboard asks as Flower does"
     assert services["migrate"]["restart"] == "no"
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """Compose's merge tags (``!override``, ``!reset``) read as the value they carry."""
+
+
+ComposeLoader.add_constructor("!override", lambda loader, node: loader.construct_mapping(node, deep=True))
+ComposeLoader.add_constructor("!reset", lambda loader, node: None)
+
+
+def test_the_rabbitmq_variant_runs_every_process_on_rabbitmq_and_no_redis(services):
+    text = (COMPOSE.parent / "docker-compose.rabbitmq.yml").read_text()
+    override = yaml.load(text, Loader=ComposeLoader)["services"]
+    assert override["redis"]["profiles"], "Redis is not started"
+    assert "${RABBITMQ_PASSWORD:?" in override["rabbitmq"]["environment"]["RABBITMQ_DEFAULT_PASS"]
+    base = {name for name, svc in services.items() if "SAS_BROKER_URL" in (svc.get("environment") or {})}
+    assert base and base <= set(override), "every process that has the broker's URL gets RabbitMQ's"
+    for name in base:
+        assert override[name]["environment"]["SAS_BROKER_URL"].startswith("amqp://sas:${RABBITMQ_PASSWORD:?"), name
+        needs = set(services[name].get("depends_on") or {})
+        if "redis" in needs:  # waits for RabbitMQ instead, and for nothing of Redis
+            assert set(override[name]["depends_on"]) == needs - {"redis"} | {"rabbitmq"}, name
