@@ -43,6 +43,7 @@ from .routing import (
     STEP_LOST,
     agent_queue,
     agent_task_name,
+    confirm_options,
 )
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ class AgentRequest(Request):  # type: ignore[misc]
         except (KeyError, TypeError, ValueError):
             return False  # not a step we can name; Celery's default applies
         try:
-            self.task.app.send_task(STEP_LOST, kwargs=report, queue=SCHEDULER_QUEUE)
+            self.task.app.send_task(STEP_LOST, kwargs=report, queue=SCHEDULER_QUEUE, **confirm_options(self.task.app))
         except Exception:
             log.exception("could not report the lost worker of %s; the message goes back to the queue", report)
             return False
@@ -323,7 +324,7 @@ class Agent:
                 faults.hit("agent.before_call", call.step)
                 if self.breaker is None:
                     return action(call)
-                return self.breaker.call(action, call)
+                return self.breaker.call(action, call, lasts=max(call.remaining(), 0.0))
         raise StepExpired(call.step)  # pragma: no cover - Retrying either returns or raises
 
     def _reply(self, task: str, call: AgentCall, **outcome: Any) -> None:
@@ -337,4 +338,4 @@ class Agent:
                 return
             except Exception:
                 log.exception("replying in process failed; sending the reply to the Scheduler's queue")
-        self.celery.send_task(task, kwargs=reply, queue=SCHEDULER_QUEUE)
+        self.celery.send_task(task, kwargs=reply, queue=SCHEDULER_QUEUE, **confirm_options(self.celery))

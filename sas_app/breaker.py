@@ -39,9 +39,13 @@ class SharedState(Protocol):
     def get(self, key: str) -> str | None: ...
     def put(self, key: str, value: str) -> None: ...
     def incr(self, key: str) -> int: ...
+    def zero(self, key: str) -> None:
+        """Set ``key`` to ``"0"``, writing only if it is not already."""
+        ...
     def claim(self, key: str, value: str, seconds: float) -> bool:
         """Set ``key`` unless it is set and not expired; True if this call set it."""
         ...
+    def release(self, key: str) -> None: ...
 
 
 class RedisState:
@@ -57,8 +61,14 @@ class RedisState:
     def incr(self, key: str) -> int:
         return int(self.redis.incr(key))
 
+    def zero(self, key: str) -> None:
+        self.redis.set(key, "0")
+
     def claim(self, key: str, value: str, seconds: float) -> bool:
         return bool(self.redis.set(key, value, nx=True, px=int(seconds * 1000)))
+
+    def release(self, key: str) -> None:
+        self.redis.delete(key)
 
 
 class LocalState:
@@ -79,11 +89,17 @@ class LocalState:
         self.put(key, str(value))
         return value
 
+    def zero(self, key: str) -> None:
+        self.put(key, "0")
+
     def claim(self, key: str, value: str, seconds: float) -> bool:
         if self.get(key) is not None:
             return False
         self.values[key] = (value, time.monotonic() + seconds)
         return True
+
+    def release(self, key: str) -> None:
+        self.values.pop(key, None)
 
 
 class BreakerOpen(Exception):
@@ -96,13 +112,17 @@ class BreakerOpen(Exception):
 
 class _Storage(pybreaker.CircuitBreakerStorage):
     """pybreaker's state in :class:`SharedState` keys, each read trusted for ``fresh`` seconds.
-    A success resets the failure count only when it is not zero already (pybreaker resets it on
-    every success: a write per call)."""
+    A success zeroes the failure count in the shared state itself (never from a cached read, so
+    "failures in a row" counts across processes), writing only when it is not zero already."""
 
     def __init__(self, shared: SharedState, namespace: str, fresh: float) -> None:
         super().__init__(namespace)
         self._shared, self._ns, self._fresh = shared, namespace, fresh
         self._seen: dict[str, tuple[str | None, float]] = {}
+
+    def forget(self) -> None:
+        """Read every key afresh next time."""
+        self._seen.clear()
 
     def _read(self, key: str) -> str | None:
         value, at = self._seen.get(key, (None, -1e18))
@@ -133,9 +153,12 @@ class _Storage(pybreaker.CircuitBreakerStorage):
     def increment_counter(self) -> None:
         self._incr("fail_counter")
 
+    def _zero(self, key: str) -> None:
+        self._shared.zero(f"{self._ns}:{key}")
+        self._seen[key] = ("0", time.monotonic())
+
     def reset_counter(self) -> None:
-        if self.counter:
-            self._write("fail_counter", "0")
+        self._zero("fail_counter")
 
     @property
     def success_counter(self) -> int:
@@ -145,8 +168,7 @@ class _Storage(pybreaker.CircuitBreakerStorage):
         self._incr("success_counter")
 
     def reset_success_counter(self) -> None:
-        if self.success_counter:
-            self._write("success_counter", "0")
+        self._zero("success_counter")
 
     @property
     def opened_at(self) -> datetime | None:
@@ -176,14 +198,15 @@ class Breaker:
         self._lock = threading.Lock()
         self._breaker: pybreaker.CircuitBreaker | None = None
         self._state: SharedState | None = None
+        self._storage: _Storage | None = None
 
     def _get(self) -> pybreaker.CircuitBreaker:
         with self._lock:
             if self._breaker is None or self._pid != os.getpid():
                 self._state = self.shared()
-                storage = _Storage(self._state, f"sas:breaker:{self.agent}", self.fresh)
+                self._storage = _Storage(self._state, f"sas:breaker:{self.agent}", self.fresh)
                 self._breaker = pybreaker.CircuitBreaker(
-                    fail_max=self.fail_max, reset_timeout=self.reset_timeout, state_storage=storage,
+                    fail_max=self.fail_max, reset_timeout=self.reset_timeout, state_storage=self._storage,
                     exclude=[lambda exc: not self.counts(exc)], name=self.agent,
                 )
                 self._pid = os.getpid()
@@ -198,26 +221,34 @@ class Breaker:
         waited = (datetime.now(timezone.utc) - opened_at).total_seconds() if opened_at else self.reset_timeout
         return max(self.reset_timeout - waited, 0.0)
 
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
+    def call(self, fn: Callable[..., T], *args: Any, lasts: float = 0.0) -> T:
+        """Call ``fn(*args)`` through the breaker; ``lasts``: the longest the call may take (a
+        probe holds the probe lock that long)."""
         breaker = self._get()
         state = breaker.current_state
-        if state != pybreaker.STATE_CLOSED:
-            wait = self.open_for()
-            if wait > 0:
-                raise BreakerOpen(self.agent, wait)
-            if not self._may_probe():
-                raise BreakerOpen(self.agent, min(1.0, self.reset_timeout))
-            log.warning("agent %s: probing its service (breaker %s)", self.agent, state)
+        if state == pybreaker.STATE_CLOSED:
+            return self._call(breaker, fn, *args)
+        wait = self.open_for()
+        if wait > 0:
+            raise BreakerOpen(self.agent, wait)
+        assert self._state is not None and self._storage is not None
+        probe = f"sas:breaker:{self.agent}:probe"
+        if not self._state.claim(probe, str(os.getpid()), max(self.reset_timeout, lasts + 5.0, 1.0)):
+            raise BreakerOpen(self.agent, min(1.0, self.reset_timeout))
+        try:
+            # read the breaker afresh: another process's probe may have just closed it
+            self._storage.forget()
+            log.warning("agent %s: probing its service (breaker %s)", self.agent, breaker.current_state)
+            return self._call(breaker, fn, *args)
+        finally:
+            self._state.release(probe)
+
+    def _call(self, breaker: pybreaker.CircuitBreaker, fn: Callable[..., T], *args: Any) -> T:
         try:
             return breaker.call(fn, *args)
         except pybreaker.CircuitBreakerError:
             log.error("agent %s: breaker opened after %d failures", self.agent, self.fail_max)
             raise BreakerOpen(self.agent, self.reset_timeout) from None
-
-    def _may_probe(self) -> bool:
-        """One probe at a time across processes: whoever claims the probe key first."""
-        assert self._state is not None
-        return self._state.claim(f"sas:breaker:{self.agent}:probe", str(os.getpid()), max(self.reset_timeout, 1.0))
 
     @property
     def state(self) -> str:

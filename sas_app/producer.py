@@ -24,7 +24,7 @@ from typing import Any
 from celery import Celery
 
 from .celery_config import AMQP
-from .routing import SCHEDULER_QUEUE, SUBMIT
+from .routing import SCHEDULER_QUEUE, SUBMIT, confirm_options
 from .settings import is_amqp
 
 
@@ -43,7 +43,8 @@ class Producer:
                                   "priority": priority}
         if reply_to is not None:
             kwargs["reply_to"] = reply_to
-        return str(self.celery.send_task(SUBMIT, kwargs=kwargs, queue=SCHEDULER_QUEUE).id)
+        return str(self.celery.send_task(SUBMIT, kwargs=kwargs, queue=SCHEDULER_QUEUE,
+                                         **confirm_options(self.celery)).id)
 
     def close(self) -> None:
         self.celery.close()

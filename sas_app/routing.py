@@ -120,6 +120,14 @@ class AgentMessage:
 Message = Advance | AgentMessage
 
 
+def confirm_options(celery: Celery) -> dict[str, Any]:
+    """Options for a publish: with publisher confirms (RabbitMQ) wait at most CONFIRM_TIMEOUT for
+    one, then the publish is retried (a message twice is harmless; one never sent is what the
+    Supervisor recovers) rather than waiting for ever on a broker that does not answer."""
+    options = celery.conf.broker_transport_options or {}
+    return {"confirm_timeout": CONFIRM_TIMEOUT} if options.get("confirm_publish") else {}
+
+
 class Router:
     """Publishes after a commit: notifications first, then the messages, so a submitter hears of a
     step before anything that follows it. ``mark_sent`` records relayed notifications (the store's)."""
@@ -128,9 +136,12 @@ class Router:
         self.celery = celery
         self.settings = settings
         self.mark_sent = mark_sent
-        # With publisher confirms (RabbitMQ) wait this long for one, then retry the publish (a
-        # message twice is harmless; none at all is what the Supervisor recovers).
-        self.confirm: dict[str, Any] = {"confirm_timeout": CONFIRM_TIMEOUT} if settings.amqp_broker else {}
+        self.confirm = confirm_options(celery)
+        # RabbitMQ closes the channel of a consumer holding a message unacknowledged past its
+        # consumer timeout, and Celery holds a message with a countdown unacknowledged until it is
+        # due: a longer wait is asked in hops (an Advance that comes early makes the planner wait
+        # again for what is left).
+        self.longest_countdown = settings.broker_consumer_timeout / 2 if settings.amqp_broker else None
 
     def after_commit(self, notes: Sequence[Notification], *messages: Message | None) -> None:
         self.relay(notes)
@@ -142,8 +153,9 @@ class Router:
         """Publish one message; False (logged) if the broker refused it."""
         try:
             if isinstance(message, Advance):
+                delay = message.delay if self.longest_countdown is None else min(message.delay, self.longest_countdown)
                 self.celery.send_task(ADVANCE, args=[message.run_id], queue=SCHEDULER_QUEUE,
-                                      countdown=message.delay or None, **self.confirm)
+                                      countdown=delay or None, **self.confirm)
             else:
                 self.celery.send_task(
                     agent_task_name(message.agent, message.action),
@@ -169,7 +181,7 @@ class Router:
             with self.celery.producer_pool.acquire(block=True) as producer:
                 queue = reply_queue(reply_to)
                 producer.publish(body, exchange=queue.exchange, routing_key=reply_to, declare=[queue],
-                                 serializer="json", retry=True, **self.confirm)
+                                 serializer="json", retry=True, retry_policy=self.retry_policy, **self.confirm)
             return True
         except Exception:
             log.exception("could not answer on %s", reply_to)
@@ -185,10 +197,16 @@ class Router:
                 for note in notes:
                     queue = reply_queue(note.reply_to)
                     producer.publish(note.body, exchange=queue.exchange, routing_key=note.reply_to,
-                                     declare=[queue], serializer="json", retry=True, **self.confirm)
+                                     declare=[queue], serializer="json", retry=True, retry_policy=self.retry_policy,
+                                     **self.confirm)
             self.mark_sent([n.id for n in notes])
         except Exception:
             log.exception("could not relay %d notification(s); the Supervisor will", len(notes))
+
+    @property
+    def retry_policy(self) -> dict[str, Any]:
+        """Celery's publish retry policy (bounded: kombu's own default retries forever)."""
+        return dict(self.celery.conf.task_publish_retry_policy)
 
     def broker_priority(self, urgency: int) -> int:
         """Our 0-9 urgency as the broker counts it: Redis serves 0 first, AMQP serves 9 first."""

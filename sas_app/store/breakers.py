@@ -1,10 +1,11 @@
 """Agents' circuit breakers in the state store (:class:`sas_app.breaker.SharedState`), for a
 deployment whose broker is not Redis: a few keys per agent in ``breakers``, each write its own
-short transaction. Read on every call by no one: the breaker trusts a read for half a second."""
+short transaction. The breaker trusts a read for half a second; a success's reset of the failure
+count is one UPDATE that changes no row while the count is zero."""
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, Integer, String, cast, select, update
+from sqlalchemy import Engine, Integer, String, cast, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .engine import db_now
@@ -33,6 +34,14 @@ class StoreState:
             bumped = update(breakers).where(breakers.c.key == key).values(
                 value=cast(cast(breakers.c.value, Integer) + 1, String)).returning(breakers.c.value)
             return int(conn.execute(bumped).scalar_one())
+
+    def zero(self, key: str) -> None:
+        with self.engine.begin() as conn:  # touches no row when it is zero already (every success)
+            conn.execute(update(breakers).where(breakers.c.key == key, breakers.c.value != "0").values(value="0"))
+
+    def release(self, key: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(breakers).where(breakers.c.key == key))
 
     def claim(self, key: str, value: str, seconds: float) -> bool:
         until = db_now() + seconds

@@ -11,9 +11,10 @@ auth before any of it and checks a CSRF token on every form (see :mod:`sas_app.w
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
-from flask import Blueprint, abort, redirect, render_template, request
+from flask import Blueprint, abort, flash, redirect, render_template, request
 from werkzeug.datastructures import MultiDict
 
 from ..errors import SasError, UnknownRun
@@ -23,6 +24,8 @@ from .run_filter import RunFilter
 
 if TYPE_CHECKING:
     from ..app import SasApp
+
+log = logging.getLogger("sas.dashboard")
 
 ACTIONS = ("resubmit", "mark_done", "pause", "resume", "cancel", "compensate")
 #: What each bulk action applies to: the runs the filter selects in these states.
@@ -45,7 +48,8 @@ def actions(sas: SasApp) -> Blueprint:
             abort(404, f"no run with id {run_id!r}")
         except SasError as exc:
             return render_template("refused.html", message=str(exc), back=f"/runs/{run_id}"), 409
-        return redirect(f"/runs/{run_id}?done={said}", code=303)
+        flash(said)
+        return redirect(f"/runs/{run_id}", code=303)
 
     @bp.get("/runs/bulk")
     def confirm_bulk() -> Any:
@@ -66,11 +70,14 @@ def actions(sas: SasApp) -> Blueprint:
         if not ids or len(ids) > BULK_LIMIT:
             abort(400, f"a bulk {action} takes 1 to {BULK_LIMIT} runs, got {len(ids)}")
         done, refused = [], []
-        for run_id in ids:
+        for run_id in ids:  # each its own transaction: one refused or failing leaves the others done
             try:
                 done.append(perform(sas, run_id, action, request.form, user()))
             except SasError as exc:
                 refused.append((run_id, str(exc)))
+            except Exception as exc:
+                log.exception("bulk %s of run %s failed", action, run_id)
+                refused.append((run_id, f"failed, nothing changed: {type(exc).__name__}: {exc}"))
         return render_template("bulk_done.html", action=action, done=done, refused=refused,
                                back="/runs?" + request.form.get("filter", ""))
 

@@ -24,7 +24,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, abort, redirect, render_template, request
+from flask import Flask, Response, abort, get_flashed_messages, redirect, render_template, request
 from flask_wtf.csrf import CSRFProtect, generate_csrf  # type: ignore[import-untyped]
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -78,6 +78,13 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
 
     CSRFProtect(app)  # after the credentials are checked: a stranger is asked for them, not for a token
 
+    @app.after_request
+    def not_in_a_frame(response: Response) -> Response:
+        """No other site may frame a page (and trick an operator into clicking its buttons)."""
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+        return response
+
     @app.context_processor
     def helpers() -> dict[str, Any]:
         return {"when": when, "detail_text": detail_text, "colours": STATE_COLOURS, "flower": flower,
@@ -111,7 +118,7 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         return render_template("run.html", view=view, lanes=lanes, t0=t0, t1=t1, now=now,
                                children=sas.store.children(run_id), waiting=waiting,
                                signals=sas.store.signals_of(run_id), sent=request.args.get("sent"),
-                               done=request.args.get("done"))
+                               done=get_flashed_messages())
 
     @app.post("/runs/<run_id>/signal")
     def send_signal(run_id: str) -> Any:

@@ -10,6 +10,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 import pytest
 from kombu import Connection
@@ -29,18 +30,28 @@ def rabbitmqctl(*args: str) -> str:
     return done.stdout
 
 
+_swept = False
+
+
 @contextmanager
 def rabbitmq_vhost() -> Iterator[str]:
-    """The URL of a fresh virtual host, deleted with everything in it afterwards."""
+    """The URL of a fresh virtual host, deleted with everything in it afterwards (and, once a
+    session, those an interrupted run left)."""
+    global _swept
     name = f"sas_t_{uuid.uuid4().hex[:12]}"
     try:
         with Connection(RABBITMQ, connect_timeout=5) as conn:
             conn.connect()
     except Exception as exc:
         pytest.fail(f"RabbitMQ at {RABBITMQ} is not answering ({exc}); scripts/test starts it", pytrace=False)
+    if not _swept:
+        for left in rabbitmqctl("list_vhosts", "name").split():
+            if left.startswith("sas_t_"):
+                rabbitmqctl("delete_vhost", left)
+        _swept = True
     rabbitmqctl("add_vhost", name)
     try:
-        rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        rabbitmqctl("set_permissions", "-p", name, urlsplit(RABBITMQ).username or "guest", ".*", ".*", ".*")
         yield f"{RABBITMQ}/{name}"
     finally:
         rabbitmqctl("delete_vhost", name)

@@ -99,6 +99,7 @@ def test_redis_emptied_mid_run_loses_no_order(stack, shop, redis_url):
     assert set(charges.values()) == {1} and len(charges) == 9
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
 def test_rabbitmq_restarted_and_its_queues_purged_mid_run_loses_no_order(stack, stack_env, broker_url):
     """Where the Redis run empties Redis: RabbitMQ's application restarted (every connection

@@ -60,3 +60,32 @@ def test_after_the_reset_one_probe_at_a_time_and_a_good_one_closes_it_for_all(sa
     assert one.call(lambda: "ok") == "ok" and one.state == "closed"
     wait_for(lambda: third.state == "closed", 1, "a process trusting its last read to read again")
     assert sas.store.breaker_state().get("sas:breaker:pay:fail_counter") == "0"
+
+
+def test_failures_count_in_a_row_across_processes_however_fresh_their_reads(sas):
+    """Each process trusts its reads for half a second; a success still zeroes the shared count."""
+    one, other = breaker(sas, fresh=0.5), breaker(sas, fresh=0.5)
+    assert other.call(lambda: "ok") == "ok"  # it has read the count: 0
+    for _ in range(2):
+        with pytest.raises(Down):
+            one.call(fail)
+    assert other.call(lambda: "ok") == "ok"  # its cached 0 is stale: the success zeroes the count anyway
+    with pytest.raises(Down):  # one failure after a success: not a third in a row
+        one.call(fail)
+    assert one.state == "closed" and sas.store.breaker_state().get("sas:breaker:pay:fail_counter") == "1"
+
+
+def test_a_probe_holds_its_lock_as_long_as_the_call_may_last_then_lets_it_go(sas):
+    one = breaker(sas)
+    for _ in range(3):
+        with pytest.raises((Down, BreakerOpen)):
+            one.call(fail)
+    wait_for(lambda: one.open_for() == 0, 2, "the reset timeout")
+    lock = "sas:breaker:pay:probe"
+
+    def slow_probe() -> str:
+        assert sas.store.breaker_state().claim(lock, "someone else", 1.0) is False  # held past the 0.5 s reset
+        return "fine"
+
+    assert one.call(slow_probe, lasts=30.0) == "fine"
+    assert sas.store.breaker_state().claim(lock, "next", 1.0), "released once the probe ended"

@@ -44,8 +44,11 @@ def failed(sas, pump, key, workflow="three", step="second"):
 
 def test_a_failed_run_is_resubmitted_from_its_page_and_the_history_names_the_user(sas, pump, web):
     handle = failed(sas, pump, "r1")
-    page = web.get(f"/runs/{handle.id}", headers=OPS).get_data(as_text=True)
+    shown = web.get(f"/runs/{handle.id}", headers=OPS)
+    page = shown.get_data(as_text=True)
     assert re.search(r'data-action="resubmit".*<option>second</option>', page, re.S)
+    assert (shown.headers["X-Frame-Options"], shown.headers["Content-Security-Policy"]) == \
+        ("DENY", "frame-ancestors 'none'"), "no other site frames the buttons"
 
     sent = act(web, handle.id, "resubmit", step="second", input='{"fixed": true}', reason="card re-enabled")
     assert sent.status_code == 303
@@ -67,7 +70,8 @@ def test_mark_done_pause_resume_cancel_and_compensate_from_the_page(sas, pump, w
     assert act(web, held.id, "pause", reason="hold").status_code == 303
     pump.run()
     assert held.status().run.paused_by == "ops"
-    assert 'data-action="resume"' in web.get(f"/runs/{held.id}", headers=OPS).get_data(as_text=True)
+    paused = web.get(f"/runs/{held.id}", headers=OPS).get_data(as_text=True)
+    assert 'data-action="resume"' in paused and 'data-action="pause"' not in paused
     assert act(web, held.id, "compensate", reason="order void").status_code == 303
     pump.run()
     assert held.status().process_state == "compensated"
