@@ -225,7 +225,6 @@ def test_a_scheduler_killed_and_restarted_resumes_in_flight_runs(stack, shop):
     assert len(charges) == 20 and len({e["order_id"] for e in charges}) == 20
 
 
-@pytest.mark.both_brokers
 def test_a_scheduler_that_dies_between_commit_and_publish_is_recovered(stack, shop):
     # The Scheduler's reply handler runs in the agent workers: the first one to complete a step
     # commits "reserve_stock completed, charge_payment running" and dies before publishing.
