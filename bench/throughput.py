@@ -8,7 +8,9 @@ workflow whose steps do no remote work, on two worker processes of C slots each:
 * DBOS Transact, three ``@DBOS.step``s per workflow started through a DBOS queue (2·C workers).
 
 Prints a table and writes ``bench/results/throughput-<date>.json``: the median of the repetitions
-with min-max, the ratios sas/celery and sas/dbos, the machine and the versions. Usage:
+with min-max, the ratios sas/celery and sas/dbos, the machine and the versions, and where the CPU
+went per step for sas_app and the chain (:mod:`bench.cpu`: each worker's main process and pool,
+beat, PostgreSQL, the broker, the submitting process). Usage:
 
     python -m bench.throughput [--runs 2000] [--repeat 3] [--concurrency 4]
 """
@@ -31,6 +33,7 @@ from typing import Any
 import redis
 from sqlalchemy import create_engine, func, select, text
 
+from bench.cpu import CpuMeter, Pids, named, worker
 from sas_app.processes import CELERY_READY, Processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +65,16 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
+def servers() -> dict[str, Pids]:
+    """PostgreSQL's processes and the broker's (Redis or RabbitMQ), for the CPU breakdown."""
+    return {"postgres": named("postgres"), "broker": named("redis-server", "beam.smp")}
+
+
+def workers(**pids: int) -> dict[str, Pids]:
+    """``name=pid`` of each Celery worker, as its main process and its pool."""
+    return {f"{name}_{part}": found for name, pid in pids.items() for part, found in worker(pid).items()}
+
+
 def fresh_database(admin_url: str, name: str) -> str:
     engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
@@ -85,6 +98,8 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
         procs.worker("agent", "sas.agent.noop", args.concurrency, pool=args.pool)
         procs.beat("beat")
         scheduler, agent = procs.procs["scheduler"], procs.procs["agent"]
+        meter = CpuMeter({**workers(agent=agent.pid, scheduler=scheduler.pid),
+                          "beat": lambda: [procs.procs["beat"].pid], **servers()})
         results = []
         for rep in range(args.repeat):
             idle = []
@@ -92,6 +107,7 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
                 view = sas.submit(args.workflow, {}, business_key=f"idle-{rep}-{i}").wait(60)
                 idle.append(view.run.updated_at - view.run.created_at)
             keys = [f"load-{rep}-{i}" for i in range(args.runs)]
+            meter.start()
             started = time.time()
             for key in keys:
                 sas.submit(args.workflow, {}, business_key=key)
@@ -117,6 +133,7 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
                 "latency_load_p50_ms": 1000 * percentile(latencies, 50),
                 "latency_load_p99_ms": 1000 * percentile(latencies, 99),
                 "rss_scheduler_mb": rss_mb(scheduler.pid), "rss_agent_mb": rss_mb(agent.pid),
+                **meter.per_step(3 * args.runs),
             })
             print(f"  sas_app rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
         return results
@@ -140,10 +157,13 @@ def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict
     try:
         procs.start("chain-1", [*celery_cli, "-n", "chain1@%h"], ready=CELERY_READY)
         procs.start("chain-2", [*celery_cli, "-n", "chain2@%h"], ready=CELERY_READY)
+        meter = CpuMeter({**workers(chain1=procs.procs["chain-1"].pid, chain2=procs.procs["chain-2"].pid),
+                          **servers()})
         results = []
         for rep in range(args.repeat):
             key = f"bench:chain:{rep}"
             client.delete(key)
+            meter.start()
             started = time.time()
             sent = {}
             for i in range(args.runs):
@@ -160,7 +180,8 @@ def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict
             results.append({"elapsed_s": elapsed, "steps_per_s": 3 * args.runs / elapsed,
                             "runs_per_s": args.runs / elapsed,
                             "latency_load_p50_ms": 1000 * percentile(latencies, 50),
-                            "latency_load_p99_ms": 1000 * percentile(latencies, 99)})
+                            "latency_load_p99_ms": 1000 * percentile(latencies, 99),
+                            **meter.per_step(3 * args.runs)})
             print(f"  celery chain rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
         return results
     finally:
@@ -267,6 +288,9 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"sas_app idle latency p50 {s['latency_idle_p50_ms']['median']:.0f} ms, "
           f"p99 {s['latency_idle_p99_ms']['median']:.0f} ms; worker RSS scheduler "
           f"{s['rss_scheduler_mb']['median']} MB, agent {s['rss_agent_mb']['median']} MB")
+    for name in ("sas_app", "celery_chain"):
+        cpu = {key[4:-3]: value["median"] for key, value in result[name].items() if key.startswith("cpu_")}
+        print(f"{name} CPU ms per step: " + ", ".join(f"{part} {ms:.2f}" for part, ms in cpu.items()))
     print(f"ratio sas/celery {result['ratio_sas_over_celery']}"
           + (f", sas/dbos {result['ratio_sas_over_dbos']}" if "ratio_sas_over_dbos" in result else ""))
 

@@ -28,6 +28,11 @@ def test_throughput_bench_runs_every_contender(tmp_path):
                        "--concurrency", "2", tmp_path=tmp_path)
     assert {"sas_app", "celery_chain", "dbos", "ratio_sas_over_celery", "ratio_sas_over_dbos"} <= set(result)
     assert result["sas_app"]["steps_per_s"]["median"] > 0
+    # where the CPU went, per step, each component of the stack and the submitter
+    parts = {"agent_main", "agent_pool", "scheduler_main", "scheduler_pool", "beat", "postgres", "broker", "submitter"}
+    assert {f"cpu_{part}_ms" for part in parts} <= set(result["sas_app"])
+    assert result["sas_app"]["cpu_agent_pool_ms"]["median"] > 0 and result["sas_app"]["cpu_postgres_ms"]["median"] > 0
+    assert result["celery_chain"]["cpu_total_ms"]["median"] > 0
     assert result["machine"]["cores"] >= 1
 
 
