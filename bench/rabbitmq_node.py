@@ -10,11 +10,24 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from sas_app.processes import free_port, wait_until
 
 BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+def purge_queues(ctl: Callable[..., str], vhost: str) -> dict[str, int]:
+    """Empty every queue of ``vhost`` through ``ctl`` (a rabbitmqctl that returns what it printed):
+    what is delivered and unacknowledged stays with its consumer. How many messages each held."""
+    purged = {}
+    for line in ctl("list_queues", "-p", vhost, "name", "messages_ready").splitlines():
+        name, _, ready = line.rpartition("\t")
+        if name and ready.isdigit() and int(ready):
+            ctl("purge_queue", "-p", vhost, name)
+            purged[name] = int(ready)
+    return purged
 
 
 class RabbitNode:
@@ -86,15 +99,8 @@ class RabbitNode:
             self.proc.wait(30)
 
     def purge(self) -> int:
-        """Empty every queue (what is delivered and unacknowledged stays with its consumer); how many
-        messages that took."""
-        purged = 0
-        for line in self.ctl("list_queues", "-p", "/", "name", "messages_ready").splitlines():
-            name, _, ready = line.rpartition("\t")
-            if name and ready.isdigit() and int(ready):
-                self.ctl("purge_queue", "-p", "/", name)
-                purged += int(ready)
-        return purged
+        """Empty every queue; how many messages that took."""
+        return sum(purge_queues(self.ctl, "/").values())
 
     def stop(self) -> None:
         self.kill()

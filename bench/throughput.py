@@ -33,7 +33,7 @@ from typing import Any
 import redis
 from sqlalchemy import create_engine, func, select, text
 
-from bench.cpu import CpuMeter, Pids, named, worker
+from bench.cpu import CpuMeter, Pids, children, named, worker
 from sas_app.processes import CELERY_READY, Processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,8 +43,7 @@ RESULTS = REPO / "bench" / "results"
 def rss_mb(pid: int) -> float:
     """Resident memory of a worker: its main process and its pool children."""
     total = 0
-    pids = [pid] + [int(p) for p in (Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
-    for p in pids:
+    for p in [pid, *children(pid)]:
         for line in Path(f"/proc/{p}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 total += int(line.split()[1])

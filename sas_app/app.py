@@ -172,8 +172,8 @@ class SasApp:
         s = self.settings
         check_workflow(workflow, self.actions(), visibility_timeout=s.visibility_timeout,
                        consumer_timeout=s.broker_consumer_timeout if s.amqp_broker else None,
-                       clock_skew=s.clock_skew, known_workflows=self.workflows, max_sleep=self.settings.max_sleep,
-                       max_deadline=self.settings.max_deadline)
+                       clock_skew=s.clock_skew, known_workflows=self.workflows, max_sleep=s.max_sleep,
+                       max_deadline=s.max_deadline)
         self.workflows[workflow.name] = workflow
         return workflow
 

@@ -12,6 +12,7 @@ import redis
 
 from sas_app import SasApp, Settings
 from tests.conftest import fresh_postgres_database
+from tests.integration.graph_app import install as install_graph_app
 from tests.integration.rabbitmq import rabbitmq_vhost
 from tests.integration.stack import Stack, free_port
 from workers.orders import install
@@ -99,11 +100,15 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+def submitter(stack_env) -> SasApp:
+    """The submitting side, in the test process: the workers' settings (its alerts are theirs to hook)."""
+    return SasApp(Settings.from_env({k: v for k, v in stack_env.items() if k != "SAS_ALERT_HOOK"}))
+
+
 def shop_app(stack_env, charge_timeout: float = 2.0, max_failures: int = 3, step_timeout: float = 10.0) -> SasApp:
-    """The submitting side, in the test process: same settings as the workers. (Timeouts are
-    written into each run's steps at submit, so the workers follow the submitter's.)"""
-    env = {k: v for k, v in stack_env.items() if k != "SAS_ALERT_HOOK"}
-    app = SasApp(Settings.from_env(env))
+    """The order example's submitting side. (Timeouts are written into each run's steps at submit,
+    so the workers follow the submitter's.)"""
+    app = submitter(stack_env)
     install(app, charge_timeout=charge_timeout, max_failures=max_failures, step_timeout=step_timeout)
     return app
 
@@ -114,3 +119,14 @@ def shop(stack_env):
     app.migrate()
     yield app
     app.store.dispose()
+
+
+@pytest.fixture
+def app(stack_env):
+    """The submitting side of tests/integration/graph_app.py: the same workflows and settings as
+    its workers."""
+    sas = submitter(stack_env)
+    install_graph_app(sas)
+    sas.migrate()
+    yield sas
+    sas.store.dispose()

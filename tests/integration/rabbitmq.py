@@ -1,6 +1,6 @@
 """RabbitMQ for the integration tests: a virtual host of each test's own on the broker at
 SAS_TEST_RABBITMQ (scripts/test starts one), made and dropped with rabbitmqctl, and what a test
-does to it (purge its queues, restart the broker's application)."""
+does to it (restart the broker's application; bench.rabbitmq_node.purge_queues empties its queues)."""
 
 from __future__ import annotations
 
@@ -56,15 +56,3 @@ def rabbitmq_vhost() -> Iterator[str]:
     finally:
         rabbitmqctl("delete_vhost", name)
 
-
-def purge_queues(url: str) -> dict[str, int]:
-    """Empty every queue of ``url``'s virtual host (what is delivered and unacknowledged stays with
-    its consumer); how many messages each held."""
-    vhost = url.rsplit("/", 1)[1]
-    purged = {}
-    for line in rabbitmqctl("list_queues", "-p", vhost, "name", "messages_ready").splitlines():
-        name, _, ready = line.rpartition("\t")
-        if name and ready.isdigit() and int(ready):
-            rabbitmqctl("purge_queue", "-p", vhost, name)
-            purged[name] = int(ready)
-    return purged

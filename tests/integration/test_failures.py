@@ -9,8 +9,9 @@ from collections import Counter
 import pytest
 import redis
 
+from bench.rabbitmq_node import purge_queues
 from tests.integration.conftest import shop_app
-from tests.integration.rabbitmq import purge_queues, rabbitmqctl
+from tests.integration.rabbitmq import rabbitmqctl
 from tests.integration.stack import clock_off_by
 from tests.support import wait_for
 
@@ -120,7 +121,7 @@ def test_rabbitmq_restarted_and_its_queues_purged_mid_run_loses_no_order(stack, 
     finally:
         rabbitmqctl("start_app")
     rabbitmqctl("await_startup")
-    wait_for(lambda: purge_queues(broker_url) or True, 5, "the queues to be purged")
+    purge_queues(rabbitmqctl, broker_url.rsplit("/", 1)[1])
     after = [shop.submit("order", {"amount": 4}, business_key=f"after-{i}") for i in range(3)]
 
     views = [h.wait(90) for h in in_flight + late + after]

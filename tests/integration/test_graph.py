@@ -14,25 +14,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from sas_app import SasApp, Settings, Step, Workflow
+from sas_app import Step, Workflow
 from sas_app.store.tables import alerts
-from tests.integration.graph_app import calls, install
+from tests.integration.conftest import submitter
+from tests.integration.graph_app import calls
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
 APP = {"SAS_APP": "tests.integration.graph_app:sas"}
 QUEUE = "sas.agent.work"
-
-
-@pytest.fixture
-def app(stack_env):
-    """The submitting side, in the test process: the same workflows and settings as the workers."""
-    sas = SasApp(Settings.from_env({k: v for k, v in stack_env.items() if k != "SAS_ALERT_HOOK"}))
-    install(sas)
-    sas.migrate()
-    yield sas
-    sas.store.dispose()
 
 
 def start(stack, *workers: tuple[str, int]) -> None:
@@ -236,7 +227,7 @@ def test_twenty_runs_over_three_keys_never_run_two_at_once_for_one_key(stack, ap
 def test_a_new_deployment_leaves_runs_in_flight_on_their_graph_and_fails_a_removed_action(stack, stack_env):
     # This process submits with the definitions of the deployment before: "versioned" had a step
     # "b" after "a", and a step "c" whose action ("work.gone") the workers' code no longer has.
-    before = SasApp(Settings.from_env({k: v for k, v in stack_env.items() if k != "SAS_ALERT_HOOK"}))
+    before = submitter(stack_env)
     work = before.agent("work")
     work.action(lambda call: {}, name="step")
     work.action(lambda call: {}, name="gone")

@@ -12,24 +12,13 @@ import textwrap
 
 import pytest
 
-from sas_app import SasApp, Settings
 from sas_app.processes import Processes
-from tests.integration.graph_app import install
 from tests.integration.stack import REPO, SAS
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
 APP = {"SAS_APP": "tests.integration.graph_app:sas"}
-
-
-@pytest.fixture
-def app(stack_env):
-    sas = SasApp(Settings.from_env({k: v for k, v in stack_env.items() if k != "SAS_ALERT_HOOK"}))
-    install(sas)
-    sas.migrate()
-    yield sas
-    sas.store.dispose()
 
 
 def only_the_broker(broker_url: str, script: str) -> subprocess.CompletedProcess[str]:

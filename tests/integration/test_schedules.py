@@ -11,9 +11,8 @@ from datetime import datetime
 import pytest
 from sqlalchemy import select
 
-from sas_app import SasApp, Settings
+from sas_app import SasApp
 from sas_app.store.tables import runs
-from tests.integration.graph_app import install
 from tests.integration.stack import SAS
 from tests.support import wait_for
 
@@ -24,15 +23,6 @@ QUEUES = "sas.scheduler,sas.supervisor,sas.agent.work"
 
 def env_for(cron: str) -> dict[str, str]:
     return {"SAS_APP": "tests.integration.graph_app:sas", "GRAPH_APP_SCHEDULE": cron}
-
-
-@pytest.fixture
-def app(stack_env):
-    sas = SasApp(Settings.from_env({k: v for k, v in stack_env.items() if k != "SAS_ALERT_HOOK"}))
-    install(sas)
-    sas.migrate()
-    yield sas
-    sas.store.dispose()
 
 
 def ticks(app: SasApp) -> list[float]:
