@@ -12,7 +12,7 @@ with min-max, the ratios sas/celery and sas/dbos, the machine and the versions, 
 went per step for sas_app and the chain (:mod:`bench.cpu`: each worker's main process and pool,
 beat, PostgreSQL, the broker, the submitting process). Usage:
 
-    python -m bench.throughput [--runs 2000] [--repeat 3] [--concurrency 4]
+    python -m bench.throughput [--runs 2000] [--repeat 3] [--concurrency 4] [--task-events] [--bulk N]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import redis
 from sqlalchemy import create_engine, func, select, text
 
 from bench.cpu import CpuMeter, Pids, children, named, worker
+from sas_app import Submission
 from sas_app.processes import CELERY_READY, Processes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,6 +75,17 @@ def workers(**pids: int) -> dict[str, Pids]:
     return {f"{name}_{part}": found for name, pid in pids.items() for part, found in worker(pid).items()}
 
 
+def traffic(store: Any, broker: str) -> dict[str, int]:
+    """Counters read before and after the load: the transactions that wrote to PostgreSQL (the
+    transaction ids it handed out, cluster-wide: a read-only transaction takes none) and the
+    messages published to Redis (LPUSH calls)."""
+    with store.engine.connect() as conn:
+        writes = conn.exec_driver_sql("SELECT pg_current_xact_id()::text::bigint").scalar_one()
+        conn.rollback()
+    stats = redis.Redis.from_url(broker).info("commandstats") if broker.startswith("redis") else {}
+    return {"commits": int(writes), "messages": int(stats.get("cmdstat_lpush", {}).get("calls", 0))}
+
+
 def fresh_database(admin_url: str, name: str) -> str:
     engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
@@ -85,7 +97,8 @@ def fresh_database(admin_url: str, name: str) -> str:
 
 def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) -> list[dict[str, Any]]:
     env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": broker,
-           "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
+           "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": str(args.task_events).lower(),
+           "PYTHONPATH": str(REPO)}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS")})
     from bench.app import sas  # after the environment names the stack
     from sas_app.store.tables import runs
@@ -106,10 +119,15 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
                 view = sas.submit(args.workflow, {}, business_key=f"idle-{rep}-{i}").wait(60)
                 idle.append(view.run.updated_at - view.run.created_at)
             keys = [f"load-{rep}-{i}" for i in range(args.runs)]
+            counted = traffic(sas.store, broker)
             meter.start()
             started = time.time()
-            for key in keys:
-                sas.submit(args.workflow, {}, business_key=key)
+            if args.bulk:
+                for start in range(0, len(keys), args.bulk):
+                    sas.submit_many([Submission(args.workflow, {}, key) for key in keys[start:start + args.bulk]])
+            else:
+                for key in keys:
+                    sas.submit(args.workflow, {}, business_key=key)
             submitted = time.time() - started
             with sas.store.engine.connect() as conn:
                 where = runs.c.business_key.like(f"load-{rep}-%")
@@ -125,6 +143,7 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
                 latencies = [u - c for u, c in conn.execute(select(runs.c.updated_at, runs.c.created_at)
                                                             .where(where))]
             elapsed = last - first
+            after = traffic(sas.store, broker)
             results.append({
                 "elapsed_s": elapsed, "steps_per_s": 3 * args.runs / elapsed, "runs_per_s": args.runs / elapsed,
                 "submit_per_s": args.runs / submitted,
@@ -133,6 +152,8 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
                 "latency_load_p99_ms": 1000 * percentile(latencies, 99),
                 "rss_scheduler_mb": rss_mb(scheduler.pid), "rss_agent_mb": rss_mb(agent.pid),
                 **meter.per_step(3 * args.runs),
+                **{f"{name}_per_step": round((after[name] - before) / (3 * args.runs), 2)
+                   for name, before in counted.items()},
             })
             print(f"  sas_app rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
         return results
@@ -152,7 +173,8 @@ def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict
     client = redis.Redis.from_url(broker)
     procs = Processes(logs, env, cwd=REPO)
     celery_cli = [sys.executable, "-m", "celery", "-A", "bench.app:chain_app", "worker", "-Q", "bench.chain",
-                  "-c", str(args.concurrency), "-P", args.pool, "-l", "info", "--without-gossip", "--without-mingle"]
+                  "-c", str(args.concurrency), "-P", args.pool, "-l", "info", "--without-gossip", "--without-mingle",
+                  *(["--task-events"] if args.task_events else [])]
     try:
         procs.start("chain-1", [*celery_cli, "-n", "chain1@%h"], ready=CELERY_READY)
         procs.start("chain-2", [*celery_cli, "-n", "chain2@%h"], ready=CELERY_READY)
@@ -242,6 +264,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--skip-dbos", action="store_true")
     parser.add_argument("--workflow", choices=("noop3", "noop3_graph"), default="noop3",
                         help="sas_app's three steps in a straight line, or two side by side and their join")
+    parser.add_argument("--task-events", action="store_true",
+                        help="every worker sends Celery's task events (the production default, for Flower)")
+    parser.add_argument("--bulk", type=int, default=0, metavar="N",
+                        help="sas_app submits its runs N at a time with submit_many (default: one by one)")
     args = parser.parse_args(argv)
     logs = Path(os.environ.get("BENCH_LOGS", "/tmp/sas-bench"))
     redis.Redis.from_url(args.redis).flushdb()
@@ -254,6 +280,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     result: dict[str, Any] = {
         "date": date.today().isoformat(), "runs": args.runs, "repeat": args.repeat, "workflow": args.workflow,
+        "task_events": args.task_events, "bulk": args.bulk,
         "workers": {"processes": 2, "concurrency_each": args.concurrency, "pool": args.pool}, "machine": machine(),
         "sas_app": summarise(sas_reps), "celery_chain": summarise(celery_reps),
         "dbos": summarise(dbos_reps) if dbos_reps else None,
@@ -264,7 +291,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if dbos_reps:
         result["ratio_sas_over_dbos"] = round(sas_rate / result["dbos"]["steps_per_s"]["median"], 3)
     print_table(result)
-    record(args.out, "throughput", result)
+    name = "throughput" + ("-events" if args.task_events else "") + (f"-bulk{args.bulk}" if args.bulk else "")
+    record(args.out, name if args.workflow == "noop3" else f"{name}-{args.workflow}", result)
     return result
 
 
@@ -290,6 +318,8 @@ def print_table(result: dict[str, Any]) -> None:
     for name in ("sas_app", "celery_chain"):
         cpu = {key[4:-3]: value["median"] for key, value in result[name].items() if key.startswith("cpu_")}
         print(f"{name} CPU ms per step: " + ", ".join(f"{part} {ms:.2f}" for part, ms in cpu.items()))
+    print(f"sas_app per step: {s['commits_per_step']['median']} commits, {s['messages_per_step']['median']} "
+          f"messages published; submitted {s['submit_per_s']['median']:.0f} runs/s")
     print(f"ratio sas/celery {result['ratio_sas_over_celery']}"
           + (f", sas/dbos {result['ratio_sas_over_dbos']}" if "ratio_sas_over_dbos" in result else ""))
 

@@ -3,6 +3,7 @@
 from .agent import Agent, AgentCall
 from .alerts import Alert
 from .app import SasApp
+from .bulk import Submission, Submitted
 from .client import RunHandle, RunView
 from .errors import (
     DuplicateBusinessKey,
@@ -47,6 +48,8 @@ __all__ = [
     "StaleAttempt",
     "Step",
     "StepExpired",
+    "Submission",
+    "Submitted",
     "TransientError",
     "UnknownRun",
     "UnknownWorkflow",

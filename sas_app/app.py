@@ -8,6 +8,7 @@ import importlib
 import inspect
 import logging
 import sys
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from . import faults, tracing
 from .agent import Agent
 from .alerts import Alerts, load_hook
 from .breaker import STORE_FRESH, RedisState
+from .bulk import Submission, Submitted, submit_many
 from .celery_config import celery_settings
 from .checks import check_workflow
 from .client import Client, RunHandle, RunView
@@ -63,7 +65,7 @@ class SasApp:
         if self.settings.faults:
             faults.arm(self.settings.faults, self.settings.home)
         tracing.setup(self.settings.tracing)
-        self.store = Store(self.settings.database_url, clock)
+        self.store = Store(self.settings.database_url, clock, prepared=self.settings.prepared_statements)
         self.celery = Celery(main, set_as_current=False)
         self.celery.conf.update(celery_settings(self.settings))
         if celery_config:
@@ -197,6 +199,13 @@ class SasApp:
         """Start a run (see :meth:`Client.submit`). ``priority`` 0-9: a more urgent run's steps
         overtake less urgent ones waiting on the same agent queue."""
         return self.client.submit(workflow, payload, business_key=business_key, reply_to=reply_to, priority=priority)
+
+    def submit_many(self, items: Iterable[Submission | Mapping[str, Any]]) -> list[Submitted]:
+        """Submit many runs in one transaction (see :mod:`sas_app.bulk`): each item a
+        :class:`Submission` or a mapping of its fields; one :class:`Submitted` per item, in order —
+        its run's handle, or the error that kept it out (nothing of it written). Each new run is
+        started by the Scheduler's message."""
+        return submit_many(self.client, items)
 
     def signal(self, run: str | tuple[str, str], event: str, payload: Any = None, *, by: str = "") -> SignalReceipt:
         """Send ``event`` to a run waiting for it (:func:`WaitFor`): ``run`` is its id or its

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from . import redis_transport
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP
 from .settings import Settings
 
@@ -69,6 +70,8 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
     }
     if settings.amqp_broker:
         conf.update(AMQP)
+    if settings.broker_url.startswith("redis://"):
+        conf["broker_transport"] = redis_transport.NAME  # one client per channel
     if settings.embedded_broker:
         # kombu's filesystem transport: every process sharing SAS_HOME shares the queues. A
         # consumer takes a message by renaming its file into ``processed`` (atomic on one file

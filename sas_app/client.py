@@ -21,6 +21,7 @@ from .errors import (
     UnknownWorkflow,
 )
 from .migrate import schema_problem
+from .planner import Moves
 from .routing import SUBMIT, Advance, Router
 from .scheduler import Scheduler
 from .settings import Settings
@@ -34,12 +35,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("sas.client")
 
 
-def _schema_problem(store: Store) -> str | None:
-    """What is wrong with the store's schema, if that is why a statement failed."""
+def schema_not_ready(store: Store) -> None:
+    """After a statement failed: :class:`SchemaNotReady` if the store's schema is why."""
     try:
-        return schema_problem(store.engine)
+        problem = schema_problem(store.engine)
     except Exception:  # the store is down: that, not the schema, is the problem
-        return None
+        return
+    if problem:
+        raise SchemaNotReady(problem) from None
 
 MAX_KEY_LENGTH = 200
 
@@ -167,13 +170,22 @@ class Client:
         """Write the run, its steps and whatever the workflow's ``on_submit`` writes in one
         transaction, then ask the Scheduler to start it.
 
-        With a scheduler (SAS_INLINE_REPLIES, the default) the calling process then claims the run
-        and dispatches its first step itself, as the Scheduler would; otherwise it sends
-        ``sas.scheduler.advance``. The same business key submitted again returns the existing run
-        (``handle.created`` is False); with a different payload it raises
-        :class:`DuplicateBusinessKey`. Bad input raises :class:`InvalidSubmission` or
+        With a scheduler (SAS_INLINE_REPLIES, the default) the same transaction claims the run and
+        marks its first step running, and the calling process dispatches it, as the Scheduler
+        would; otherwise it sends ``sas.scheduler.advance``. The same business key submitted
+        again returns the existing run (``handle.created`` is False); with a different payload it
+        raises :class:`DuplicateBusinessKey`. Bad input raises :class:`InvalidSubmission` or
         :class:`UnknownWorkflow` and writes nothing.
         """
+        wf, payload = self.checked(workflow, payload, business_key, reply_to, priority)
+        run_id = uuid.uuid4().hex
+        with tracing.span("sas.submit", workflow=wf.name, business_key=business_key, run_id=run_id):
+            return self._submit(wf, run_id, payload, business_key, reply_to, priority)
+
+    def checked(self, workflow: Any, payload: Any, business_key: Any, reply_to: Any,
+                priority: Any) -> tuple[Workflow, Any]:
+        """The workflow and the payload as the store will hold it; :class:`UnknownWorkflow` or
+        :class:`InvalidSubmission` naming the first problem."""
         wf = self.workflows.get(workflow) if isinstance(workflow, str) else None
         if wf is None:
             raise UnknownWorkflow(f"unknown workflow {workflow!r}; registered: {sorted(self.workflows) or 'none'}")
@@ -182,9 +194,7 @@ class Client:
             wf.slot_of(payload)
         except ValueError as exc:
             raise InvalidSubmission(str(exc)) from None
-        run_id = uuid.uuid4().hex
-        with tracing.span("sas.submit", workflow=wf.name, business_key=business_key, run_id=run_id):
-            return self._submit(wf, run_id, payload, business_key, reply_to, priority)
+        return wf, payload
 
     def _check(self, payload: Any, business_key: Any, reply_to: Any, priority: Any) -> Any:
         """The payload as the store will hold it; :class:`InvalidSubmission` naming the first problem."""
@@ -204,13 +214,20 @@ class Client:
     def _submit(self, wf: Workflow, run_id: str, payload: Any, business_key: str, reply_to: str | None,
                 priority: int) -> RunHandle:
         new = wf.new_run(run_id, business_key, payload, reply_to=reply_to, priority=priority)
+        scheduler, moves = self.scheduler, Moves()
         try:
-            run, created, notes = self.store.create_run(new, pickup_timeout=self.settings.pickup_timeout,
-                                                        on_insert=wf.on_submit)
+            with self.store.begin() as tx:
+                run, created = tx.insert_run(new, self.settings.pickup_timeout)
+                if created:
+                    if wf.on_submit is not None:
+                        wf.on_submit(tx.conn, run)
+                    if scheduler is not None:
+                        # The submitting process makes the Scheduler's first move itself, in the
+                        # transaction that writes the run (claim it, mark its first step running):
+                        # one message, one hop and one commit fewer per run.
+                        moves = scheduler.moves(tx, run.id)
         except DBAPIError:
-            problem = _schema_problem(self.store)
-            if problem:
-                raise SchemaNotReady(problem) from None
+            schema_not_ready(self.store)
             raise
         if not created:
             if run.payload != payload:
@@ -220,15 +237,9 @@ class Client:
                 )
             return RunHandle(self, run.id, created=False)
         faults.hit("submit.after_commit")
-        self.router.relay(notes)
-        if self.scheduler is not None:
-            # The submitting process runs the Scheduler's first move itself (claim the run, dispatch
-            # its first step): one message and one hop fewer per run. Failing that, the message.
-            try:
-                self.scheduler.advance(run.id)
-                return RunHandle(self, run.id, created=True)
-            except Exception:
-                log.warning("starting run %s in process failed; asking the Scheduler", run.id, exc_info=True)
-        # Refused by the broker: the run is stored, and the Supervisor starts it after SAS_PICKUP_TIMEOUT.
-        self.router.send(Advance(run.id))
+        if scheduler is not None:
+            scheduler.after_commit(tx, moves)
+        else:  # the Scheduler's message (were it lost, the Supervisor asks again after SAS_PICKUP_TIMEOUT)
+            self.router.relay(tx.outbox)
+            self.router.send(Advance(run.id))
         return RunHandle(self, run.id, created=True)

@@ -103,20 +103,25 @@ class Scheduler:
         """Claim the run if it is pending (with a concurrency key, once a slot is free) and
         dispatch what may start now."""
         with self.store.begin() as tx:
-            first = None
-            run = tx.claim_pending_run(run_id, self.instance_id)  # a new run: claimed and locked at once
-            if run is not None:
-                if not run.paused_by and run.linear:
-                    first = tx.mark_next_running(run_id, 0, self.instance_id)
-            else:
-                run = self._lock_or_claim_slot(tx, run_id)
-            if run is None:
-                return
-            if run.process_state not in LIVE_RUN_STATES:
-                log.info("advance: run %s is %s; nothing to do", run_id, run.process_state)
-                return
-            moves = self.planner.dispatch(tx, run, first, {}) if first is not None else self.planner.next(tx, run)
-        self._after_commit(tx, moves)
+            moves = self.moves(tx, run_id)
+        self.after_commit(tx, moves)
+
+    def moves(self, tx: Tx, run_id: str) -> Moves:
+        """:meth:`advance` inside the caller's transaction (a submission's, which so starts its run
+        in the transaction that writes it): what to send once ``tx`` has committed."""
+        first = None
+        run = tx.claim_pending_run(run_id, self.instance_id)  # a new run: claimed and locked at once
+        if run is not None:
+            if not run.paused_by and run.linear:
+                first = tx.mark_next_running(run_id, 0, self.instance_id)
+        else:
+            run = self._lock_or_claim_slot(tx, run_id)
+        if run is None:
+            return Moves()
+        if run.process_state not in LIVE_RUN_STATES:
+            log.info("advance: run %s is %s; nothing to do", run_id, run.process_state)
+            return Moves()
+        return self.planner.dispatch(tx, run, first, {}) if first is not None else self.planner.next(tx, run)
 
     def step_done(
         self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any] | None = None
@@ -147,7 +152,7 @@ class Scheduler:
                     log.info("run %s (%s %s) processed", run_id, done.run.workflow, done.run.business_key)
                 elif done.plan:  # the run row is as locked: completing a step changed only steps
                     moves.extend(self.planner.next(tx, done.run))
-        self._after_commit(tx, moves)
+        self.after_commit(tx, moves)
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None:
         """An agent's non-transient fault: the step fails with one alert, and the run is undone
@@ -165,7 +170,7 @@ class Scheduler:
             after = tx.lock_run(run_id)
             moves = self.planner.next(tx, after) if after is not None else Moves()
             moves.alerts.insert(0, alert)
-        self._after_commit(tx, moves)
+        self.after_commit(tx, moves)
 
     def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str) -> None:
         """The agent did not call its service (its circuit breaker is open): the step waits
@@ -179,7 +184,7 @@ class Scheduler:
             if run is None or not deferred:
                 self._stale(tx, run, position, attempt, "step_deferred")
                 return
-        self._after_commit(tx, Moves([Advance(run_id, max(float(delay), 0.0))]))
+        self.after_commit(tx, Moves([Advance(run_id, max(float(delay), 0.0))]))
 
     def step_lost(self, run_id: str, position: int, attempt: int, reason: str) -> None:
         """The worker process running this attempt died (reported by its worker's main process).
@@ -199,7 +204,7 @@ class Scheduler:
         log.warning("run %s step %s attempt %s: worker lost (%s); %s", run_id, position, attempt, reason,
                     "failed for good" if outcome.failed else f"retry in {outcome.backoff:.1f}s")
         retry: list[Dispatch | Advance] = [] if outcome.escalated else [Advance(run_id, outcome.backoff)]
-        self._after_commit(tx, Moves(retry, [outcome.alert]))
+        self.after_commit(tx, Moves(retry, [outcome.alert]))
 
     def signal(self, run_id: str, event: str, payload: Any, by: str) -> str:
         """Record a signal for the run's wait for ``event`` and, if the run is waiting there, end
@@ -231,7 +236,7 @@ class Scheduler:
                 else:  # kept: the Scheduler consumes it (or, were this message lost, the wait's timeout does)
                     moves.messages.append(Advance(run.id))
         log.info("%s: signal %r %s", what, event, status)
-        self._after_commit(tx, moves)
+        self.after_commit(tx, moves)
         return status
 
     # -- internals ---------------------------------------------------------------------------
@@ -256,7 +261,7 @@ class Scheduler:
         tx.event(run.id, position, EventKind.STALE_REPLY, None, None, attempt=attempt, actor=self.instance_id,
                  detail={"message": kind})
 
-    def _after_commit(self, tx: Tx, moves: Moves) -> None:
+    def after_commit(self, tx: Tx, moves: Moves) -> None:
         """Once the transaction has committed: its alerts, its notifications, then its messages."""
         for alert in moves.alerts:
             self.alerts.emit(alert)

@@ -97,6 +97,11 @@ class Settings:
     #: sending the reply through the Scheduler's queue: one message per step instead of two.
     #: Agents then need the state store's URL. Default on.
     inline_replies: bool = True
+    #: SAS_PREPARED_STATEMENTS — on PostgreSQL (psycopg2), the hot path's statements are prepared
+    #: once per connection, so PostgreSQL plans them once instead of on every step. Turn it off
+    #: behind a connection pooler in transaction mode (PgBouncer), which does not keep a session's
+    #: prepared statements from one transaction to the next. Default on.
+    prepared_statements: bool = True
     #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.faults). Default none.
     faults: str = ""
     #: SAS_TRACING — OpenTelemetry traces: ``otlp`` (to OTEL_EXPORTER_OTLP_ENDPOINT) or ``console``.

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..routing import Notification
@@ -23,11 +23,10 @@ from .hot_path import HotPathTx
 from .operations import OperationsTx
 from .queries import Queries
 from .retention import Retention
-from .rows import RunRow
 from .schedules import ScheduleTx
 from .signals import SignalTx
 from .slots import SlotTx
-from .submission import NewRun, SubmissionTx
+from .submission import SubmissionTx
 from .sweep import SweepTx
 from .tables import outbox, supervisors
 from .transitions import RUN_DONE_CHANNEL
@@ -46,9 +45,9 @@ class Store(Queries, Retention):
     #: seconds between two measurements of this host's clock against the database's
     CLOCK_CHECK_INTERVAL = 60.0
 
-    def __init__(self, url: str, clock: Clock | None = None) -> None:
+    def __init__(self, url: str, clock: Clock | None = None, *, prepared: bool = True) -> None:
         self.url = url
-        self.engine = make_engine(url, clock)
+        self.engine = make_engine(url, clock, prepared=prepared)
         self._clock_offset = 0.0
         self._clock_checked: float | None = None
         insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
@@ -95,23 +94,6 @@ class Store(Queries, Retention):
             tx = Tx(conn)
             yield tx
             tx.flush_events()
-
-    def create_run(self, new: NewRun, *, pickup_timeout: float,
-                   on_insert: Callable[[Connection, RunRow], None] | None = None,
-                   ) -> tuple[RunRow, bool, list[Notification]]:
-        """Insert a run, its steps, its first event, its "received" notification and whatever
-        ``on_insert`` writes, in one transaction. Returns ``(run, created, notifications)``; when the
-        workflow already has a run for this business key nothing is written and the existing run is
-        returned."""
-        with self.engine.begin() as conn:
-            tx = Tx(conn)
-            run, created = tx.insert_run(new, pickup_timeout)
-            if not created:
-                return run, False, []
-            if on_insert is not None:
-                on_insert(conn, run)
-            tx.flush_events()
-            return run, True, tx.outbox
 
     @contextmanager
     def listen_for_finished_runs(self) -> Iterator[Callable[[float], set[str]] | None]:

@@ -20,6 +20,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
+from .prepared import install as install_prepared
+
 Clock = Callable[[], float]
 
 #: the SQL of the database's clock on PostgreSQL, for the statements written as text
@@ -46,7 +48,7 @@ def _db_now_postgresql(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
     return PG_NOW
 
 
-def make_engine(url: str, clock: Clock | None = None) -> Engine:
+def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) -> Engine:
     """An engine tuned for the state store: WAL and ``BEGIN IMMEDIATE`` on SQLite, so that
     concurrent worker processes serialise their writes instead of failing, and ``sas_now()`` on
     each SQLite connection reading ``clock`` when one is injected.
@@ -54,12 +56,18 @@ def make_engine(url: str, clock: Clock | None = None) -> Engine:
     On a server database connections are not pinged before use: that was one more round trip in
     every transaction, a fifth of a step's cost. After a PostgreSQL restart the first transaction
     on a stale connection fails, SQLAlchemy discards the pool, and what that transaction was doing
-    is recovered like any lost message (the Supervisor's sweep)."""
+    is recovered like any lost message (the Supervisor's sweep).
+
+    With ``prepared`` (SAS_PREPARED_STATEMENTS), on psycopg2, the statements marked for it are
+    prepared on each connection (see :mod:`~sas_app.store.prepared`)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         if clock is not None:
             raise ValueError("an injected clock works on SQLite only: a server database keeps its own")
-        return create_engine(url, pool_size=5, max_overflow=5)
+        engine = create_engine(url, pool_size=5, max_overflow=5)
+        if prepared and engine.dialect.driver == "psycopg2":
+            install_prepared(engine)
+        return engine
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": 30})

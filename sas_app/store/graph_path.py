@@ -20,12 +20,14 @@ sibling whose completion it waited for, and a join would start never. The lock i
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import Integer, String, bindparam, column, text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from ..states import EventKind, RunState, StepState
 from .engine import PG_NOW
-from .rows import StepRow, field_names
+from .prepared import PREPARED
+from .rows import StepRow, field_names, prefixed_columns
+from .tables import steps
 from .transitions import RUN_DONE_CHANNEL
 
 _STEP_COLUMNS = field_names(StepRow)
@@ -104,4 +106,8 @@ SELECT d.name AS done_name, d.branch_of AS done_branch_of,
        {", ".join(f"n.{c} AS n_{c}" for c in _STEP_COLUMNS)}
 FROM done d LEFT JOIN started n ON true
 ORDER BY n.position
-""").bindparams(bindparam("b_result", type_=JSONB))
+""").bindparams(bindparam("b_result", type_=JSONB)).columns(
+    column("done_name", String()), column("done_branch_of", Integer()), column("siblings_open", Integer()),
+    column("ready_left", Integer()), column("finished", Integer()), column("results", JSONB()),
+    *prefixed_columns(steps, "n_", _STEP_COLUMNS),
+).execution_options(**PREPARED)

@@ -16,15 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import Integer, String, bindparam, column, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from .compensation import CompensationTx
 from .engine import PG_NOW
 from .graph_path import COMPLETE_IN_GRAPH
-from .rows import RunRow, StepRow, field_names, prefixed
-from .tables import steps
+from .prepared import PREPARED
+from .rows import RunRow, StepRow, field_names, prefixed, prefixed_columns
+from .tables import runs, steps
 from .transitions import RUN_DONE_CHANNEL
 
 _RUN_COLUMNS = field_names(RunRow)
@@ -80,7 +81,10 @@ SELECT (SELECT name FROM done) AS done_name, (SELECT count(*) FROM announce) AS 
        {", ".join(f"r.{c} AS r_{c}" for c in _RUN_COLUMNS)},
        {", ".join(f"n.{c} AS n_{c}" for c in _STEP_COLUMNS)}
 FROM run r LEFT JOIN nxt n ON true
-""").bindparams(bindparam("b_result", type_=JSONB))
+""").bindparams(bindparam("b_result", type_=JSONB)).columns(
+    column("done_name", String()), column("finished", Integer()),
+    *prefixed_columns(runs, "r_", _RUN_COLUMNS), *prefixed_columns(steps, "n_", _STEP_COLUMNS),
+).execution_options(**PREPARED)
 
 
 @dataclass(frozen=True)

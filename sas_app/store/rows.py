@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from sqlalchemy import Table, column
 from sqlalchemy.engine import Row
+from sqlalchemy.sql.elements import ColumnClause
 
 T = TypeVar("T")
 
@@ -172,6 +174,13 @@ def as_row(kind: type[T], row: Row[Any]) -> T:
     """The dataclass ``kind`` made from a result row holding (at least) its fields."""
     mapping = row._mapping
     return kind(**{name: mapping[name] for name in field_names(kind)})
+
+
+def prefixed_columns(table: Table, prefix: str, names: tuple[str, ...]) -> list[ColumnClause[Any]]:
+    """The typed result columns ``<prefix><name>`` of a textual statement selecting ``table``'s
+    columns ``names``: with them SQLAlchemy keeps the statement's result layout from one run to
+    the next instead of working it out from the cursor every time."""
+    return [column(prefix + name, table.c[name].type) for name in names]
 
 
 def prefixed(kind: type[T], mapping: Any, prefix: str) -> T:

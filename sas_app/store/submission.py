@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Double, bindparam, insert, select
+from sqlalchemy import Double, bindparam, insert, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..states import RunState, StepState
 from .engine import db_now
+from .prepared import PREPARE, PREPARED
 from .rows import NewStep, RunRow, as_row
 from .tables import runs, steps
 from .transitions import TxBase
@@ -35,10 +36,13 @@ def _insert_run(insert_fn: Any) -> Any:
         )
         .on_conflict_do_nothing(index_elements=["workflow", "business_key"])
         .returning(*runs.c)
+        .execution_options(**PREPARED)
     )
 
 
 _INSERT_RUN = {"postgresql": _insert_run(postgresql.insert), "sqlite": _insert_run(sqlite.insert)}
+# many runs in one statement (of a size that varies: not prepared)
+_INSERT_RUNS = {name: statement.execution_options(**{PREPARE: False}) for name, statement in _INSERT_RUN.items()}
 _INSERT_STEPS = insert(steps).values(created_at=db_now(), updated_at=db_now(), state=StepState.NOT_STARTED.value)
 
 
@@ -73,32 +77,62 @@ class SubmissionTx(TxBase):
         """Write ``new`` pending, to be picked up within ``pickup_timeout``. Returns ``(run,
         created)``; when its workflow already has a run for this business key nothing is written
         and that run is returned."""
-        row = self.conn.execute(_INSERT_RUN[self.conn.dialect.name], {
-            "b_id": new.run_id, "b_workflow": new.workflow, "b_business_key": new.business_key,
-            "b_payload": new.payload, "b_reply_to": new.reply_to, "b_priority": new.priority,
-            "b_pickup": pickup_timeout, "b_version": new.version, "b_linear": new.linear,
-            "b_parent_run_id": new.parent_run_id, "b_parent_position": new.parent_position, "b_depth": new.depth,
-            "b_deadline": new.deadline, "b_slot": new.slot, "b_max_running": new.max_running,
-            "b_schedule": new.schedule,
-        }).first()
+        row = self.conn.execute(_INSERT_RUN[self.conn.dialect.name], _run_values(new, pickup_timeout)).first()
         if row is None:
             existing = self.conn.execute(
                 select(runs).where(runs.c.workflow == new.workflow, runs.c.business_key == new.business_key)
             ).one()
             return as_row(RunRow, existing), False
-        self.conn.execute(_INSERT_STEPS, [
-            {"run_id": new.run_id, "position": position, "name": s.name, "agent": s.agent, "action": s.action,
-             "timeout": s.timeout, "max_failures": s.max_failures, "idempotency_key": s.idempotency_key,
-             "undo": s.undo, "attempt": 0, "failure_count": 0, "waits_for": s.waits_for,
-             "for_each": s.for_each, "max_parallel": s.max_parallel, "child": s.child, "sleep": s.sleep,
-             "sleep_until": s.sleep_until, "event": s.event, "on_timeout": s.on_timeout,
-             "escalate": s.escalate, "escalated": 0}
-            for position, s in enumerate(new.steps)
-        ])
-        detail: dict[str, Any] = {"business_key": new.business_key}
-        if new.parent_run_id is not None:
-            detail["parent"] = new.parent_run_id
-        self.transition(new.run_id, None, None, RunState.PENDING, detail=detail)
-        if new.reply_to is not None:
-            self.notify(new.run_id, new.reply_to, new.business_key, new.workflow, "received", state=RunState.PENDING)
+        self._written([new])
         return as_row(RunRow, row), True
+
+    def insert_runs(self, news: Sequence[NewRun], pickup_timeout: float) -> dict[tuple[str, str], tuple[RunRow, bool]]:
+        """:meth:`insert_run` for many runs (of distinct workflow and business key) in a few
+        statements: ``(workflow, business_key) -> (run, created)``."""
+        if not news:
+            return {}
+        inserted = self.conn.execute(_INSERT_RUNS[self.conn.dialect.name],
+                                     [_run_values(new, pickup_timeout) for new in news]).all()
+        out = {(r.workflow, r.business_key): (as_row(RunRow, r), True) for r in inserted}
+        missing = [(n.workflow, n.business_key) for n in news if (n.workflow, n.business_key) not in out]
+        for start in range(0, len(missing), 500):
+            for r in self.conn.execute(select(runs).where(
+                    tuple_(runs.c.workflow, runs.c.business_key).in_(missing[start:start + 500]))):
+                out[(r.workflow, r.business_key)] = (as_row(RunRow, r), False)
+        self._written([n for n in news if out[(n.workflow, n.business_key)][1]])
+        return out
+
+    def _written(self, news: Sequence[NewRun]) -> None:
+        """The steps, first event and "received" notification of runs just inserted."""
+        if not news:
+            return
+        self.conn.execute(_INSERT_STEPS, [_step_values(new.run_id, position, s)
+                                          for new in news for position, s in enumerate(new.steps)])
+        for new in news:
+            detail: dict[str, Any] = {"business_key": new.business_key}
+            if new.parent_run_id is not None:
+                detail["parent"] = new.parent_run_id
+            self.transition(new.run_id, None, None, RunState.PENDING, detail=detail)
+            if new.reply_to is not None:
+                self.notify(new.run_id, new.reply_to, new.business_key, new.workflow, "received",
+                            state=RunState.PENDING)
+
+
+def _run_values(new: NewRun, pickup_timeout: float) -> dict[str, Any]:
+    return {
+        "b_id": new.run_id, "b_workflow": new.workflow, "b_business_key": new.business_key,
+        "b_payload": new.payload, "b_reply_to": new.reply_to, "b_priority": new.priority,
+        "b_pickup": pickup_timeout, "b_version": new.version, "b_linear": new.linear,
+        "b_parent_run_id": new.parent_run_id, "b_parent_position": new.parent_position, "b_depth": new.depth,
+        "b_deadline": new.deadline, "b_slot": new.slot, "b_max_running": new.max_running,
+        "b_schedule": new.schedule,
+    }
+
+
+def _step_values(run_id: str, position: int, s: NewStep) -> dict[str, Any]:
+    return {"run_id": run_id, "position": position, "name": s.name, "agent": s.agent, "action": s.action,
+            "timeout": s.timeout, "max_failures": s.max_failures, "idempotency_key": s.idempotency_key,
+            "undo": s.undo, "attempt": 0, "failure_count": 0, "waits_for": s.waits_for,
+            "for_each": s.for_each, "max_parallel": s.max_parallel, "child": s.child, "sleep": s.sleep,
+            "sleep_until": s.sleep_until, "event": s.event, "on_timeout": s.on_timeout,
+            "escalate": s.escalate, "escalated": 0}

@@ -8,6 +8,8 @@ notifications go to the ``outbox`` table and are relayed after the commit.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, insert, select, update
@@ -17,14 +19,16 @@ from sqlalchemy.engine import Row
 from ..routing import Advance, Notification
 from ..states import TERMINAL_RUN_STATES, EventKind, RunState, StepState, Word
 from .engine import db_now
+from .prepared import PREPARED
 from .rows import RunRow, StepRow, as_row
 from .tables import alerts, events, outbox, runs, steps
 
 #: The PostgreSQL channel on which a run's id is announced when it reaches a terminal state.
 RUN_DONE_CHANNEL = "sas_run_done"
 
-# The hot path's statements, built once and executed with fresh parameters.
-LOCK_RUN = select(runs).where(runs.c.id == bindparam("b_run_id")).with_for_update()
+# The hot path's statements, built once and executed with fresh parameters (prepared on
+# PostgreSQL: sas_app.store.prepared).
+LOCK_RUN = select(runs).where(runs.c.id == bindparam("b_run_id")).with_for_update().execution_options(**PREPARED)
 COMPLETE_STEP = (
     update(steps)
     .where(steps.c.run_id == bindparam("b_run_id"), steps.c.position == bindparam("b_position"),
@@ -32,6 +36,7 @@ COMPLETE_STEP = (
     .values(state=StepState.COMPLETED.value, result=bindparam("b_result", type_=steps.c.result.type),
             locked_by=None, completed_at=db_now(), updated_at=db_now())
     .returning(*steps.c)
+    .execution_options(**PREPARED)
 )
 MARK_NEXT_RUNNING = (
     update(steps)
@@ -42,6 +47,7 @@ MARK_NEXT_RUNNING = (
     .values(state=StepState.RUNNING.value, attempt=steps.c.attempt + 1, locked_by=bindparam("b_locked_by"),
             complete_by=db_now() + steps.c.timeout, not_before=None, updated_at=db_now())
     .returning(*steps.c)
+    .execution_options(**PREPARED)
 )
 INSERT_EVENTS = insert(events).values(at=db_now())
 # pending → processing, in the statement that also locks the run: a new run's claim is one round trip.
@@ -51,6 +57,7 @@ _CLAIM = (
     .values(process_state=RunState.PROCESSING.value, locked_by=bindparam("b_locked_by"), complete_by=None,
             updated_at=db_now())
     .returning(*runs.c)
+    .execution_options(**PREPARED)
 )
 #: a run with no concurrency key (one with a key claims its slot first: sas_app.store.slots)
 CLAIM_RUN = _CLAIM.where(runs.c.slot.is_(None))
@@ -73,6 +80,18 @@ class TxBase:
         #: that ended here, a child run being cancelled with its parent
         self.follow_ups: list[Advance] = []
         self._events: list[dict[str, Any]] = []
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A part of the transaction that, if it raises, leaves nothing of itself: neither rows nor
+        the events and notifications it queued (the exception goes on)."""
+        marks = len(self._events), len(self.outbox), len(self.follow_ups)
+        try:
+            with self.conn.begin_nested():
+                yield
+        except BaseException:
+            del self._events[marks[0]:], self.outbox[marks[1]:], self.follow_ups[marks[2]:]
+            raise
 
     @property
     def is_postgresql(self) -> bool:

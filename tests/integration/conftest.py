@@ -10,7 +10,7 @@ import os
 import pytest
 import redis
 
-from sas_app import SasApp, Settings
+from sas_app import SasApp, Settings, faults
 from tests.conftest import fresh_postgres_database
 from tests.integration.graph_app import install as install_graph_app
 from tests.integration.rabbitmq import rabbitmq_vhost
@@ -111,6 +111,18 @@ def shop_app(stack_env, charge_timeout: float = 2.0, max_failures: int = 3, step
     app = submitter(stack_env)
     install(app, charge_timeout=charge_timeout, max_failures=max_failures, step_timeout=step_timeout)
     return app
+
+
+def submit_unsent(shop: SasApp, key: str, amount: float = 3):
+    """Submit an order whose process dies (a fault) right after its transaction commits, before
+    it sends anything; the run as the store then holds it."""
+    faults.arm("submit.after_commit=raise", shop.settings.home)
+    try:
+        with pytest.raises(faults.FaultInjected):
+            shop.submit("order", {"amount": amount}, business_key=key)
+    finally:
+        faults.arm("")
+    return shop.store.find_run("order", key)
 
 
 @pytest.fixture

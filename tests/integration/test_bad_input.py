@@ -8,27 +8,21 @@ import uuid
 import pytest
 from kombu import Exchange, Queue
 
-from sas_app import faults
-from tests.integration.conftest import shop_app
+from tests.integration.conftest import shop_app, submit_unsent
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
 
 def pending_run(shop, key: str):
-    """A run whose submit message never went out: it stays pending (the pick-up timeout is long)."""
-    faults.arm("submit.after_commit=raise", shop.settings.home)
-    try:
-        with pytest.raises(faults.FaultInjected):
-            shop.submit("order", {"amount": 2}, business_key=key)
-    finally:
-        faults.arm("")
-    return shop.store.find_run("order", key)
+    """A run whose submit message never went out: it stays pending (the pick-up timeout is long,
+    and ``shop`` has SAS_INLINE_REPLIES off: it does not start its runs itself)."""
+    return submit_unsent(shop, key, amount=2)
 
 
 def test_a_pickled_message_is_refused_and_never_run(stack, stack_env):
     stack.env["SAS_PICKUP_TIMEOUT"] = "120"
-    shop = shop_app({**stack_env, "SAS_PICKUP_TIMEOUT": "120"})
+    shop = shop_app({**stack_env, "SAS_PICKUP_TIMEOUT": "120", "SAS_INLINE_REPLIES": "false"})
     shop.migrate()
     stack.up()
     run = pending_run(shop, "pickled")
@@ -53,7 +47,7 @@ def publish_raw(shop, queue: str, task: str, body: bytes, content_type: str) -> 
 
 
 def test_bodies_that_are_not_json_are_refused_unrun_on_every_queue(stack, stack_env):
-    shop = shop_app({**stack_env, "SAS_PICKUP_TIMEOUT": "120"})
+    shop = shop_app({**stack_env, "SAS_PICKUP_TIMEOUT": "120", "SAS_INLINE_REPLIES": "false"})
     shop.migrate()
     stack.env["SAS_PICKUP_TIMEOUT"] = "120"
     stack.up()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from sas_app import faults
-from tests.integration.conftest import shop_app
+from sas_app import Submission
+from tests.integration.conftest import shop_app, submit_unsent
 from tests.support import wait_for
 from workers.orders import orders
 
@@ -245,21 +245,53 @@ def test_a_scheduler_that_dies_between_commit_and_publish_is_recovered(stack, sh
 
 
 @pytest.mark.both_brokers
-def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(stack, shop):
+def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(stack, stack_env):
+    """Without a Scheduler in the submitting process (SAS_INLINE_REPLIES off) a run waits pending for
+    the Scheduler's message; were it lost, the Supervisor sends it again after SAS_PICKUP_TIMEOUT."""
+    shop = shop_app({**stack_env, "SAS_INLINE_REPLIES": "false"})
+    shop.migrate()
     stack.up()
-    faults.arm("submit.after_commit=raise", shop.settings.home)
-    try:
-        with pytest.raises(faults.FaultInjected):
-            shop.submit("order", {"amount": 3}, business_key="lost-1")
-    finally:
-        faults.arm("")
-    run = shop.store.find_run("order", "lost-1")
+    run = submit_unsent(shop, "lost-1")
     assert run.process_state == "pending"
 
     view = shop.handle(run.id).wait(30)
 
     assert view.process_state == "processed"
     assert shop.store.count_events("requeue", run.id) >= 1
+    shop.store.dispose()
+
+
+@pytest.mark.both_brokers
+def test_a_submit_whose_first_step_was_never_dispatched_is_recovered_by_the_supervisor(stack, stack_env):
+    """By default the submitting process starts its run in the transaction that writes it; a crash
+    before the first step's message is sent leaves that step running with nobody on it, and the
+    Supervisor retries it at its complete-by."""
+    shop = shop_app(stack_env, step_timeout=2.0)
+    shop.migrate()
+    stack.up()
+    run = submit_unsent(shop, "lost-2")
+    first = shop.store.get_steps(run.id)[0]
+    assert (run.process_state, first.state, first.attempt) == ("processing", "running", 1)
+
+    view = shop.handle(run.id).wait(30)
+
+    assert view.process_state == "processed"
+    assert view.step("reserve_stock").attempt == 2  # the attempt never sent, then the Supervisor's
+    assert len(applied(stack, "warehouse", view, "reserve_stock")) == 1
+    shop.store.dispose()
+
+
+def test_a_batch_submitted_at_once_is_processed_once_each(stack, shop):
+    stack.up()
+    items = [Submission("order", {"amount": i + 1}, f"batch-{i}") for i in range(30)]
+    outcomes = shop.submit_many([*items, Submission("order", {"amount": -1}, "batch-bad"), items[0]])
+
+    assert [o.ok for o in outcomes] == [True] * 30 + [False, True]
+    assert outcomes[-1].handle.id == outcomes[0].handle.id and not outcomes[-1].handle.created
+    views = [o.handle.wait(60) for o in outcomes[:30]]
+    assert {v.process_state for v in views} == {"processed"}
+    assert all(len(applied(stack, "payment", v, "charge_payment")) == 1 for v in views)
+    assert shop.store.find_run("order", "batch-bad") is None
 
 
 def test_a_zombie_agent_that_wakes_up_late_is_refused_by_the_remote_service(stack, stack_env):

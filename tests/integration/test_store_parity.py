@@ -31,7 +31,8 @@ def sequences(app: SasApp) -> dict[str, Any]:
     in_graph: list[str] = []
 
     @event.listens_for(app.store.engine, "before_cursor_execute")
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+    def count(conn: Any, cursor: Any, sent: str, parameters: Any, context: Any, *args: Any) -> None:
+        statement = context.statement  # as built: on PostgreSQL, what is sent is EXECUTE of it, prepared
         if statement.lstrip().startswith("WITH run AS"):
             one_statement.append(statement)
         if statement.lstrip().startswith("WITH done AS"):

@@ -1,0 +1,103 @@
+"""The hot path's statements prepared on PostgreSQL (SAS_PREPARED_STATEMENTS), and kombu's Redis
+transport keeping one client per channel: what a user relies on is that runs go through either
+way, that a pooler which loses prepared statements costs one transaction and not the service,
+and that the broker still shows (and Flower reads) its URL as redis://."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import redis
+from kombu import Connection, Queue
+from sqlalchemy import event
+from sqlalchemy.exc import DBAPIError
+
+from sas_app import SasApp, Settings, migrate
+from sas_app.store import Store
+from tests.support import Pump
+from tests.testapp import install_test_workflows
+
+pytestmark = pytest.mark.integration
+
+
+def sent(store: Store) -> list[str]:
+    """Every statement the store sends to PostgreSQL from now on (as sent: EXECUTE when prepared)."""
+    statements: list[str] = []
+    event.listen(store.engine, "before_cursor_execute",
+                 lambda conn, cursor, statement, *args: statements.append(statement))
+    return statements
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_runs_go_through_with_prepared_statements_on_and_off(db_url, tmp_path, prepared):
+    settings = Settings(database_url=db_url, broker_url="memory://localhost/", home=tmp_path, task_events=False,
+                        prepared_statements=prepared, inline_replies=False)
+    app = SasApp(settings)
+    install_test_workflows(app, timeout=10)
+    app.migrate()
+    statements = sent(app.store)
+    pump = Pump(app)
+    pump.purge()
+    try:
+        handles = [app.submit("three", {}, business_key=f"p-{i}") for i in range(3)]
+        pump.run()
+
+        assert [app.get_run(h.id).process_state for h in handles] == ["processed"] * 3
+        executed = [s for s in statements if s.startswith("EXECUTE sas_")]
+        prepares = [s for s in statements if s.startswith("PREPARE sas_")]
+        if prepared:  # every reply ran the one statement, prepared once on the one connection used
+            assert len(executed) >= 3 * 3 and len({p.split()[1] for p in prepares}) == len(prepares)
+        else:
+            assert executed == [] and prepares == []
+    finally:
+        app.store.dispose()
+
+
+def test_a_pooler_that_loses_prepared_statements_costs_one_transaction(db_url, caplog):
+    migrate(db_url)
+    store = Store(db_url)
+    statements = sent(store)
+    try:
+        with store.begin() as tx:
+            assert tx.lock_run("no-such-run") is None  # prepared on the pool's one connection
+        with store.engine.connect() as conn:  # what a pooler in transaction mode does to a session
+            conn.exec_driver_sql("DEALLOCATE ALL")
+            conn.commit()
+
+        with caplog.at_level(logging.ERROR, logger="sas.store"), pytest.raises(DBAPIError, match="does not exist"):
+            with store.begin() as tx:
+                tx.lock_run("no-such-run")
+
+        assert "Set SAS_PREPARED_STATEMENTS=false" in caplog.text
+        statements.clear()
+        with store.begin() as tx:  # a fresh connection, and nothing prepared from now on
+            assert tx.lock_run("no-such-run") is None
+        assert statements and not any(s.startswith(("EXECUTE", "PREPARE")) for s in statements)
+    finally:
+        store.dispose()
+
+
+def test_the_setting_reads_from_the_environment():
+    assert Settings.from_env({"SAS_PREPARED_STATEMENTS": "false"}).prepared_statements is False
+    assert Settings.from_env({}).prepared_statements is True
+
+
+def test_the_redis_broker_shows_as_redis_and_survives_its_connections_being_killed(redis_url, tmp_path):
+    app = SasApp(Settings(database_url=f"sqlite:///{tmp_path / 's.db'}", broker_url=redis_url, home=tmp_path))
+    queue = Queue("sas.test.kept-client")
+    with app.celery.connection_for_write() as conn:
+        assert conn.as_uri().startswith("redis://")  # worker banners and Flower's broker page read this
+        assert type(conn.transport).__module__ == "sas_app.redis_transport"
+        producer = conn.Producer()
+        producer.publish({"n": 1}, routing_key=queue.name, declare=[queue])
+        redis.Redis.from_url(redis_url).client_kill_filter(_type="normal", skipme=True)
+        producer.publish({"n": 2}, routing_key=queue.name, declare=[queue], retry=True)
+        received: list[Any] = []
+        with Connection(redis_url) as plain, plain.SimpleQueue(queue) as simple:
+            for _ in range(2):
+                message = simple.get(timeout=5)
+                received.append(message.payload)
+                message.ack()
+    assert received == [{"n": 1}, {"n": 2}]
