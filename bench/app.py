@@ -33,6 +33,9 @@ def silent_once(call: AgentCall) -> dict[str, Any]:
     return {}
 
 
+# bench.recovery's runs: one step each, whose timeout outlasts dispatching 10,000 of them (the bench
+# then sets their complete-by)
+sas.register(Workflow("noop1", [Step("one", work, timeout=600)]))
 sas.register(Workflow("noop3", [Step(name, work, timeout=30) for name in ("one", "two", "three")]))
 # the same three steps as a graph: one and two side by side, three their join
 sas.register(Workflow("noop3_graph", [Step("one", work, timeout=30), Step("two", work, timeout=30, after=[]),

@@ -21,12 +21,16 @@ from sqlalchemy.exc import DBAPIError
 from . import faults, tracing
 from .client import Client, RunHandle, schema_not_ready
 from .errors import DuplicateBusinessKey, InvalidSubmission, SasError
-from .routing import Advance
+from .routing import Advance, AdvanceEach
 
 if TYPE_CHECKING:
     from .store import NewRun
     from .workflow import Workflow
 
+
+#: runs per message to the Scheduler after a bulk submit: few enough that the Scheduler's
+#: processes share a batch's runs out, many enough to spare a message per run
+ADVANCE_CHUNK = 100
 
 @dataclass(frozen=True)
 class Submission:
@@ -91,8 +95,10 @@ def submit_many(client: Client, items: Iterable[Submission | Mapping[str, Any]])
         written = outcomes[first[key][0]]
         outcomes[index] = Submitted(index, error=written.error) if written.handle is None else \
             Submitted(index, RunHandle(client, written.handle.id, created=False))
-    for run_id in created:
-        client.router.send(Advance(run_id))
+    # the Scheduler is asked about the new runs in a message per ADVANCE_CHUNK, not one per run
+    for start in range(0, len(created), ADVANCE_CHUNK):
+        chunk = created[start:start + ADVANCE_CHUNK]
+        client.router.send(Advance(chunk[0]) if len(chunk) == 1 else AdvanceEach(tuple(chunk)))
     return [outcomes[i] for i in sorted(outcomes)]
 
 

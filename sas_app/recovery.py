@@ -114,8 +114,8 @@ def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why:
     failures = step.failure_count + 1
     if failures < step.max_failures:
         wait = backoff(settings, failures)
-        won = tx.retry_step(step, wait, settings.pickup_timeout, actor, reason=str(why))
-        return Recovery(retried=won is not None, failed=False, backoff=wait)
+        won = tx.retry_steps([step], wait, settings.pickup_timeout, actor, reason=str(why))
+        return Recovery(retried=bool(won), failed=False, backoff=wait)
     what = "passed its complete-by" if why == Cause.EXPIRED else "lost its worker"
     reason = f"step {step.name!r} {what} {failures} times (threshold {step.max_failures})"
     if detail:
@@ -132,6 +132,26 @@ def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why:
     undo = escalate.get("then", "compensate") == "compensate"
     return Recovery(retried=False, failed=True, backoff=0.0,
                     alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor, undo=undo))
+
+
+def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[StepRow], why: Cause, *,
+                  actor: str) -> list[tuple[StepRow, Recovery]]:
+    """:func:`recover_step` for a batch of attempts (their rows locked by the caller), set-based
+    where the numbers are: those that go back to pending move together, one fenced statement per
+    back-off however many they are; those at their threshold (escalated, or failed and undone)
+    one by one, after them."""
+    retrying: dict[float, list[StepRow]] = {}
+    at_threshold = []
+    for step in batch:
+        if step.failure_count + 1 < step.max_failures:
+            retrying.setdefault(backoff(settings, step.failure_count + 1), []).append(step)
+        else:
+            at_threshold.append(step)
+    outcomes = []
+    for wait, group in retrying.items():
+        moved = {s.id for s in tx.retry_steps(group, wait, settings.pickup_timeout, actor, reason=str(why))}
+        outcomes += [(s, Recovery(retried=s.id in moved, failed=False, backoff=wait)) for s in group]
+    return outcomes + [(s, recover_step(tx, alerts, settings, s, why, "", actor=actor)) for s in at_threshold]
 
 
 def _escalate(tx: Tx, alerts: Alerts, step: StepRow, escalate: dict[str, Any], reason: str, actor: str) -> Recovery:

@@ -31,6 +31,8 @@ SCHEDULER_QUEUE = "sas.scheduler"
 SUPERVISOR_QUEUE = "sas.supervisor"
 
 ADVANCE = "sas.scheduler.advance"
+#: the Supervisor's batch: ask about each of several runs (one message, not one per run)
+ADVANCE_EACH = "sas.scheduler.advance_each"
 STEP_DONE = "sas.scheduler.step_done"
 STEP_FAILED = "sas.scheduler.step_failed"
 STEP_DEFERRED = "sas.scheduler.step_deferred"
@@ -100,6 +102,19 @@ class Advance:
         return f"the Scheduler's message for run {self.run_id}"
 
 
+@dataclass(frozen=True)
+class AdvanceEach:
+    """Ask the Scheduler about each of ``run_ids``, after ``delay`` seconds: one message for a
+    batch the Supervisor recovered, where an :class:`Advance` each would cost the broker and the
+    Scheduler's worker a message per run."""
+
+    run_ids: tuple[str, ...]
+    delay: float = 0.0
+
+    def __str__(self) -> str:
+        return f"the Scheduler's message for {len(self.run_ids)} runs"
+
+
 #: what Flower shows of an agent's message (see AgentMessage.describe)
 SHOWN = ("run_id", "business_key", "workflow", "step", "position", "attempt", "index")
 
@@ -128,7 +143,7 @@ class AgentMessage:
         return repr(shown)
 
 
-Message = Advance | AgentMessage
+Message = Advance | AdvanceEach | AgentMessage
 
 
 def confirm_options(celery: Celery) -> dict[str, Any]:
@@ -163,10 +178,15 @@ class Router:
     def send(self, message: Message) -> bool:
         """Publish one message; False (logged) if the broker refused it."""
         try:
-            if isinstance(message, Advance):
+            if isinstance(message, (Advance, AdvanceEach)):
                 delay = message.delay if self.longest_countdown is None else min(message.delay, self.longest_countdown)
-                self.celery.send_task(ADVANCE, args=[message.run_id], queue=SCHEDULER_QUEUE,
-                                      countdown=delay or None, argsrepr=f"['{message.run_id}']", **self.confirm)
+                if isinstance(message, Advance):
+                    self.celery.send_task(ADVANCE, args=[message.run_id], queue=SCHEDULER_QUEUE,
+                                          countdown=delay or None, argsrepr=f"['{message.run_id}']", **self.confirm)
+                else:
+                    self.celery.send_task(ADVANCE_EACH, args=[list(message.run_ids)], queue=SCHEDULER_QUEUE,
+                                          countdown=delay or None, argsrepr=f"[{len(message.run_ids)} runs]",
+                                          **self.confirm)
             else:
                 self.celery.send_task(
                     agent_task_name(message.agent, message.action),

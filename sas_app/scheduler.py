@@ -24,7 +24,7 @@ from .errors import InvalidSignal, UnknownRun
 from .graph import Graph
 from .planner import Dispatch, HasAction, Moves, Planner
 from .recovery import fail_run, recover_step
-from .routing import ADVANCE, STEP_DEFERRED, STEP_DONE, STEP_FAILED, STEP_LOST, Advance, Router
+from .routing import ADVANCE, ADVANCE_EACH, STEP_DEFERRED, STEP_DONE, STEP_FAILED, STEP_LOST, Advance, Router
 from .settings import Settings, instance_id
 from .states import LIVE_RUN_STATES, Cause, EventKind, RunState, SignalStatus, StepState
 from .store import RunRow, Store, Tx
@@ -76,6 +76,11 @@ class Scheduler:
             if well_formed("advance", run_id):
                 self.advance(run_id)
 
+        @self.celery.task(name=ADVANCE_EACH, **options)
+        def advance_each(run_ids: list[str]) -> None:
+            if isinstance(run_ids, list):
+                self.advance_each([run_id for run_id in run_ids if well_formed("advance_each", run_id)])
+
         @self.celery.task(name=STEP_DONE, **options)
         def step_done(run_id: str, position: int, attempt: int, result: Any = None,
                       results: dict[str, Any] | None = None) -> None:
@@ -105,6 +110,24 @@ class Scheduler:
         with self.store.begin() as tx:
             moves = self.moves(tx, run_id)
         self.after_commit(tx, moves)
+
+    def advance_each(self, run_ids: list[str]) -> None:
+        """:meth:`advance` for each of ``run_ids`` (a batch the Supervisor recovered): the retried
+        steps of plain straight-line runs start again together, in one transaction
+        (:meth:`Tx.restart_retries`); every other run is advanced on its own."""
+        with self.store.begin() as tx:
+            restarted = tx.restart_retries(run_ids, self.instance_id)
+            moves = Moves()
+            for run, step, steps in restarted:
+                moves.extend(self.planner.dispatch(tx, run, step, Graph(steps).results()))
+        self.after_commit(tx, moves)
+        done = {run.id for run, _, _ in restarted}
+        for run_id in dict.fromkeys(run_ids):
+            if run_id not in done:
+                try:
+                    self.advance(run_id)
+                except Exception:  # the others still go on; this one the Supervisor asks about again
+                    log.exception("advance: run %s", run_id)
 
     def moves(self, tx: Tx, run_id: str) -> Moves:
         """:meth:`advance` inside the caller's transaction (a submission's, which so starts its run

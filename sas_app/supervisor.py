@@ -26,8 +26,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts
-from .recovery import past_deadline, recover_step
-from .routing import SUPERVISOR_QUEUE, SWEEP, Advance, Router, agent_queue
+from .recovery import past_deadline, recover_steps
+from .routing import SUPERVISOR_QUEUE, SWEEP, AdvanceEach, Router, agent_queue
 from .settings import Settings, instance_id
 from .states import Cause
 from .store import Store
@@ -50,6 +50,12 @@ class SweepReport:
     requeued: list[str] = field(default_factory=list)
     relayed: int = 0
     seconds: float = 0.0
+
+
+def _listed(run_ids: list[str], most: int = 10) -> str:
+    """Run ids for a log line: the first ``most``, then how many more."""
+    more = f" and {len(run_ids) - most} more" if len(run_ids) > most else ""
+    return ", ".join(run_ids[:most]) + more
 
 
 class Supervisor:
@@ -105,8 +111,7 @@ class Supervisor:
         raised: list[Alert | None] = []
         with self.store.begin() as tx:
             expired = tx.expired_steps(s.sweep_batch)
-            for step in expired:
-                outcome = recover_step(tx, self.alerts, s, step, Cause.EXPIRED, "", actor=self.instance_id)
+            for step, outcome in recover_steps(tx, self.alerts, s, expired, Cause.EXPIRED, actor=self.instance_id):
                 if outcome.escalated:
                     raised.append(outcome.alert)  # the sweep asks again once its wait is over
                 elif outcome.retried:
@@ -123,16 +128,22 @@ class Supervisor:
         faults.hit("supervisor.after_commit")
         # A message the broker refuses is asked again by the next sweep: the state is committed.
         self.router.relay(tx.outbox)
-        for run_id, position, backoff in retried:
-            log.warning("run %s step %s passed complete-by; retry in %.1fs", run_id, position, backoff)
-            self.router.send(Advance(run_id, backoff))
-        for run_id in requeued:
-            log.warning("run %s waited past complete-by for the Scheduler; asking again", run_id)
-            self.router.send(Advance(run_id))
+        # the Scheduler is asked about the batch in a message per back-off, not one per run
+        by_backoff: dict[float, list[str]] = {}
+        for run_id, _, backoff in retried:
+            by_backoff.setdefault(backoff, []).append(run_id)
+        for backoff, run_ids in by_backoff.items():
+            log.warning("%d step(s) passed complete-by; retry in %.1fs: runs %s", len(run_ids), backoff,
+                        _listed(run_ids))
+            self.router.send(AdvanceEach(tuple(run_ids), backoff))
+        if requeued:
+            log.warning("%d run(s) waited past complete-by for the Scheduler; asking again: %s", len(requeued),
+                        _listed(requeued))
+            self.router.send(AdvanceEach(tuple(requeued)))
         for alert in raised:
             self.alerts.emit(alert)
-        for run_id in failed:
-            self.router.send(Advance(run_id))  # to undo it, if it is being compensated
+        if failed:
+            self.router.send(AdvanceEach(tuple(failed)))  # to undo them, those being compensated
         for follow_up in tx.follow_ups:  # a child run ended, or is being cancelled with its parent
             self.router.send(follow_up)
         report.retried += retried

@@ -23,6 +23,7 @@ from .hot_path import HotPathTx
 from .operations import OperationsTx
 from .queries import Queries
 from .retention import Retention
+from .retries import RetryTx
 from .schedules import ScheduleTx
 from .signals import SignalTx
 from .slots import SlotTx
@@ -33,7 +34,7 @@ from .transitions import RUN_DONE_CHANNEL
 from .waits import WaitTx
 
 
-class Tx(HotPathTx, OperationsTx, SweepTx, FanOutTx, SubmissionTx, ChildTx, WaitTx, SignalTx,
+class Tx(HotPathTx, OperationsTx, SweepTx, RetryTx, FanOutTx, SubmissionTx, ChildTx, WaitTx, SignalTx,
          SlotTx, ScheduleTx):
     """Every transition, inside one transaction (see :meth:`Store.begin`)."""
 

@@ -16,6 +16,12 @@ from .rows import RunRow, StepRow, as_row
 from .tables import runs, steps
 from .transitions import TxBase
 
+#: The step's run is live, read through the run's primary key. Never through the index on the
+#: state: after a burst (a fleet's steps all in flight at once) the statistics still say hardly
+#: any run is live, and the planner would scan that index once per step — 570 ms for a batch of
+#: 500 expired steps in a store of 1M, against 8 ms this way (bench/recovery.py).
+_LIVE = func.coalesce(runs.c.process_state, "").in_(LIVE_RUN_STATES)
+
 
 class SweepTx(TxBase):
     def expired_steps(self, limit: int) -> list[StepRow]:
@@ -25,7 +31,7 @@ class SweepTx(TxBase):
             select(steps)
             .join(runs, runs.c.id == steps.c.run_id)
             .where(steps.c.state == StepState.RUNNING.value, steps.c.complete_by < db_now(),
-                   runs.c.process_state.in_(LIVE_RUN_STATES))
+                   _LIVE)
             .order_by(steps.c.complete_by)
             .limit(limit)
             .with_for_update(skip_locked=True, of=[steps, runs])
@@ -59,7 +65,7 @@ class SweepTx(TxBase):
             select(steps.c.id, steps.c.run_id, steps.c.position, steps.c.attempt)
             .join(runs, runs.c.id == steps.c.run_id)
             .where(steps.c.state == StepState.PENDING.value, steps.c.complete_by < now,
-                   runs.c.process_state.in_(LIVE_RUN_STATES))
+                   _LIVE)
             .order_by(steps.c.complete_by)
             .limit(limit)
             .with_for_update(skip_locked=True, of=[steps, runs])
@@ -92,7 +98,7 @@ class SweepTx(TxBase):
             select(steps)
             .join(runs, runs.c.id == steps.c.run_id)
             .where(steps.c.state == StepState.RUNNING.value, steps.c.complete_by >= db_now(),
-                   runs.c.process_state.in_(LIVE_RUN_STATES))
+                   _LIVE)
             .order_by(steps.c.complete_by)
             .limit(limit)
         )

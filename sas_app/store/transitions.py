@@ -8,11 +8,12 @@ notifications go to the ``outbox`` table and are relayed after the commit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 
@@ -304,20 +305,32 @@ class TxBase:
                             detail={"error": error})
         return won
 
-    def retry_step(self, step: StepRow, backoff: float, pickup_timeout: float, actor: str,
-                   reason: str) -> StepRow | None:
-        """running (expired, or its worker died) → pending: one more failure, LockedBy cleared, a
-        back-off before the Scheduler may dispatch it again and a new complete-by for that pick-up."""
+    def retry_steps(self, batch: Sequence[StepRow], backoff: float, pickup_timeout: float, actor: str,
+                    reason: str) -> list[StepRow]:
+        """Each of ``batch`` (running: expired, or its worker died) → pending, in one statement
+        fenced on each step's attempt: one more failure, LockedBy cleared, a back-off before the
+        Scheduler may dispatch it again and a new complete-by for that pick-up. Returns the steps
+        moved (a step that moved on meanwhile is left alone)."""
+        if not batch:
+            return []
         now = db_now()
-        won = self.update_step(step.run_id, step.position, step.attempt, StepState.RUNNING, StepState.PENDING,
-                               failure_count=steps.c.failure_count + 1, locked_by=None, not_before=now + backoff,
-                               complete_by=now + backoff + pickup_timeout)
-        if won:
-            self.count_run_failure(step.run_id)
+        moved = [as_row(StepRow, r) for r in self.conn.execute(
+            update(steps)
+            .where(tuple_(steps.c.id, steps.c.attempt).in_([(s.id, s.attempt) for s in batch]),
+                   steps.c.state == StepState.RUNNING.value)
+            .values(state=StepState.PENDING.value, updated_at=now, failure_count=steps.c.failure_count + 1,
+                    locked_by=None, not_before=now + backoff, complete_by=now + backoff + pickup_timeout)
+            .returning(*steps.c)
+        )]
+        per_run = Counter(step.run_id for step in moved)  # parallel steps of one run: a failure each
+        for failures in set(per_run.values()):
+            self.conn.execute(update(runs).where(runs.c.id.in_([r for r, n in per_run.items() if n == failures]))
+                              .values(failure_count=runs.c.failure_count + failures))
+        for step in moved:
             self.transition(step.run_id, step.position, StepState.RUNNING, StepState.PENDING, attempt=step.attempt,
-                            actor=actor,
-                            detail={"failure_count": step.failure_count + 1, "backoff": backoff, "reason": reason})
-        return won
+                            actor=actor, detail={"failure_count": step.failure_count, "backoff": backoff,
+                                                 "reason": reason})
+        return moved
 
     def defer_step(self, run_id: str, position: int, attempt: int, delay: float, pickup_timeout: float,
                    reason: str, actor: str) -> bool:

@@ -6,10 +6,12 @@ These run on SQLite here and, unchanged, on PostgreSQL in tests/integration/test
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
+from sqlalchemy import event
 
-from sas_app import SasApp
+from sas_app import SasApp, Submission
 from tests.support import backoff_over, expire, pass_time, sweep_after_expiry
 from tests.testapp import install_test_workflows
 
@@ -258,6 +260,72 @@ def test_two_supervisors_sweeping_at_once_recover_each_step_once(sas, pump, sett
         assert transitions(sas, h.id, 0).count(("running", "pending", 1)) == 1
 
 
+def test_supervisors_recover_a_fleet_of_expired_steps_in_batches_each_once_and_in_a_statement_per_batch(
+        sas, pump, settings):
+    """A fleet of agents died: 240 steps expired at once, three Supervisors sweeping together
+    in batches of 40 recover each exactly once; a batch costs as many statements whatever its size;
+    the Scheduler then starts every one again."""
+    apps = [SasApp(replace(settings, sweep_batch=batch), clock=sas.test_clock)  # the same store and clock
+            for batch in (5, 40, 40, 40)]
+    for app in apps:
+        install_test_workflows(app)
+    handles = sas.submit_many([Submission("three", {"script": {"first": ["hang", "ok"]}}, f"fleet{i}")
+                               for i in range(240)])
+    pump.run()
+    for h in handles:
+        expire(sas, h.handle.id)
+
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args) -> None:
+        statements.append(statement)
+
+    def sweep_once(app: SasApp) -> int:
+        statements.clear()
+        event.listen(app.store.engine, "before_cursor_execute", count)
+        try:
+            return len(app.supervisor.sweep_once().retried)
+        finally:
+            event.remove(app.store.engine, "before_cursor_execute", count)
+
+    assert sweep_once(apps[0]) == 5
+    few = len(statements)
+    assert sweep_once(apps[1]) == 40
+    assert len(statements) == few, "a batch of 40 costs the statements of a batch of 5"
+
+    barrier = threading.Barrier(3)
+    reports = []
+
+    def sweep(app: SasApp) -> None:
+        barrier.wait()
+        reports.append(app.supervisor.sweep())
+
+    threads = [threading.Thread(target=sweep, args=(app,)) for app in apps[1:]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for app in apps:
+        app.store.dispose()
+
+    recovered = [r[0] for report in reports for r in report.retried]
+    assert len(recovered) == 240 - 45 and len(set(recovered)) == len(recovered)
+    for h in handles:
+        [first] = [s for s in sas.store.get_steps(h.handle.id) if s.position == 0]
+        assert (first.state, first.failure_count) == ("pending", 1)
+        assert transitions(sas, h.handle.id, 0).count(("running", "pending", 1)) == 1
+        assert h.handle.status().run.failure_count == 1
+
+    # the Scheduler restarts each batch in one go once the back-off is over, and every order completes
+    for h in handles:
+        backoff_over(sas, h.handle.id)
+    sas.supervisor.sweep()  # the 45 the probes took
+    for h in handles:
+        backoff_over(sas, h.handle.id)
+    pump.run(limit=10_000)
+    for h in handles:
+        view = h.handle.status()
+        assert (view.process_state, view.step("first").attempt) == ("processed", 2)
 def test_a_failing_alert_hook_changes_nothing_for_the_run(sas, pump):
     def broken(alert):
         raise RuntimeError("pager down")
