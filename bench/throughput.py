@@ -12,7 +12,7 @@ with min-max, the ratios sas/celery and sas/dbos, the machine and the versions, 
 went per step for sas_app and the chain (:mod:`bench.cpu`: each worker's main process and pool,
 beat, PostgreSQL, the broker, the submitting process). Usage:
 
-    python -m bench.throughput [--runs 2000] [--repeat 3] [--concurrency 4] [--task-events] [--bulk N]
+    python -m bench.throughput [--runs 2000] [--repeat 3] [--concurrency 4] [--task-events] [--bulk N] [--pgbouncer]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from datetime import date
 from importlib.metadata import version
 from pathlib import Path
@@ -34,6 +35,7 @@ import redis
 from sqlalchemy import create_engine, func, select, text
 
 from bench.cpu import CpuMeter, Pids, children, named, worker
+from bench.pgbouncer import pgbouncer, through
 from sas_app import Submission
 from sas_app.processes import CELERY_READY, Processes
 
@@ -98,8 +100,9 @@ def fresh_database(admin_url: str, name: str) -> str:
 def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) -> list[dict[str, Any]]:
     env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": broker,
            "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": str(args.task_events).lower(),
-           "PYTHONPATH": str(REPO)}
-    os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS")})
+           "SAS_PREPARED_STATEMENTS": str(not args.pgbouncer).lower(), "PYTHONPATH": str(REPO)}
+    os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS",
+                                           "SAS_PREPARED_STATEMENTS")})
     from bench.app import sas  # after the environment names the stack
     from sas_app.store.tables import runs
 
@@ -111,7 +114,8 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
         procs.beat("beat")
         scheduler, agent = procs.procs["scheduler"], procs.procs["agent"]
         meter = CpuMeter({**workers(agent=agent.pid, scheduler=scheduler.pid),
-                          "beat": lambda: [procs.procs["beat"].pid], **servers()})
+                          "beat": lambda: [procs.procs["beat"].pid], **servers(),
+                          **({"pooler": named("pgbouncer")} if args.pgbouncer else {})})
         results = []
         for rep in range(args.repeat):
             idle = []
@@ -268,19 +272,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="every worker sends Celery's task events (the production default, for Flower)")
     parser.add_argument("--bulk", type=int, default=0, metavar="N",
                         help="sas_app submits its runs N at a time with submit_many (default: one by one)")
+    parser.add_argument("--pgbouncer", action="store_true",
+                        help="sas_app reaches PostgreSQL through PgBouncer (transaction mode), prepared statements off")
     args = parser.parse_args(argv)
     logs = Path(os.environ.get("BENCH_LOGS", "/tmp/sas-bench"))
     redis.Redis.from_url(args.redis).flushdb()
 
     print(f"sas_app: {args.runs} runs x {args.repeat}", flush=True)
-    sas_reps = bench_sas(args, fresh_database(args.postgres, "sas_bench"), args.redis, logs / "sas")
+    with ExitStack() as pooled:
+        sas_db = fresh_database(args.postgres, "sas_bench")
+        if args.pgbouncer:
+            sas_db = through(sas_db, pooled.enter_context(pgbouncer(args.postgres)))
+        sas_reps = bench_sas(args, sas_db, args.redis, logs / "sas")
     print(f"celery chain: {args.runs} runs x {args.repeat}", flush=True)
     celery_reps = bench_celery(args, args.redis, logs / "celery")
     dbos_reps = [] if args.skip_dbos else bench_dbos(args, logs / "dbos")
 
     result: dict[str, Any] = {
         "date": date.today().isoformat(), "runs": args.runs, "repeat": args.repeat, "workflow": args.workflow,
-        "task_events": args.task_events, "bulk": args.bulk,
+        "task_events": args.task_events, "bulk": args.bulk, "pgbouncer": args.pgbouncer,
         "workers": {"processes": 2, "concurrency_each": args.concurrency, "pool": args.pool}, "machine": machine(),
         "sas_app": summarise(sas_reps), "celery_chain": summarise(celery_reps),
         "dbos": summarise(dbos_reps) if dbos_reps else None,
@@ -291,7 +301,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if dbos_reps:
         result["ratio_sas_over_dbos"] = round(sas_rate / result["dbos"]["steps_per_s"]["median"], 3)
     print_table(result)
-    name = "throughput" + ("-events" if args.task_events else "") + (f"-bulk{args.bulk}" if args.bulk else "")
+    name = ("throughput" + ("-events" if args.task_events else "") + (f"-bulk{args.bulk}" if args.bulk else "")
+            + ("-pgbouncer" if args.pgbouncer else ""))
     record(args.out, name if args.workflow == "noop3" else f"{name}-{args.workflow}", result)
     return result
 

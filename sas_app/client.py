@@ -45,6 +45,8 @@ def schema_not_ready(store: Store) -> None:
         raise SchemaNotReady(problem) from None
 
 MAX_KEY_LENGTH = 200
+#: most seconds wait() goes without reading the run, a notice of its end or not
+RECHECK = 1.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,8 @@ class RunHandle:
 
         On PostgreSQL this sleeps until the database announces that the run finished (LISTEN /
         NOTIFY, sent when the final transition commits), reading the run only then; on the
-        embedded SQLite store it polls with a growing interval. Raises ``TimeoutError`` naming
+        embedded SQLite store it polls with a growing interval. Either way it reads the run at
+        least once a second, so a lost notice costs at most that. Raises ``TimeoutError`` naming
         the state the run was left in."""
         deadline = time.monotonic() + timeout
         delay = 0.02
@@ -111,7 +114,10 @@ class RunHandle:
                     time.sleep(min(delay, remaining))
                     delay = min(delay * 1.5, 0.5)
                     continue
-                while self.id not in listen(deadline - time.monotonic()) and time.monotonic() < deadline:
+                # the run is read again at least every RECHECK seconds: behind a pooler in transaction
+                # mode (PgBouncer) the LISTEN's session is not this client's, and no notice comes
+                recheck = min(deadline, time.monotonic() + RECHECK)
+                while self.id not in listen(recheck - time.monotonic()) and time.monotonic() < recheck:
                     pass
 
 

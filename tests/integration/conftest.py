@@ -1,6 +1,7 @@
 """Integration fixtures: a fresh PostgreSQL database and Redis database number (or RabbitMQ
 virtual host) per test, and the real processes. A service that does not answer fails the tests
-loudly; nothing is skipped. A test marked ``both_brokers`` runs on Redis and on RabbitMQ."""
+loudly; nothing is skipped. A test marked ``both_brokers`` runs on Redis and on RabbitMQ; one
+marked ``pgbouncer_too`` runs with PostgreSQL reached directly and through PgBouncer."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import os
 import pytest
 import redis
 
+from bench.pgbouncer import pgbouncer, through
 from sas_app import SasApp, Settings, faults
-from tests.conftest import fresh_postgres_database
+from tests.conftest import POSTGRES, fresh_postgres_database
 from tests.integration.graph_app import install as install_graph_app
 from tests.integration.rabbitmq import rabbitmq_vhost
 from tests.integration.stack import Stack, free_port
@@ -22,10 +24,26 @@ _redis_numbers = itertools.cycle(range(1, 16))
 
 
 @pytest.fixture
-def db_url(postgres_admin):
-    """A fresh PostgreSQL database for this test (overrides the unit tests' SQLite)."""
+def db_url(postgres_admin, pooler, request):
+    """A fresh PostgreSQL database for this test (overrides the unit tests' SQLite), reached
+    directly or, on a ``pgbouncer_too`` test's second turn, through PgBouncer in transaction mode."""
     with fresh_postgres_database(postgres_admin) as url:
-        yield url
+        yield url if pooler == "direct" else through(url, request.getfixturevalue("pgbouncer_port"))
+
+
+@pytest.fixture
+def pooler(request):
+    """How the stack reaches PostgreSQL: directly, unless the test runs through PgBouncer too and this is its turn."""
+    return getattr(request, "param", "direct")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_port():
+    try:
+        with pgbouncer(POSTGRES) as port:
+            yield port
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture
@@ -43,8 +61,12 @@ def redis_url():
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if metafunc.definition.get_closest_marker("both_brokers"):
-        metafunc.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
+    brokers = ["redis", "rabbitmq"] if metafunc.definition.get_closest_marker("both_brokers") else ["redis"]
+    poolers = ["direct", "pgbouncer"] if metafunc.definition.get_closest_marker("pgbouncer_too") else ["direct"]
+    if len(brokers) + len(poolers) > 2:  # each broker directly, and PgBouncer on Redis
+        turns = [(b, "direct") for b in brokers] + [("redis", p) for p in poolers[1:]]
+        metafunc.parametrize(("broker", "pooler"), turns, indirect=True,
+                             ids=[b if p == "direct" else p for b, p in turns])
 
 
 @pytest.fixture
@@ -63,8 +85,11 @@ def broker_url(broker, request):
 
 
 @pytest.fixture
-def stack_env(db_url, broker_url, tmp_path):
+def stack_env(db_url, broker_url, pooler, tmp_path):
+    # behind PgBouncer (before 1.21) a session's prepared statements do not follow it: the README says so
+    pooled = {"SAS_PREPARED_STATEMENTS": "false"} if pooler == "pgbouncer" else {}
     return {
+        **pooled,
         "SAS_DATABASE_URL": db_url,
         "SAS_BROKER_URL": broker_url,
         "SAS_HOME": str(tmp_path / "home"),

@@ -38,11 +38,13 @@ def test_throughput_bench_runs_every_contender(tmp_path):
     assert result["machine"]["cores"] >= 1
 
 
-def test_throughput_bench_submits_in_bulk_with_task_events_and_counts_commits_and_messages(tmp_path):
+def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and_counts_commits_and_messages(
+        tmp_path):
     result = run_bench("bench.throughput", "--runs", "6", "--repeat", "1", "--idle-runs", "1", "--concurrency", "2",
-                       "--skip-dbos", "--bulk", "3", "--task-events", tmp_path=tmp_path)
-    assert (result["bulk"], result["task_events"]) == (3, True)
+                       "--skip-dbos", "--bulk", "3", "--task-events", "--pgbouncer", tmp_path=tmp_path)
+    assert (result["bulk"], result["task_events"], result["pgbouncer"]) == (3, True, True)
     sas = result["sas_app"]
+    assert "cpu_pooler_ms" in sas
     assert sas["messages_per_step"]["median"] >= 1 and sas["commits_per_step"]["median"] >= 1
     assert sas["submit_per_s"]["median"] > 0
 
@@ -52,6 +54,12 @@ def test_sweep_bench_measures_cost_and_recovery(tmp_path):
                        "--spread", "0", tmp_path=tmp_path)
     assert [row["rows"] for row in result["sweep"]] == [2000, 4000]
     assert result["recovery"]["runs"] == 2
+
+
+def test_recovery_bench_gets_a_dead_fleets_steps_going_again(tmp_path):
+    result = run_bench("bench.recovery", "--in-flight", "40", "--rows", "2000", "--lead", "1", tmp_path=tmp_path)
+    assert (result["in_flight"], result["step_rows"]) == (40, 2000)
+    assert 0 < result["redispatch_p50_s"] <= result["redispatch_max_s"] <= result["all_processed_s"]
 
 
 def test_dashboard_bench_times_every_page_and_catches_up_the_metrics(tmp_path):
