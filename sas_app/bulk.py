@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from . import faults, tracing
 from .client import Client, RunHandle, schema_not_ready
 from .errors import DuplicateBusinessKey, InvalidSubmission, SasError
-from .routing import Advance, AdvanceEach
+from .routing import asking
 
 if TYPE_CHECKING:
     from .store import NewRun
@@ -97,8 +97,7 @@ def submit_many(client: Client, items: Iterable[Submission | Mapping[str, Any]])
             Submitted(index, RunHandle(client, written.handle.id, created=False))
     # the Scheduler is asked about the new runs in a message per ADVANCE_CHUNK, not one per run
     for start in range(0, len(created), ADVANCE_CHUNK):
-        chunk = created[start:start + ADVANCE_CHUNK]
-        client.router.send(Advance(chunk[0]) if len(chunk) == 1 else AdvanceEach(tuple(chunk)))
+        client.router.send(asking(created[start:start + ADVANCE_CHUNK]))
     return [outcomes[i] for i in sorted(outcomes)]
 
 

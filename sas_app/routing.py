@@ -115,6 +115,12 @@ class AdvanceEach:
         return f"the Scheduler's message for {len(self.run_ids)} runs"
 
 
+def asking(run_ids: Sequence[str], delay: float = 0.0) -> Advance | AdvanceEach:
+    """The Scheduler's message about ``run_ids``: an :class:`Advance` for one run (as Flower
+    shows it, with its id), an :class:`AdvanceEach` for more."""
+    return Advance(run_ids[0], delay) if len(run_ids) == 1 else AdvanceEach(tuple(run_ids), delay)
+
+
 #: what Flower shows of an agent's message (see AgentMessage.describe)
 SHOWN = ("run_id", "business_key", "workflow", "step", "position", "attempt", "index")
 

@@ -27,7 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts
 from .recovery import past_deadline, recover_steps
-from .routing import SUPERVISOR_QUEUE, SWEEP, AdvanceEach, Router, agent_queue
+from .routing import SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from .settings import Settings, instance_id
 from .states import Cause
 from .store import Store
@@ -135,15 +135,15 @@ class Supervisor:
         for backoff, run_ids in by_backoff.items():
             log.warning("%d step(s) passed complete-by; retry in %.1fs: runs %s", len(run_ids), backoff,
                         _listed(run_ids))
-            self.router.send(AdvanceEach(tuple(run_ids), backoff))
+            self.router.send(asking(run_ids, backoff))
         if requeued:
             log.warning("%d run(s) waited past complete-by for the Scheduler; asking again: %s", len(requeued),
                         _listed(requeued))
-            self.router.send(AdvanceEach(tuple(requeued)))
+            self.router.send(asking(requeued))
         for alert in raised:
             self.alerts.emit(alert)
         if failed:
-            self.router.send(AdvanceEach(tuple(failed)))  # to undo them, those being compensated
+            self.router.send(asking(failed))  # to undo them, those being compensated
         for follow_up in tx.follow_ups:  # a child run ended, or is being cancelled with its parent
             self.router.send(follow_up)
         report.retried += retried
