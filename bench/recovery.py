@@ -29,7 +29,7 @@ from typing import Any
 import redis
 from sqlalchemy import func, select, text, update
 
-from bench.throughput import REPO, RESULTS, fresh_database, machine, percentile, record
+from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
 from sas_app import Submission
 from sas_app.processes import Processes
 
@@ -59,10 +59,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rows", type=int, default=1_000_000, help="step rows in the store, the in-flight included")
     parser.add_argument("--lead", type=float, default=3.0, help="seconds from the agents' death to the complete-by")
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
-                                                             "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
-    parser.add_argument("--redis", default=os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + "/13")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    service_arguments(parser, redis_db=13)
     args = parser.parse_args(argv)
 
     db_url = fresh_database(args.postgres, "sas_bench_recovery")

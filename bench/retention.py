@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from sqlalchemy import func, select, text
 
-from bench.throughput import REPO, RESULTS, fresh_database, machine, record
+from bench.throughput import REPO, fresh_database, machine, record, service_arguments
 from sas_app.processes import Processes
 
 FILL = """
@@ -73,10 +73,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--runs", type=int, default=1_000_000, help="old finished runs in the store")
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--load", type=int, default=1500, help="runs submitted for each throughput figure")
-    parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
-                                                             "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
-    parser.add_argument("--redis", default=os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + "/12")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    service_arguments(parser, redis_db=12)
     args = parser.parse_args(argv)
 
     db_url = fresh_database(args.postgres, "sas_bench_retention")

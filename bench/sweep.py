@@ -27,7 +27,7 @@ from typing import Any
 import redis
 from sqlalchemy import text
 
-from bench.throughput import REPO, RESULTS, fresh_database, machine, percentile, record
+from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
 from sas_app.processes import Processes
 
 FILL = """
@@ -143,10 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--recoveries", type=int, default=40)
     parser.add_argument("--spread", type=float, default=0.25, help="seconds between the recovery runs' submits")
-    parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
-                                                             "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
-    parser.add_argument("--redis", default=os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + "/13")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    service_arguments(parser, redis_db=13)
     args = parser.parse_args(argv)
 
     print("sweep cost by table size", flush=True)

@@ -88,6 +88,15 @@ def traffic(store: Any, broker: str) -> dict[str, int]:
     return {"commits": int(writes), "messages": int(stats.get("cmdstat_lpush", {}).get("calls", 0))}
 
 
+def service_arguments(parser: argparse.ArgumentParser, redis_db: int) -> None:
+    """``--postgres`` (an admin URL: each bench makes its own database), ``--redis`` (database
+    ``redis_db`` of the test Redis) and ``--out`` (the results folder): every bench takes them."""
+    parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
+                                                             "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument("--redis", default=os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + f"/{redis_db}")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+
+
 def fresh_database(admin_url: str, name: str) -> str:
     engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
@@ -260,11 +269,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--concurrency", type=int, default=4, help="slots per worker process (two workers)")
     parser.add_argument("--pool", default="prefork", help="Celery pool of every worker (prefork, threads)")
     parser.add_argument("--idle-runs", type=int, default=20, help="runs timed one at a time on an idle system")
-    parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
-                                                             "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
-    parser.add_argument("--redis", default=os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + "/14")
     parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    service_arguments(parser, redis_db=14)
     parser.add_argument("--skip-dbos", action="store_true")
     parser.add_argument("--workflow", choices=("noop3", "noop3_graph"), default="noop3",
                         help="sas_app's three steps in a straight line, or two side by side and their join")
