@@ -11,7 +11,7 @@ from ..states import EventKind, RunState, StepState
 from .engine import db_now
 from .rows import RunRow, StepRow
 from .tables import runs
-from .transitions import TxBase
+from .transitions import TxBase, run_in
 
 
 class OperationsTx(TxBase):
@@ -54,8 +54,7 @@ class OperationsTx(TxBase):
         condition = runs.c.paused_by.is_(None) if paused_by is not None else runs.c.paused_by.is_not(None)
         result = self.conn.execute(
             update(runs)
-            .where(runs.c.id == run.id,
-                   runs.c.process_state.in_((RunState.PENDING.value, RunState.PROCESSING.value)), condition)
+            .where(runs.c.id == run.id, run_in(RunState.PENDING.value, RunState.PROCESSING.value), condition)
             .values(paused_by=paused_by, updated_at=db_now())
         )
         return bool(result.rowcount == 1)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from ..states import RunState, StepState
 from .engine import db_now
 from .rows import RunRow, StepRow, as_row
 from .tables import runs, steps
-from .transitions import TxBase
+from .transitions import TxBase, run_in
 
 #: a restarted step, its run, and all of the run's steps (what its agent is told comes from them)
 Restarted = tuple[RunRow, StepRow, list[StepRow]]
@@ -32,8 +32,7 @@ class RetryTx(TxBase):
             return []
         locked = {row.id: as_row(RunRow, row) for row in self.conn.execute(
             select(runs)
-            # through the primary key, never the state index (see sweep._LIVE)
-            .where(runs.c.id.in_(list(run_ids)), func.coalesce(runs.c.process_state, "") == RunState.PROCESSING.value,
+            .where(runs.c.id.in_(list(run_ids)), run_in(RunState.PROCESSING.value),
                    runs.c.paused_by.is_(None), runs.c.linear.is_(True))
             .with_for_update(skip_locked=True)
         )}

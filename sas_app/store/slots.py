@@ -21,7 +21,7 @@ from ..states import EventKind, RunState
 from .engine import db_now
 from .rows import RunRow
 from .tables import runs
-from .transitions import CLAIM_SLOT_RUN, TxBase
+from .transitions import CLAIM_SLOT_RUN, TxBase, run_in
 
 _LIVE = (RunState.PROCESSING.value, RunState.COMPENSATING.value)
 
@@ -63,7 +63,7 @@ class SlotTx(TxBase):
 
     def _park(self, run: RunRow, holders: int, before: int, pickup_timeout: float) -> None:
         now = db_now()
-        self.conn.execute(update(runs).where(runs.c.id == run.id, runs.c.process_state == RunState.PENDING.value)
+        self.conn.execute(update(runs).where(runs.c.id == run.id, run_in(RunState.PENDING.value))
                           .values(complete_by=now + pickup_timeout, slot_since=func.coalesce(runs.c.slot_since, now),
                                   updated_at=now))
         if run.slot_since is None:  # once, not on every re-ask

@@ -14,13 +14,9 @@ from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from .engine import db_now
 from .rows import RunRow, StepRow, as_row
 from .tables import runs, steps
-from .transitions import TxBase
+from .transitions import TxBase, run_in
 
-#: The step's run is live, read through the run's primary key. Never through the index on the
-#: state: after a burst (a fleet's steps all in flight at once) the statistics still say hardly
-#: any run is live, and the planner would scan that index once per step — 570 ms for a batch of
-#: 500 expired steps in a store of 1M, against 8 ms this way (bench/recovery.py).
-_LIVE = func.coalesce(runs.c.process_state, "").in_(LIVE_RUN_STATES)
+_LIVE = run_in(*LIVE_RUN_STATES)  # through the run's primary key: see run_in
 
 
 class SweepTx(TxBase):

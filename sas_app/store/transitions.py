@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, insert, select, tuple_, update
+from sqlalchemy import ColumnElement, Connection, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 
@@ -50,11 +50,19 @@ MARK_NEXT_RUNNING = (
     .returning(*steps.c)
     .execution_options(**PREPARED)
 )
+def run_in(*states: str) -> ColumnElement[bool]:
+    """A fence on a run's state, for a run found by its primary key (or joined on it). Written so
+    that no index on the state can serve it: with statistics taken before a burst (they say no run
+    is pending or live), PostgreSQL would walk every run in that state instead of the key — 1.8 ms
+    a claim with 10,000 runs pending, 570 ms a sweep batch (bench/recovery.py)."""
+    return func.coalesce(runs.c.process_state, "").in_(states)
+
+
 INSERT_EVENTS = insert(events).values(at=db_now())
 # pending → processing, in the statement that also locks the run: a new run's claim is one round trip.
 _CLAIM = (
     update(runs)
-    .where(runs.c.id == bindparam("b_run_id"), runs.c.process_state == RunState.PENDING.value)
+    .where(runs.c.id == bindparam("b_run_id"), run_in(RunState.PENDING.value))
     .values(process_state=RunState.PROCESSING.value, locked_by=bindparam("b_locked_by"), complete_by=None,
             updated_at=db_now())
     .returning(*runs.c)
@@ -201,7 +209,7 @@ class TxBase:
         state on PostgreSQL, the announcement :meth:`Store.listen_for_finished_runs` waits for."""
         row = self.conn.execute(
             update(runs)
-            .where(runs.c.id == run_id, runs.c.process_state == str(expected))
+            .where(runs.c.id == run_id, run_in(str(expected)))
             .values(process_state=str(new), updated_at=db_now(), **values)
             .returning(runs.c.reply_to, runs.c.business_key, runs.c.workflow, runs.c.parent_run_id, runs.c.slot)
         ).first()
