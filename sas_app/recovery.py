@@ -111,31 +111,12 @@ def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why:
     counted; under the step's threshold, back to pending after a back-off (the caller asks the
     Scheduler again after it); at the threshold, the step's escalation if it has one
     (:func:`_escalate`), else it fails for good (:func:`fail_run`)."""
-    failures = step.failure_count + 1
-    if failures < step.max_failures:
-        wait = backoff(settings, failures)
-        won = tx.retry_steps([step], wait, settings.pickup_timeout, actor, reason=str(why))
-        return Recovery(retried=bool(won), failed=False, backoff=wait)
-    what = "passed its complete-by" if why == Cause.EXPIRED else "lost its worker"
-    reason = f"step {step.name!r} {what} {failures} times (threshold {step.max_failures})"
-    if detail:
-        reason += f": {detail}"
-    escalate = step.escalate or {}
-    if escalate and not step.escalated:
-        return _escalate(tx, alerts, step, escalate, reason, actor)
-    if escalate:
-        reason += f", again after waiting {escalate['wait']:g} s; then: {escalate['then']}"
-    failed = tx.fail_step(step.run_id, step.position, step.attempt, EXPIRED_ERROR, actor=actor, count_failure=True)
-    run = tx.lock_run(step.run_id) if failed is not None else None
-    if failed is None or run is None:
-        return Recovery(retried=False, failed=False, backoff=0.0)
-    undo = escalate.get("then", "compensate") == "compensate"
-    return Recovery(retried=False, failed=True, backoff=0.0,
-                    alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor, undo=undo))
+    [(_, outcome)] = recover_steps(tx, alerts, settings, [step], why, detail, actor=actor)
+    return outcome
 
 
-def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[StepRow], why: Cause, *,
-                  actor: str) -> list[tuple[StepRow, Recovery]]:
+def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[StepRow], why: Cause,
+                  detail: str = "", *, actor: str) -> list[tuple[StepRow, Recovery]]:
     """:func:`recover_step` for a batch of attempts (their rows locked by the caller), set-based
     where the numbers are: those that go back to pending move together, one fenced statement per
     back-off however many they are; those at their threshold (escalated, or failed and undone)
@@ -151,7 +132,29 @@ def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[St
     for wait, group in retrying.items():
         moved = {s.id for s in tx.retry_steps(group, wait, settings.pickup_timeout, actor, reason=str(why))}
         outcomes += [(s, Recovery(retried=s.id in moved, failed=False, backoff=wait)) for s in group]
-    return outcomes + [(s, recover_step(tx, alerts, settings, s, why, "", actor=actor)) for s in at_threshold]
+    return outcomes + [(s, _give_up(tx, alerts, settings, s, why, detail, actor)) for s in at_threshold]
+
+
+def _give_up(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: Cause, detail: str,
+             actor: str) -> Recovery:
+    """An attempt at the step's threshold: its escalation if it has one not yet taken, else the
+    step fails for good and the run is undone (or left in ``error``)."""
+    what = "passed its complete-by" if why == Cause.EXPIRED else "lost its worker"
+    reason = f"step {step.name!r} {what} {step.failure_count + 1} times (threshold {step.max_failures})"
+    if detail:
+        reason += f": {detail}"
+    escalate = step.escalate or {}
+    if escalate and not step.escalated:
+        return _escalate(tx, alerts, step, escalate, reason, actor)
+    if escalate:
+        reason += f", again after waiting {escalate['wait']:g} s; then: {escalate['then']}"
+    failed = tx.fail_step(step.run_id, step.position, step.attempt, EXPIRED_ERROR, actor=actor, count_failure=True)
+    run = tx.lock_run(step.run_id) if failed is not None else None
+    if failed is None or run is None:
+        return Recovery(retried=False, failed=False, backoff=0.0)
+    undo = escalate.get("then", "compensate") == "compensate"
+    return Recovery(retried=False, failed=True, backoff=0.0,
+                    alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor, undo=undo))
 
 
 def _escalate(tx: Tx, alerts: Alerts, step: StepRow, escalate: dict[str, Any], reason: str, actor: str) -> Recovery:

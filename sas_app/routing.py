@@ -184,15 +184,14 @@ class Router:
     def send(self, message: Message) -> bool:
         """Publish one message; False (logged) if the broker refused it."""
         try:
-            if isinstance(message, (Advance, AdvanceEach)):
-                delay = message.delay if self.longest_countdown is None else min(message.delay, self.longest_countdown)
-                if isinstance(message, Advance):
-                    self.celery.send_task(ADVANCE, args=[message.run_id], queue=SCHEDULER_QUEUE,
-                                          countdown=delay or None, argsrepr=f"['{message.run_id}']", **self.confirm)
-                else:
-                    self.celery.send_task(ADVANCE_EACH, args=[list(message.run_ids)], queue=SCHEDULER_QUEUE,
-                                          countdown=delay or None, argsrepr=f"[{len(message.run_ids)} runs]",
-                                          **self.confirm)
+            if isinstance(message, Advance):
+                self.celery.send_task(ADVANCE, args=[message.run_id], queue=SCHEDULER_QUEUE,
+                                      countdown=self._countdown(message.delay), argsrepr=f"['{message.run_id}']",
+                                      **self.confirm)
+            elif isinstance(message, AdvanceEach):
+                self.celery.send_task(ADVANCE_EACH, args=[list(message.run_ids)], queue=SCHEDULER_QUEUE,
+                                      countdown=self._countdown(message.delay),
+                                      argsrepr=f"[{len(message.run_ids)} runs]", **self.confirm)
             else:
                 self.celery.send_task(
                     agent_task_name(message.agent, message.action),
@@ -241,6 +240,12 @@ class Router:
             self.mark_sent([n.id for n in notes])
         except Exception:
             log.exception("could not relay %d notification(s); the Supervisor will", len(notes))
+
+    def _countdown(self, delay: float) -> float | None:
+        """A Scheduler message's countdown: ``delay``, capped at the broker's longest if it has one."""
+        if self.longest_countdown is not None:
+            delay = min(delay, self.longest_countdown)
+        return delay or None
 
     @property
     def retry_policy(self) -> dict[str, Any]:

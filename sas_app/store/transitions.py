@@ -27,6 +27,15 @@ from .tables import alerts, events, outbox, runs, steps
 #: The PostgreSQL channel on which a run's id is announced when it reaches a terminal state.
 RUN_DONE_CHANNEL = "sas_run_done"
 
+
+def run_in(*states: str) -> ColumnElement[bool]:
+    """A fence on a run's state, for a run found by its primary key (or joined on it). Written so
+    that no index on the state can serve it: with statistics taken before a burst (they say no run
+    is pending or live), PostgreSQL would walk every run in that state instead of the key — 1.8 ms
+    a claim with 10,000 runs pending, 570 ms a sweep batch (bench/recovery.py)."""
+    return func.coalesce(runs.c.process_state, "").in_(states)
+
+
 # The hot path's statements, built once and executed with fresh parameters (prepared on
 # PostgreSQL: sas_app.store.prepared).
 LOCK_RUN = select(runs).where(runs.c.id == bindparam("b_run_id")).with_for_update().execution_options(**PREPARED)
@@ -50,14 +59,6 @@ MARK_NEXT_RUNNING = (
     .returning(*steps.c)
     .execution_options(**PREPARED)
 )
-def run_in(*states: str) -> ColumnElement[bool]:
-    """A fence on a run's state, for a run found by its primary key (or joined on it). Written so
-    that no index on the state can serve it: with statistics taken before a burst (they say no run
-    is pending or live), PostgreSQL would walk every run in that state instead of the key — 1.8 ms
-    a claim with 10,000 runs pending, 570 ms a sweep batch (bench/recovery.py)."""
-    return func.coalesce(runs.c.process_state, "").in_(states)
-
-
 INSERT_EVENTS = insert(events).values(at=db_now())
 # pending → processing, in the statement that also locks the run: a new run's claim is one round trip.
 _CLAIM = (
