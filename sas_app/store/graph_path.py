@@ -66,7 +66,7 @@ WITH done AS (
 ), started AS (
     UPDATE steps SET state = '{StepState.RUNNING}', attempt = steps.attempt + 1, locked_by = :b_locked_by,
                      complete_by = {PG_NOW} + steps.timeout, not_before = NULL, updated_at = {PG_NOW}
-    WHERE steps.id IN (SELECT id FROM next_branches
+    WHERE steps.run_id = :b_run_id AND steps.id IN (SELECT id FROM next_branches
                        UNION ALL SELECT id FROM ready WHERE for_each IS NULL AND child IS NULL
                                                AND sleep IS NULL AND sleep_until IS NULL
                                                AND event IS NULL AND {_DUE})
