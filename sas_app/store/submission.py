@@ -12,8 +12,9 @@ from sqlalchemy import Double, bindparam, insert, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..states import RunState, StepState
-from .engine import db_now
+from .engine import PG_NOW, db_now
 from .prepared import PREPARE, PREPARED
+from .recordset import insert_from_json, rows_parameter
 from .rows import NewStep, RunRow, as_row
 from .tables import runs, steps
 from .transitions import TxBase
@@ -44,6 +45,11 @@ _INSERT_RUN = {"postgresql": _insert_run(postgresql.insert), "sqlite": _insert_r
 # many runs in one statement (of a size that varies: not prepared)
 _INSERT_RUNS = {name: statement.execution_options(**{PREPARE: False}) for name, statement in _INSERT_RUN.items()}
 _INSERT_STEPS = insert(steps).values(created_at=db_now(), updated_at=db_now(), state=StepState.NOT_STARTED.value)
+_STEP_COLUMNS = ("run_id", "position", "name", "agent", "action", "timeout", "max_failures", "idempotency_key",
+                 "undo", "attempt", "failure_count", "waits_for", "for_each", "max_parallel", "child", "sleep",
+                 "sleep_until", "event", "on_timeout", "escalate", "escalated")
+_INSERT_STEPS_JSON = insert_from_json(steps, _STEP_COLUMNS, {
+    "created_at": PG_NOW, "updated_at": PG_NOW, "state": f"'{StepState.NOT_STARTED}'"})
 
 
 @dataclass(frozen=True)
@@ -106,8 +112,11 @@ class SubmissionTx(TxBase):
         """The steps, first event and "received" notification of runs just inserted."""
         if not news:
             return
-        self.conn.execute(_INSERT_STEPS, [_step_values(new.run_id, position, s)
-                                          for new in news for position, s in enumerate(new.steps)])
+        rows = [_step_values(new.run_id, position, s) for new in news for position, s in enumerate(new.steps)]
+        if self.is_postgresql:
+            self.conn.execute(_INSERT_STEPS_JSON, rows_parameter(rows))
+        else:
+            self.conn.execute(_INSERT_STEPS, rows)
         for new in news:
             detail: dict[str, Any] = {"business_key": new.business_key}
             if new.parent_run_id is not None:
@@ -130,6 +139,7 @@ def _run_values(new: NewRun, pickup_timeout: float) -> dict[str, Any]:
 
 
 def _step_values(run_id: str, position: int, s: NewStep) -> dict[str, Any]:
+    """A step's row: the keys of :data:`_STEP_COLUMNS`."""
     return {"run_id": run_id, "position": position, "name": s.name, "agent": s.agent, "action": s.action,
             "timeout": s.timeout, "max_failures": s.max_failures, "idempotency_key": s.idempotency_key,
             "undo": s.undo, "attempt": 0, "failure_count": 0, "waits_for": s.waits_for,

@@ -19,8 +19,9 @@ from sqlalchemy.engine import Row
 
 from ..routing import Advance, Notification
 from ..states import TERMINAL_RUN_STATES, EventKind, RunState, StepState, Word
-from .engine import db_now
+from .engine import PG_NOW, db_now
 from .prepared import PREPARED
+from .recordset import insert_from_json, rows_parameter
 from .rows import RunRow, StepRow, as_row
 from .tables import alerts, events, outbox, runs, steps
 
@@ -60,6 +61,8 @@ MARK_NEXT_RUNNING = (
     .execution_options(**PREPARED)
 )
 INSERT_EVENTS = insert(events).values(at=db_now())
+_EVENT_COLUMNS = ("run_id", "position", "kind", "from_state", "to_state", "attempt", "actor", "detail")
+INSERT_EVENTS_JSON = insert_from_json(events, _EVENT_COLUMNS, {"at": PG_NOW})
 # pending → processing, in the statement that also locks the run: a new run's claim is one round trip.
 _CLAIM = (
     update(runs)
@@ -126,7 +129,10 @@ class TxBase:
 
     def flush_events(self) -> None:
         if self._events:
-            self.conn.execute(INSERT_EVENTS, self._events)
+            if self.is_postgresql:
+                self.conn.execute(INSERT_EVENTS_JSON, rows_parameter(self._events))
+            else:
+                self.conn.execute(INSERT_EVENTS, self._events)
             self._events = []
 
     def now(self) -> float:
