@@ -47,7 +47,9 @@ sas.register(Workflow("recover", [Step("once", silent_once, timeout=1)]))
 chain_app = Celery("chain", set_as_current=False)
 chain_app.conf.update(broker_url=os.environ.get("SAS_BROKER_URL", ""), task_serializer="json",
                       accept_content=["json"], task_ignore_result=True, worker_prefetch_multiplier=1,
-                      task_acks_late=True, task_default_queue="bench.chain", broker_connection_retry_on_startup=True)
+                      task_acks_late=True, task_default_queue="bench.chain", broker_connection_retry_on_startup=True,
+                      # with --task-events, the events sas_app sends by default: a publish's task-sent too
+                      task_send_sent_event=os.environ.get("BENCH_TASK_EVENTS") == "true")
 _redis: redis.Redis | None = None
 
 

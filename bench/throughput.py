@@ -180,9 +180,11 @@ def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict
 
     from bench.app import chain_app, chain_done, chain_noop
 
-    env = {**os.environ, "SAS_BROKER_URL": broker, "BENCH_REDIS_URL": broker, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "SAS_BROKER_URL": broker, "BENCH_REDIS_URL": broker, "PYTHONPATH": str(REPO),
+           "BENCH_TASK_EVENTS": str(args.task_events).lower()}
     os.environ["BENCH_REDIS_URL"] = broker
     chain_app.conf.broker_url = broker
+    chain_app.conf.task_send_sent_event = args.task_events
     client = redis.Redis.from_url(broker)
     procs = Processes(logs, env, cwd=REPO)
     celery_cli = [sys.executable, "-m", "celery", "-A", "bench.app:chain_app", "worker", "-Q", "bench.chain",
