@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Table, Text, bindparam, text
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.types import JSON, TypeEngine
@@ -26,12 +25,10 @@ from .prepared import PREPARED
 
 #: the parameter holding the rows (encoded as every JSON column is, by json.dumps)
 ROWS = "b_rows"
-_PG = postgresql.dialect()
 
 
 def _sql_type(column_type: TypeEngine[Any]) -> str:
-    column_type = column_type.dialect_impl(_PG)
-    for kind, name in ((JSON, "jsonb"), (JSONB, "jsonb"), (Boolean, "boolean"), (BigInteger, "bigint"),
+    for kind, name in ((JSON, "jsonb"), (Boolean, "boolean"), (BigInteger, "bigint"),
                        (Integer, "integer"), (Float, "double precision"), (Text, "text"), (String, "text")):
         if isinstance(column_type, kind):
             return name
