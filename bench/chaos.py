@@ -55,7 +55,7 @@ from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
 from bench.throughput import percentile as nearest_rank
 from bench.throughput import record
-from sas_app.processes import Processes, Ready, free_port
+from sas_app.processes import Processes, Ready, Stopped, free_port
 from sas_app.states import TERMINAL_RUN_STATES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,9 +186,13 @@ class Chaos:
     # the faults -----------------------------------------------------------------------------------
 
     def later(self, delay: float, action: Callable[[], None]) -> None:
+        """``action`` in ``delay`` seconds, unless the run has stopped its processes by then."""
         def run() -> None:
             time.sleep(delay)
-            action()
+            try:
+                action()
+            except Stopped:
+                pass  # the run ended first: starting anything now would leave it behind
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
@@ -245,9 +249,11 @@ class Chaos:
             name = rng.choice(self.agent_names)
             fleet.signal(name, signal.SIGTERM, group=False)
 
+            process = fleet.procs[name]
+
             def restart_when_gone() -> None:
                 try:
-                    fleet.procs[name].wait(30)
+                    process.wait(30)
                 except subprocess.TimeoutExpired:
                     fleet.kill(name)
                 fleet.start(name, env={}, wait=False)

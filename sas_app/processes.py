@@ -72,11 +72,17 @@ class Ready:
 CELERY_READY = Ready(file=True)
 
 
+class Stopped(RuntimeError):
+    """A start asked of :class:`Processes` after :meth:`~Processes.stop_all`."""
+
+
 class Processes:
     """Named processes, each in its own process group, with logs under ``home/logs``.
 
     ``env`` is the environment every process starts with (``os.environ`` plus it); ``start``'s
-    ``env`` adds to it for one process and is remembered for its restarts. Thread-safe."""
+    ``env`` adds to it for one process and is remembered for its restarts. Thread-safe: once
+    :meth:`stop_all` has begun, every start is refused (:class:`Stopped`), so that a thread still
+    restarting a process (a chaos run's warm shutdown, say) cannot leave one behind."""
 
     def __init__(self, home: Path, env: Mapping[str, str], cwd: Path | None = None) -> None:
         self.home = home
@@ -89,14 +95,18 @@ class Processes:
         self.ready: dict[str, Ready | None] = {}
         self.extra_env: dict[str, dict[str, str]] = {}
         self.lock = threading.RLock()
+        self.stopped = False
 
     # -- starting ---------------------------------------------------------------------------------
 
     def start(self, name: str, argv: list[str] | None = None, *, ready: Ready | None = None,
               env: Mapping[str, str] | None = None, wait: bool = True, timeout: float = 60) -> None:
         """Start ``argv`` as ``name`` (again, with its last argv and env, if ``argv`` is None);
-        unless ``wait`` is False, return once it is ready."""
+        unless ``wait`` is False, return once it is ready. Raises :class:`Stopped` once
+        :meth:`stop_all` has begun."""
         with self.lock:
+            if self.stopped:
+                raise Stopped(f"not starting {name}: every process here has been stopped")
             if argv is not None:
                 self.argv[name], self.ready[name] = list(argv), ready
             if env is not None:
@@ -155,7 +165,10 @@ class Processes:
     # -- signalling and stopping ----------------------------------------------------------------------
 
     def signal(self, name: str, sig: int, group: bool = True) -> None:
-        """Send ``sig`` to ``name``'s process group (its pool children too), or its main process only."""
+        """Send ``sig`` to ``name``'s process group (its pool children too), or its main process only
+        (:class:`Stopped` once :meth:`stop_all` has run: there is nothing left to signal)."""
+        if self.stopped and name not in self.procs:
+            raise Stopped(f"not signalling {name}: every process here has been stopped")
         proc = self.procs[name]
         try:
             os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
@@ -193,6 +206,7 @@ class Processes:
             if in_main else {}
         try:
             with self.lock:
+                self.stopped = True
                 for name in self.procs:
                     self.signal(name, signals.SIGCONT)
                     self.signal(name, signals.SIGTERM if grace > 0 else signals.SIGKILL)

@@ -1,10 +1,13 @@
-"""Helpers shared by the unit and integration tests: bounded waits and an in-process message pump."""
+"""Helpers shared by the unit and integration tests: bounded waits, an in-process message pump and
+the processes a harness left running."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from queue import Empty
 from typing import Any, TypeVar
 
@@ -126,3 +129,20 @@ class Pump:
                 self.execute(message)
                 ran += 1
         raise AssertionError(f"still busy after {limit} messages: a message loop?")
+
+
+def live_processes_with(marker: str) -> list[int]:
+    """Live processes (zombies aside) whose environment or command line holds ``marker`` (an
+    ``ENV=value`` or a path): the processes a harness started with it, and their children."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            seen = (proc / "environ").read_bytes() + b"\0" + (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in seen and state != "Z":
+            pids.append(int(proc.name))
+    return pids

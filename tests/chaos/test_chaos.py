@@ -13,6 +13,7 @@ import pytest
 
 from bench.chaos import KINDS
 from tests.integration.stack import REPO
+from tests.support import live_processes_with, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -35,6 +36,10 @@ def test_nothing_is_lost_or_applied_twice_while_every_process_and_server_is_kill
     assert (result["lost"], result["effects_applied_twice"], result["effects_left_standing"],
             result["not_terminal_within_bound"], result["secrets_in_logs"]) == (0, 0, 0, 0, 0), story
     assert result["submitted"] == 41 and result["submit_gave_up"] == []
+    # nothing of the run left running: not a worker restarted by a fault's thread after the run
+    # ended, not a server of its own
+    wait_for(lambda: live_processes_with(str(tmp_path / "home")) + live_processes_with("sas-chaos-pg-") == [], 10,
+             "every process of the run to be gone")
     assert result["processed"] >= 28, story
     held = result["held_orders"]
     assert held["held"] >= 5 and held["wrong"] == [], held

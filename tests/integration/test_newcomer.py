@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.integration.stack import REPO, SAS, free_port
-from tests.support import wait_for
+from tests.support import live_processes_with, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -168,18 +168,7 @@ def test_demo_stops_every_process_it_started_when_interrupted(tmp_path):
 
 def _children_of(home: str) -> list[int]:
     """Live processes whose environment says they belong to this demo."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes()
-            state = (proc / "stat").read_text().split()[2]
-        except OSError:
-            continue
-        if f"SAS_HOME={home}/demo-".encode() in environ and state != "Z":
-            pids.append(int(proc.name))
-    return pids
+    return live_processes_with(f"SAS_HOME={home}/demo-")
 
 
 def test_migrate_on_a_database_not_yet_created_says_how_to_create_it(stack_env, db_url):
