@@ -5,7 +5,8 @@ every acknowledgement. With redis-py 5 and later that object copies some 170 res
 each time it is built, about 0.1 ms: two of them for every message a worker takes and one for every
 message sent, a tenth of sas_app's CPU per step. A client holds nothing but its pool and those
 callbacks (every command takes a connection from the pool and gives it back), so a channel can keep
-one, built again only when its pool is.
+one, built again only when its pool is. It also mends one way kombu's channel fails when closed
+after its connection (:attr:`Channel.pool`).
 
 ``celery_settings`` names :class:`Transport` (:data:`NAME`) as the broker transport for
 ``redis://`` URLs; a connection on it still shows and hands out its URL as ``redis://`` (worker
@@ -18,6 +19,7 @@ from typing import Any
 
 from kombu.connection import resolve_aliases
 from kombu.transport import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 #: the transport's name for kombu and Celery (``broker_transport``)
 NAME = f"{__name__}:Transport"
@@ -26,6 +28,19 @@ resolve_aliases.setdefault(NAME, "redis")
 
 class Channel(redis.Channel):
     _sync_client: Any = None
+
+    @property
+    def pool(self) -> Any:
+        """The channel's connection pool, built again if it was dropped — unless the connection's
+        transport is closed already. kombu then fails with an AttributeError (reading the URL of
+        a connection that has none); Celery, closing a channel after a lost broker connection with
+        messages unacknowledged, takes that for an unrecoverable error and the worker exits (seen
+        with Redis killed under a chaos run). A connection error instead is what Celery expects
+        there: it goes on reconnecting, and those messages wait in Redis's unacked set for the
+        visibility timeout."""
+        if self._pool is None and self.connection.client is None:
+            raise RedisConnectionError("the broker connection is closed")
+        return super().pool
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 from kombu import Connection, Queue
+from kombu.common import ignore_errors
 from sqlalchemy import event
 from sqlalchemy.exc import DBAPIError
 
@@ -146,3 +147,25 @@ def test_prepared_statements_find_their_rows_by_key_whatever_plan_they_were_prep
         assert len(scans) >= 8 * 3 + 8 * 4 and set(scans) == {0}, scans  # each reply at least
     finally:
         app.store.dispose()
+
+
+def test_a_channel_closed_after_its_connection_raises_only_what_celery_ignores(redis_url, tmp_path):
+    """Seen in a chaos run: Redis killed while a worker held unacknowledged messages; Celery's
+    consumer closed its connection's transport, then the channel, which tried to put those messages
+    back through a pool it could no longer build (its transport had no URL left): an AttributeError,
+    which Celery takes as unrecoverable — the worker exited. It must be a connection error, which
+    Celery ignores there and reconnects after; the messages stay in Redis's unacked set, which the
+    next consumer restores after the visibility timeout."""
+    app = SasApp(Settings(database_url=f"sqlite:///{tmp_path / 's.db'}", broker_url=redis_url, home=tmp_path))
+    queue = Queue("sas.test.closing")
+    conn = app.celery.connection_for_write()
+    channel = conn.default_channel
+    conn.Producer(channel).publish({"n": 1}, routing_key=queue.name, declare=[queue])
+    assert channel.basic_get(queue.name, no_ack=False) is not None  # delivered, not acknowledged
+    transport = conn.transport
+    channel._disconnect_pools()  # the channel's pools gone with the broker connection
+    transport.client = None  # the connection's transport closed before the channel (kombu's collect)
+
+    ignore_errors(conn, channel.close)  # as Celery's consumer closes it: no exception may get out
+
+    assert redis.Redis.from_url(redis_url).hlen("unacked") == 1
