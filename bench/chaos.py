@@ -441,6 +441,7 @@ class Chaos:
             "secrets_in_logs": leaks,
             "elapsed_s": round(time.monotonic() - started, 1),
             "home": str(self.home),
+            "postgres_dir": str(self.servers.pg_root),
         }
         result["invariants_hold"] = not (result["lost"] or result["effects_applied_twice"]
                                          or result["held_orders"]["wrong"]

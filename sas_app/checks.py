@@ -5,6 +5,7 @@ escalations, the concurrency key and the deadline. Each mistake is a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from graphlib import CycleError, TopologicalSorter
 from typing import Any
@@ -242,4 +243,7 @@ def _upstream(graph: dict[str, set[str]], name: str) -> set[str]:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (NaN compares false with everything, so no bound would refuse it)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))

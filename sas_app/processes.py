@@ -102,11 +102,16 @@ class Processes:
     def start(self, name: str, argv: list[str] | None = None, *, ready: Ready | None = None,
               env: Mapping[str, str] | None = None, wait: bool = True, timeout: float = 60) -> None:
         """Start ``argv`` as ``name`` (again, with its last argv and env, if ``argv`` is None);
-        unless ``wait`` is False, return once it is ready. Raises :class:`Stopped` once
-        :meth:`stop_all` has begun."""
+        unless ``wait`` is False, return once it is ready. A name is one process: one still
+        running under it is killed first (two threads restarting it leave one, not an orphan).
+        Raises :class:`Stopped` once :meth:`stop_all` has begun."""
         with self.lock:
             if self.stopped:
                 raise Stopped(f"not starting {name}: every process here has been stopped")
+            previous = self.procs.get(name)
+            if previous is not None and previous.poll() is None:
+                _send(previous, signals.SIGKILL)
+                previous.wait(30)
             if argv is not None:
                 self.argv[name], self.ready[name] = list(argv), ready
             if env is not None:
@@ -167,19 +172,20 @@ class Processes:
     def signal(self, name: str, sig: int, group: bool = True) -> None:
         """Send ``sig`` to ``name``'s process group (its pool children too), or its main process only
         (:class:`Stopped` once :meth:`stop_all` has run: there is nothing left to signal)."""
-        if self.stopped and name not in self.procs:
-            raise Stopped(f"not signalling {name}: every process here has been stopped")
-        proc = self.procs[name]
-        try:
-            os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        _send(self._proc(name), sig, group)
 
     def kill(self, name: str, sig: int = signals.SIGKILL) -> None:
         """``sig`` (SIGKILL) to the whole group; wait for the main process to be gone."""
-        self.signal(name, signals.SIGCONT)
-        self.signal(name, sig)
-        self.procs[name].wait(30)
+        proc = self._proc(name)
+        _send(proc, signals.SIGCONT)
+        _send(proc, sig)
+        proc.wait(30)
+
+    def _proc(self, name: str) -> subprocess.Popen[bytes]:
+        with self.lock:
+            if self.stopped and name not in self.procs:
+                raise Stopped(f"not signalling {name}: every process here has been stopped")
+            return self.procs[name]
 
     def restart(self, name: str, env: Mapping[str, str] | None = None, wait: bool = False) -> None:
         """SIGKILL ``name`` and start it again (with ``env`` added for this and later restarts)."""
@@ -231,3 +237,11 @@ class Processes:
     def tail(self, name: str, lines: int = 40) -> str:
         path = self.logs / f"{name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def _send(proc: subprocess.Popen[bytes], sig: int, group: bool = True) -> None:
+    """``sig`` to ``proc``'s process group (or to it alone); nothing if it is gone."""
+    try:
+        os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass

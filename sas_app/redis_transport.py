@@ -6,7 +6,7 @@ each time it is built, about 0.1 ms: two of them for every message a worker take
 message sent, a tenth of sas_app's CPU per step. A client holds nothing but its pool and those
 callbacks (every command takes a connection from the pool and gives it back), so a channel can keep
 one, built again only when its pool is. It also mends one way kombu's channel fails when closed
-after its connection (:attr:`Channel.pool`).
+after its connection (:meth:`Channel._get_pool`).
 
 ``celery_settings`` names :class:`Transport` (:data:`NAME`) as the broker transport for
 ``redis://`` URLs; a connection on it still shows and hands out its URL as ``redis://`` (worker
@@ -29,18 +29,17 @@ resolve_aliases.setdefault(NAME, "redis")
 class Channel(redis.Channel):
     _sync_client: Any = None
 
-    @property
-    def pool(self) -> Any:
-        """The channel's connection pool, built again if it was dropped — unless the connection's
-        transport is closed already. kombu then fails with an AttributeError (reading the URL of
-        a connection that has none); Celery, closing a channel after a lost broker connection with
+    def _get_pool(self, asynchronous: bool = False) -> Any:
+        """A new connection pool for the channel — unless the connection's transport is closed
+        already. kombu then fails with an AttributeError (reading the URL of a connection that has
+        none); Celery, closing a channel after a lost broker connection with
         messages unacknowledged, takes that for an unrecoverable error and the worker exits (seen
         with Redis killed under a chaos run). A connection error instead is what Celery expects
         there: it goes on reconnecting, and those messages wait in Redis's unacked set for the
         visibility timeout."""
-        if self._pool is None and self.connection.client is None:
+        if self.connection.client is None:
             raise RedisConnectionError("the broker connection is closed")
-        return super().pool
+        return super()._get_pool(asynchronous=asynchronous)  # type: ignore[no-untyped-call]
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:

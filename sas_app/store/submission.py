@@ -139,10 +139,8 @@ def _run_values(new: NewRun, pickup_timeout: float) -> dict[str, Any]:
 
 
 def _step_values(run_id: str, position: int, s: NewStep) -> dict[str, Any]:
-    """A step's row: the keys of :data:`_STEP_COLUMNS`."""
-    return {"run_id": run_id, "position": position, "name": s.name, "agent": s.agent, "action": s.action,
-            "timeout": s.timeout, "max_failures": s.max_failures, "idempotency_key": s.idempotency_key,
-            "undo": s.undo, "attempt": 0, "failure_count": 0, "waits_for": s.waits_for,
-            "for_each": s.for_each, "max_parallel": s.max_parallel, "child": s.child, "sleep": s.sleep,
-            "sleep_until": s.sleep_until, "event": s.event, "on_timeout": s.on_timeout,
-            "escalate": s.escalate, "escalated": 0}
+    """A step's row, keyed by :data:`_STEP_COLUMNS` (what PostgreSQL's statement reads of it)."""
+    return dict(zip(_STEP_COLUMNS, (
+        run_id, position, s.name, s.agent, s.action, s.timeout, s.max_failures, s.idempotency_key, s.undo,
+        0, 0, s.waits_for, s.for_each, s.max_parallel, s.child, s.sleep, s.sleep_until, s.event, s.on_timeout,
+        s.escalate, 0), strict=True))

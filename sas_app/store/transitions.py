@@ -117,10 +117,8 @@ class TxBase:
               detail: Any = None) -> None:
         """Append to the run's history; written with the transaction's other events, in one
         statement, just before it commits."""
-        self._events.append({
-            "run_id": run_id, "position": position, "kind": str(kind), "from_state": plain(from_state),
-            "to_state": plain(to_state), "attempt": attempt, "actor": actor, "detail": detail,
-        })
+        self._events.append(dict(zip(_EVENT_COLUMNS, (
+            run_id, position, str(kind), plain(from_state), plain(to_state), attempt, actor, detail), strict=True)))
 
     def transition(self, run_id: str, position: int | None, from_state: str | None, to_state: str, *,
                    attempt: int | None = None, actor: str | None = None, detail: Any = None) -> None:

@@ -38,8 +38,8 @@ def test_nothing_is_lost_or_applied_twice_while_every_process_and_server_is_kill
     assert result["submitted"] == 41 and result["submit_gave_up"] == []
     # nothing of the run left running: not a worker restarted by a fault's thread after the run
     # ended, not a server of its own
-    wait_for(lambda: live_processes_with(str(tmp_path / "home")) + live_processes_with("sas-chaos-pg-") == [], 10,
-             "every process of the run to be gone")
+    wait_for(lambda: live_processes_with(str(tmp_path / "home")) + live_processes_with(result["postgres_dir"]) == [],
+             10, "every process of the run to be gone")
     assert result["processed"] >= 28, story
     held = result["held_orders"]
     assert held["held"] >= 5 and held["wrong"] == [], held

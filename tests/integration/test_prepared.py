@@ -115,8 +115,11 @@ def test_prepared_statements_find_their_rows_by_key_whatever_plan_they_were_prep
     app = SasApp(settings)
     install_test_workflows(app, timeout=10)
     app.migrate()
-    event.listen(app.store.engine, "connect",
-                 lambda dbapi, record: dbapi.cursor().execute("SET plan_cache_mode = force_generic_plan"))
+    def generic_plans(dbapi: Any, record: Any) -> None:
+        dbapi.cursor().execute("SET plan_cache_mode = force_generic_plan")
+        dbapi.commit()  # a session setting, kept whatever the first transaction does
+
+    event.listen(app.store.engine, "connect", generic_plans)
     app.store.engine.dispose()
     scans: list[int] = []
 
@@ -129,6 +132,7 @@ def test_prepared_statements_find_their_rows_by_key_whatever_plan_they_were_prep
     @event.listens_for(app.store.engine, "before_cursor_execute")
     def before(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
         if context is not None and context.execution_options.get(PREPARE):
+            assert statement.startswith("EXECUTE sas_"), statement  # prepared, so on its generic plan
             conn.info["scans_before"] = seq_scans(cursor)
 
     @event.listens_for(app.store.engine, "after_cursor_execute")

@@ -42,3 +42,21 @@ def test_a_restart_asked_after_stop_all_is_refused_and_nothing_is_left_running(t
     wait_for(lambda: live_processes_with(marker) == [], 10, "every process to be gone")
     with pytest.raises(Stopped):
         procs.start("beat")
+
+
+def test_starting_a_name_still_running_replaces_it_instead_of_orphaning_it(tmp_path):
+    """A chaos run's warm shutdown restarts its worker once the worker is gone; a kill meanwhile
+    restarts it too. Two starts of one name must leave one process, the later one."""
+    marker = f"SAS_TEST_HARNESS={tmp_path}"
+    procs = Processes(tmp_path, {"SAS_TEST_HARNESS": str(tmp_path)})
+    try:
+        procs.start("worker", SLEEPER)
+        first = procs.procs["worker"].pid
+        procs.start("worker", wait=False)
+        second = procs.procs["worker"].pid
+
+        wait_for(lambda: live_processes_with(marker) == [second], 10, "only the second process to be left")
+        assert first != second
+    finally:
+        procs.stop_all(grace=0)
+    assert live_processes_with(marker) == []

@@ -27,6 +27,7 @@ def app(settings):
         ([Step("a", "svc.work", timeout=0)], "timeout must be a positive number"),
         ([Step("a", "svc.work", timeout=-1.5)], "timeout must be a positive number"),
         ([Step("a", "svc.work", timeout="10")], "timeout must be a positive number"),  # type: ignore[arg-type]
+        ([Step("a", "svc.work", timeout=float("nan"))], "timeout must be a positive number"),
         ([Step("a", "svc.work", timeout=7200)], "visibility timeout"),
         ([Step("a", "svc.work", max_failures=0)], "max_failures must be an integer >= 1"),
         ([Step("bad name", "svc.work")], "step name 'bad name' is not a valid name"),
