@@ -312,15 +312,17 @@ def test_a_batch_submitted_at_once_is_processed_once_each(stack, shop):
 
 
 def test_a_zombie_agent_that_wakes_up_late_is_refused_by_the_remote_service(stack, stack_env):
-    shop = shop_app(stack_env, charge_timeout=1.0)
+    shop = shop_app(stack_env, charge_timeout=4.0)
     shop.migrate()
     stack.services()
     stack.scheduler()
     stack.beat()
     stack.worker("others", "sas.agent.fraud,sas.agent.warehouse,sas.agent.orders")
-    # This payment agent passes its complete-by check, then stalls 4 s before calling the service.
-    # In the threads pool no time limit interrupts it (prefork's soft limit would): a zombie.
-    stack.worker("zombie", "sas.agent.payment", 1, env={"SAS_FAULTS": "agent.before_call.charge_payment=sleep:4@once"},
+    # This payment agent passes its complete-by check, then stalls 10 s before calling the service.
+    # In the threads pool no time limit interrupts it (prefork's soft limit would): a zombie. The
+    # healthy worker started once it stalls has until the retry's own complete-by (about 8 s) to be
+    # consuming: a worker took 7 s to start on a loaded 2-core machine.
+    stack.worker("zombie", "sas.agent.payment", 1, env={"SAS_FAULTS": "agent.before_call.charge_payment=sleep:10@once"},
                  pool="threads")
     handle = shop.submit("order", {"amount": 9}, business_key="z-1")
     marker = Path(stack_env["SAS_HOME"]) / "fault-agent.before_call.charge_payment"
@@ -332,9 +334,9 @@ def test_a_zombie_agent_that_wakes_up_late_is_refused_by_the_remote_service(stac
     wait_for(lambda: stack.refused().get(key), 20, "the zombie's late request")
 
     assert view.process_state == "processed"
-    assert view.step("charge_payment").attempt == 2
+    attempt = view.step("charge_payment").attempt  # 2; 3 when a loaded machine made the second late too
     [entry] = applied(stack, "payment", handle, "charge_payment")
-    assert entry["fencing_token"] == 2
-    assert stack.refused()[key] == 1
+    assert attempt >= 2 and entry["fencing_token"] == attempt
+    assert 1 <= stack.refused()[key] <= attempt - 1  # the zombie's, and any other superseded attempt's
     assert handle.status().steps == view.steps
     shop.store.dispose()
