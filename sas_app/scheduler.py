@@ -132,12 +132,8 @@ class Scheduler:
     def moves(self, tx: Tx, run_id: str) -> Moves:
         """:meth:`advance` inside the caller's transaction (a submission's, which so starts its run
         in the transaction that writes it): what to send once ``tx`` has committed."""
-        first = None
-        run = tx.claim_pending_run(run_id, self.instance_id)  # a new run: claimed and locked at once
-        if run is not None:
-            if not run.paused_by and run.linear:
-                first = tx.mark_next_running(run_id, 0, self.instance_id)
-        else:
+        run, first = tx.start_new_run(run_id, self.instance_id)  # a new run: claimed, locked, started
+        if run is None:
             run = self._lock_or_claim_slot(tx, run_id)
         if run is None:
             return Moves()

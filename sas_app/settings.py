@@ -233,7 +233,14 @@ def mask_secrets(text: str, env: Mapping[str, str] | None = None) -> str:
     return text
 
 
+_instance: tuple[int, str] = (0, "")
+
+
 def instance_id() -> str:
     """This process's identity, written to ``locked_by``: ``host:pid`` (each forked worker child
-    has its own)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    has its own: it is worked out again in a process whose pid is not the one it was made in)."""
+    global _instance
+    pid = os.getpid()
+    if _instance[0] != pid:
+        _instance = (pid, f"{socket.gethostname()}:{pid}")
+    return _instance[1]

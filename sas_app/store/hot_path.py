@@ -1,5 +1,6 @@
-"""Completing a step and starting what follows it: the one method the Scheduler calls for an
-agent's success reply, :meth:`HotPathTx.complete_and_advance`.
+"""Starting a new run and completing a step and starting what follows it: what the submitting
+process does for a new run, :meth:`HotPathTx.start_new_run`, and the one method the Scheduler
+calls for an agent's success reply, :meth:`HotPathTx.complete_and_advance`.
 
 On PostgreSQL the common case is one statement (a data-modifying CTE: lock the run, complete the
 step fenced on its attempt, mark the next workflow step running if it is due — or, after the last
@@ -90,6 +91,32 @@ FROM run r LEFT JOIN nxt n ON true
 ).execution_options(**PREPARED)
 
 
+# A new run claimed (pending → processing, locked) and, on a straight line, its first step
+# marked running: CLAIM_RUN and MARK_NEXT_RUNNING at position 0, in one round trip.
+START_NEW_RUN = text(f"""
+WITH new_run AS (
+    UPDATE runs SET process_state = '{_PROCESSING}', locked_by = :b_locked_by, complete_by = NULL,
+                    updated_at = {PG_NOW}
+    WHERE id = :b_run_id AND COALESCE(process_state, '') = '{RunState.PENDING}' AND slot IS NULL
+    RETURNING runs.*
+), first AS (
+    UPDATE steps SET state = '{_RUNNING}', attempt = steps.attempt + 1, locked_by = :b_locked_by,
+                     complete_by = {PG_NOW} + steps.timeout, not_before = NULL, updated_at = {PG_NOW}
+    FROM new_run run
+    WHERE steps.run_id = :b_run_id AND steps.position = 0 AND steps.compensates IS NULL
+      AND run.paused_by IS NULL AND run.linear
+      AND steps.state IN ('{StepState.NOT_STARTED}', '{StepState.PENDING}')
+      AND (steps.not_before IS NULL OR steps.not_before <= {PG_NOW})
+    RETURNING steps.*
+)
+SELECT {", ".join(f"r.{c} AS r_{c}" for c in _RUN_COLUMNS)},
+       {", ".join(f"n.{c} AS n_{c}" for c in _STEP_COLUMNS)}
+FROM new_run r LEFT JOIN first n ON true
+""").columns(
+    *prefixed_columns(runs, "r_", _RUN_COLUMNS), *prefixed_columns(steps, "n_", _STEP_COLUMNS),
+).execution_options(**PREPARED)
+
+
 @dataclass(frozen=True)
 class Completion:
     """What an agent's success reply did."""
@@ -109,6 +136,24 @@ class Completion:
 
 
 class HotPathTx(CompensationTx):
+    def start_new_run(self, run_id: str, locked_by: str) -> tuple[RunRow | None, StepRow | None]:
+        """Claim ``run_id`` if it is pending with no concurrency key (None, None otherwise) and,
+        if it is a straight line and not paused, mark its first step running: the run (locked)
+        and that step, with their events and notifications."""
+        if not self.is_postgresql:
+            run = self.claim_pending_run(run_id, locked_by)
+            first = None
+            if run is not None and not run.paused_by and run.linear:
+                first = self.mark_next_running(run_id, 0, locked_by)
+            return run, first
+        row = self.conn.execute(START_NEW_RUN, {"b_run_id": run_id, "b_locked_by": locked_by}).first()
+        if row is None:
+            return None, None
+        mapping = row._mapping
+        run = self.claimed(prefixed(RunRow, mapping, "r_"), locked_by)
+        first = None if mapping["n_id"] is None else self.dispatched(prefixed(StepRow, mapping, "n_"), locked_by)
+        return run, first
+
     def complete_and_advance(self, run_id: str, position: int, attempt: int, result: Any,
                              locked_by: str) -> Completion:
         """Complete the step at ``position`` if ``attempt`` still runs there and the run is live,

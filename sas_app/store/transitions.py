@@ -179,11 +179,11 @@ class TxBase:
         return self.claimed(self.conn.execute(CLAIM_RUN, {"b_run_id": run_id, "b_locked_by": locked_by}).first(),
                             locked_by)
 
-    def claimed(self, row: Row[Any] | None, locked_by: str) -> RunRow | None:
+    def claimed(self, row: Row[Any] | RunRow | None, locked_by: str) -> RunRow | None:
         """A claim's row, with its event and notification."""
         if row is None:
             return None
-        run = as_row(RunRow, row)
+        run = row if isinstance(row, RunRow) else as_row(RunRow, row)
         run_id = run.id
         self.transition(run_id, None, RunState.PENDING, RunState.PROCESSING, actor=locked_by)
         if run.reply_to is not None:
@@ -276,11 +276,11 @@ class TxBase:
         ).first()
         return self.dispatched(row, locked_by)
 
-    def dispatched(self, row: Row[Any] | None, locked_by: str) -> StepRow | None:
+    def dispatched(self, row: Row[Any] | StepRow | None, locked_by: str) -> StepRow | None:
         """The event of a step just marked running."""
         if row is None:
             return None
-        running = as_row(StepRow, row)
+        running = row if isinstance(row, StepRow) else as_row(StepRow, row)
         # A first dispatch comes from not_started; any later one from pending (a retry, a deferral).
         previous = StepState.NOT_STARTED if running.attempt == 1 and not running.is_undo else StepState.PENDING
         self.transition(running.run_id, running.position, previous, StepState.RUNNING, attempt=running.attempt,

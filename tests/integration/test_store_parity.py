@@ -29,6 +29,7 @@ def sequences(app: SasApp) -> dict[str, Any]:
     keys: dict[str, str] = {}
     one_statement: list[str] = []
     in_graph: list[str] = []
+    started: list[str] = []
 
     @event.listens_for(app.store.engine, "before_cursor_execute")
     def count(conn: Any, cursor: Any, sent: str, parameters: Any, context: Any, *args: Any) -> None:
@@ -37,6 +38,8 @@ def sequences(app: SasApp) -> dict[str, Any]:
             one_statement.append(statement)
         if statement.lstrip().startswith("WITH done AS"):
             in_graph.append(statement)
+        if statement.lstrip().startswith("WITH new_run AS"):
+            started.append(statement)
 
     def submit(workflow: str, key: str, payload: dict[str, Any] | None = None) -> str:
         keys[key] = workflow
@@ -83,7 +86,8 @@ def sequences(app: SasApp) -> dict[str, Any]:
     pump.run()
 
     state: dict[str, Any] = {"completions in one statement": len(one_statement),
-                             "graph completions in one statement": len(in_graph)}
+                             "graph completions in one statement": len(in_graph),
+                             "runs started in one statement": len(started)}
     with app.store.engine.connect() as conn:
         notes = conn.execute(select(outbox.c.run_id, outbox.c.body).order_by(outbox.c.id)).all()
     for key, workflow in keys.items():
@@ -157,6 +161,9 @@ def test_the_same_sequences_leave_the_same_rows_events_and_notifications_on_both
     # and 2 + 1 in the parents of child runs (the children are straight lines)
     assert (sqlite.pop("graph completions in one statement"),
             postgresql.pop("graph completions in one statement")) == (0, 17)
+    # every run is claimed and its first step (on a straight line) marked running in one statement:
+    # the 12 runs (10 submitted, 2 children), and every later ask to advance a run tries it first
+    assert (sqlite.pop("runs started in one statement"), postgresql.pop("runs started in one statement")) == (0, 15)
     assert sqlite["diamond"]["run"][0] == sqlite["fanout"]["run"][0] == "processed"
     assert sqlite["branch fails"]["run"][0] == "compensated"
     assert (sqlite["child"]["run"][0], sqlite["child fails"]["run"][0]) == ("processed", "compensated")
