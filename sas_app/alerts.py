@@ -4,10 +4,12 @@ An alert is stored in the ``alerts`` table and as an event in the same transacti
 transition that raised it, once per deduplication key (a failure once per step attempt, an
 at-risk warning once per step), so retries, duplicate messages and concurrent Supervisors never
 raise it twice. After the commit it goes to the log, to the callable named by SAS_ALERT_HOOK, and
-to the webhook at SAS_ALERT_WEBHOOK. The webhook is posted from a background thread of the
-raising process, with a timeout and retries with back-off, so a slow or dead webhook never delays
-a sweep or a Scheduler; the ``alerts`` table stays the durable record if the process dies first.
-A hook that raises is logged and ignored.
+to the webhook at SAS_ALERT_WEBHOOK — the steps of one agent's queue that one sweep finds at risk
+as one alert, with their count and the first runs among them (each is stored with its own run).
+The webhook is posted from a background thread of the raising process, with a timeout and retries
+with back-off, so a slow or dead webhook never delays a sweep or a Scheduler; the ``alerts``
+table stays the durable record if the process dies first. A hook that raises is logged and
+ignored.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import httpx
@@ -46,9 +48,15 @@ class Alert:
     attempt: int | None
     reason: str
     kind: str = FAILED
+    #: how many alerts of one cause this one stands for (the steps of one queue found at risk in one
+    #: sweep: one alert, not one per step), and the first runs among them
+    count: int = 1
+    runs: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["runs"] = list(self.runs)
+        return out
 
     @property
     def dedup_key(self) -> str:
@@ -56,6 +64,19 @@ class Alert:
         if self.kind == AT_RISK:
             return f"{self.kind}:{self.run_id}:{self.position}"
         return f"{self.kind}:{self.run_id}:{self.position}:{self.attempt}"
+
+
+#: the most runs a grouped alert lists
+MAX_LISTED = 20
+
+
+def grouped(alerts: list[Alert], cause: str) -> Alert:
+    """One alert for ``alerts`` of one ``cause``: the first (the most urgent), counting them all."""
+    first = alerts[0]
+    if len(alerts) == 1:
+        return first
+    return replace(first, count=len(alerts), runs=tuple(a.run_id for a in alerts[:MAX_LISTED]),
+                   reason=f"{len(alerts)} steps {cause}; the first: {first.reason}")
 
 
 def load_hook(spec: str) -> AlertHook | None:
@@ -119,8 +140,9 @@ class Alerts:
 
     def record(self, tx: Tx, alert: Alert, actor: str) -> Alert | None:
         """Store ``alert`` in the caller's transaction; None if this alert was raised before."""
+        detail = {k: v for k, v in alert.as_dict().items() if k not in ("count", "runs")}  # one step's own
         stored = tx.record_alert(alert.dedup_key, alert.run_id, alert.position, alert.kind, alert.attempt,
-                                 alert.reason, actor, alert.as_dict())
+                                 alert.reason, actor, detail)
         return alert if stored else None
 
     def emit(self, alert: Alert | None) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
-from .alerts import AT_RISK, Alert, Alerts
+from .alerts import AT_RISK, Alert, Alerts, grouped
 from .recovery import past_deadline, recover_steps
 from .routing import SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from .settings import Settings, instance_id
@@ -158,6 +158,7 @@ class Supervisor:
         step has used half its budget with messages still waiting)."""
         s = self.settings
         raised: list[Alert] = []
+        by_queue: dict[str, list[Alert]] = {}
         depth: dict[str, int] = {}
         rate: dict[str, float] = {}
         with self.store.begin() as tx:
@@ -184,8 +185,9 @@ class Supervisor:
                                                      step.position, step.attempt, reason, AT_RISK), self.instance_id)
                 if alert is not None:
                     raised.append(alert)
-        for alert in raised:
-            self.alerts.emit(alert)
+                    by_queue.setdefault(agent_queue(step.agent), []).append(alert)
+        for queue, group in by_queue.items():  # one alert per queue, the most urgent step first
+            self.alerts.emit(grouped(group, f"waiting on {queue} are likely to miss their complete-by"))
         return raised
 
     def _queue_depth(self, queue: str) -> int:

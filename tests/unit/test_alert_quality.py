@@ -1,0 +1,66 @@
+"""The chaos run's judge of at-risk alerts: an alert is right when its step attempt then missed its
+complete-by; an attempt that missed it waiting in its agent's queue (no worker received its message
+before its complete-by) counts as foreseen only if its step was warned about first."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from types import SimpleNamespace as Row
+
+from bench.alert_quality import judge
+
+RUN_A, RUN_B, RUN_C = "a" * 32, "b" * 32, "c" * 32
+T0 = datetime(2026, 11, 24, 22, 25, 40).timestamp()
+
+
+def dispatched(run_id: str, position: int, attempt: int, complete_by: float) -> Row:
+    return Row(kind="transition", run_id=run_id, position=position, attempt=attempt, from_state="not_started",
+               to_state="running", detail={"complete_by": complete_by})
+
+
+def expired(run_id: str, position: int, attempt: int, to_state: str = "pending") -> Row:
+    detail = {"reason": "expired"} if to_state == "pending" else {"error": "complete-by passed"}
+    return Row(kind="transition", run_id=run_id, position=position, attempt=attempt, from_state="running",
+               to_state=to_state, detail=detail)
+
+
+def received(run_id: str, position: int, attempt: int, at: float) -> str:
+    stamp = datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+    return f"[{stamp}: INFO/MainProcess] Task sas.agent.warehouse.ship[{run_id}-{position}-{attempt}] received\n"
+
+
+def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misses_warned_first():
+    events = [
+        dispatched(RUN_A, 1, 1, T0 + 5), expired(RUN_A, 1, 1),   # warned, then received too late
+        dispatched(RUN_B, 0, 2, T0 + 5), expired(RUN_B, 0, 2, to_state="failed"),  # too late, never warned
+        dispatched(RUN_C, 0, 1, T0 + 5), expired(RUN_C, 0, 1),   # received in time by a worker that froze
+        dispatched(RUN_C, 1, 1, T0 + 5),
+        Row(kind="transition", run_id=RUN_C, position=1, attempt=1, from_state="running", to_state="pending",
+            detail={"reason": "worker_lost"}),                  # its worker died: not a complete-by missed
+        dispatched(RUN_B, 1, 1, T0 + 5),                          # finished in time
+    ]
+    alerts = [Row(kind="at_risk", run_id=RUN_A, position=1, attempt=1),
+              Row(kind="at_risk", run_id=RUN_B, position=1, attempt=1),   # cried wolf
+              Row(kind="at_risk", run_id=RUN_C, position=0, attempt=1),   # right, though not a queue's miss
+              Row(kind="failed", run_id=RUN_B, position=0, attempt=2)]    # another kind: not judged
+    logs = [received(RUN_A, 1, 1, T0 + 5.2) + received(RUN_B, 0, 2, T0 + 6) + received(RUN_B, 1, 1, T0 + 1),
+            received(RUN_C, 0, 1, T0 + 1) + received(RUN_C, 0, 1, T0 + 40)   # redelivered later: first counts
+            + received(RUN_C, 1, 1, T0 + 9)]
+
+    assert judge(alerts, events, logs) == {
+        "alerts": 3, "alerts_whose_step_missed": 2, "precision": 0.667,
+        "missed_waiting_in_queue": 2, "missed_after_an_alert": 1, "recall": 0.5, "missed_other_ways": 1,
+    }
+
+
+def test_an_alert_raised_for_a_later_attempt_did_not_foresee_an_earlier_miss():
+    events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1), dispatched(RUN_A, 0, 2, T0 + 12),
+              expired(RUN_A, 0, 2)]
+    alerts = [Row(kind="at_risk", run_id=RUN_A, position=0, attempt=2)]
+    result = judge(alerts, events, [received(RUN_A, 0, 1, T0 + 6) + received(RUN_A, 0, 2, T0 + 13)])
+    assert (result["missed_waiting_in_queue"], result["missed_after_an_alert"], result["precision"]) == (2, 1, 1.0)
+
+
+def test_nothing_to_judge_is_none_not_a_perfect_score():
+    result = judge([], [], [])
+    assert (result["precision"], result["recall"]) == (None, None)
