@@ -11,8 +11,13 @@ seeded random schedule, it:
 
 * SIGKILLs and restarts agent workers, the Scheduler worker and a Supervisor (beat);
 * restarts the broker (SIGKILL; Redis comes back from its append-only file, RabbitMQ with its
-  durable queues) and PostgreSQL (an immediate, crash-like stop) while runs are in flight, and
-  empties the broker mid-run (Redis: FLUSHALL; RabbitMQ: every queue purged);
+  durable queues) and PostgreSQL (an immediate, crash-like stop) while runs are in flight, keeps
+  the broker down past every step's complete-by, has PostgreSQL refuse every new connection for a
+  while (its connection limit reached) and drop half of those open, and empties the broker mid-run
+  (Redis: FLUSHALL; RabbitMQ: every queue purged);
+* makes the Supervisor's sweeps slower than their interval for a while, so that two overlap;
+* cuts one agent worker off from PostgreSQL (it connects through a proxy that drops every
+  connection and refuses new ones for a while) while the others carry on;
 * pauses an agent worker (SIGSTOP) past complete-by and resumes it (a zombie that wakes up late);
 * kills an agent after its remote call succeeded but before its reply (fault point);
 * asks an agent worker for a warm shutdown (SIGTERM) mid-step and starts it again.
@@ -41,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
@@ -50,12 +55,14 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
+from bench import alert_quality
+from bench.chaos_report import percentile, print_report, reason, recovery_times
 from bench.held_orders import HeldOrders
+from bench.proxy import Proxy
 from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
-from bench.throughput import percentile as nearest_rank
 from bench.throughput import record
-from sas_app.processes import Processes, Ready, Stopped, free_port
+from sas_app.processes import Processes, Ready, Stopped, free_port, interrupts_ignored
 from sas_app.states import TERMINAL_RUN_STATES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,20 +70,19 @@ RESULTS = REPO / "bench" / "results"
 AGENT_QUEUES = "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders"
 #: what the schedule can do, each at least ``--each`` times ("poison" submits a poison order)
 KINDS = ("kill_agent", "kill_scheduler", "kill_supervisor", "restart_broker", "restart_postgres", "zombie",
-         "kill_after_call", "warm_shutdown", "empty_broker", "poison")
+         "kill_after_call", "warm_shutdown", "empty_broker", "poison", "broker_outage", "refuse_connections",
+         "slow_sweeps", "partition_worker")
+#: how long the broker stays down in a broker outage: past every step's complete-by (5 s at most)
+OUTAGE_S = 7.0
+#: how long PostgreSQL refuses new connections (its connection limit reached) in that fault
+REFUSAL_S = 4.0
+#: slow sweeps: each stalls this long after committing its recoveries (longer than the 1 s interval,
+#: so the next one starts beside it), for this long
+SWEEP_STALL_S, SLOW_SWEEPS_FOR_S = 3.0, 10.0
+#: how long the first agent worker, which reaches PostgreSQL through a proxy, is cut off from it
+PARTITION_S = 5.0
 #: the order example's remote actions, as its payload names them for faults, and their undos
 DO_ACTIONS = ("reserve", "charge", "ship")
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    """The throughput bench's percentile, to the millisecond; None for no values."""
-    return round(nearest_rank(values, p), 3) if values else None
-
-
-# -- the processes of the pattern ---------------------------------------------------------------
-
-
-# -- the run ----------------------------------------------------------------------------------
 
 
 def plan_orders(count: int, rng: random.Random) -> list[dict[str, Any]]:
@@ -125,6 +131,7 @@ class Chaos:
         self.agent_names = [f"agent{i}" for i in range(args.agents)]
         self.fault_homes = 0
         self.background: list[threading.Thread] = []
+        self.proxy: Proxy | None = None
 
     # setting up ---------------------------------------------------------------------------------
 
@@ -177,11 +184,20 @@ class Chaos:
                            str(self.home / f"{name}-ledger.db"), ready=Ready(url=f"http://127.0.0.1:{port}/health"),
                            wait=False)
         self.fleet.worker("scheduler", "sas.scheduler,sas.supervisor", 2, wait=False)
+        self.proxy = Proxy(self.servers.pg_port)
         for name in self.agent_names:
-            self.fleet.worker(name, AGENT_QUEUES, 2, wait=False)
+            self.fleet.worker(name, AGENT_QUEUES, 2, env=self.agent_env(name), wait=False)
         for name in ("beat1", "beat2"):
             self.fleet.beat(name, wait=False)
         self.fleet.wait_ready()
+
+    def agent_env(self, name: str) -> dict[str, str]:
+        """What an agent worker adds to the run's environment: the first reaches PostgreSQL through
+        the proxy that a partition cuts."""
+        if name != self.agent_names[0] or self.proxy is None:
+            return {}
+        return {"SAS_DATABASE_URL": self.servers.database_url.replace(f":{self.servers.pg_port}/",
+                                                                      f":{self.proxy.port}/")}
 
     # the faults -----------------------------------------------------------------------------------
 
@@ -213,15 +229,26 @@ class Chaos:
             self.later(2.0, lambda: fleet.start(name, wait=False))
             return name
         if kind == "restart_broker" and self.rabbit:
-            self.rabbit.kill()
-            time.sleep(1.0)
-            self.rabbit.start()
+            self.bounce_broker(1.0)
             return "RabbitMQ SIGKILLed, restarted with its durable queues"
         if kind == "restart_broker":
-            servers.kill_redis()
-            time.sleep(1.0)
-            servers.start_redis()
+            self.bounce_broker(1.0)
             return "Redis SIGKILLed, restarted from its append-only file"
+        if kind == "broker_outage":  # the faults after it wait: no restart lands inside the outage
+            broker = self.bounce_broker(OUTAGE_S)
+            return f"{broker} down {OUTAGE_S:.0f}s, past every step's complete-by"
+        if kind == "partition_worker":
+            assert self.proxy is not None
+            dropped = self.proxy.cut(PARTITION_S)
+            return (f"{self.agent_names[0]} cut off from PostgreSQL for {PARTITION_S:g}s ({dropped} connections "
+                    "dropped); the others carry on")
+        if kind == "slow_sweeps":
+            fleet.restart("scheduler", env={"SAS_FAULTS": f"supervisor.after_commit=sleep:{SWEEP_STALL_S:g}"})
+            self.later(SLOW_SWEEPS_FOR_S, lambda: fleet.restart("scheduler", env={}))
+            return f"each sweep stalls {SWEEP_STALL_S:g}s after its commit for {SLOW_SWEEPS_FOR_S:g}s: sweeps overlap"
+        if kind == "refuse_connections":
+            dropped = servers.refuse_connections(REFUSAL_S)
+            return f"PostgreSQL refused every new connection for {REFUSAL_S:.0f}s, {dropped} dropped"
         if kind == "restart_postgres":
             servers.stop_postgres("immediate")
             time.sleep(1.0)
@@ -242,7 +269,7 @@ class Chaos:
             name = rng.choice(self.agent_names)
             self.fault_homes += 1
             # A fault-point marker of its own, so "@once" fires once in this worker's life.
-            fleet.restart(name, env={"SAS_FAULTS": "agent.after_call=kill@once",
+            fleet.restart(name, env={**self.agent_env(name), "SAS_FAULTS": "agent.after_call=kill@once",
                                      "SAS_HOME": str(self.home / f"fault-{self.fault_homes}")})
             return name
         if kind == "warm_shutdown":
@@ -256,7 +283,7 @@ class Chaos:
                     process.wait(30)
                 except subprocess.TimeoutExpired:
                     fleet.kill(name)
-                fleet.start(name, env={}, wait=False)
+                fleet.start(name, env=self.agent_env(name), wait=False)
 
             self.later(0.0, restart_when_gone)
             return name
@@ -266,6 +293,18 @@ class Chaos:
             self.submit(key, {"amount": 1.0, "faults": {"charge": "poison"}})
             return key
         raise ValueError(kind)
+
+    def bounce_broker(self, down: float) -> str:
+        """SIGKILL the broker, and start it again ``down`` seconds later; which broker it was."""
+        if self.rabbit:
+            self.rabbit.kill()
+            time.sleep(down)
+            self.rabbit.start()
+            return "RabbitMQ"
+        self.servers.kill_redis()
+        time.sleep(down)
+        self.servers.start_redis()
+        return "Redis"
 
     def chaos(self, schedule: list[tuple[float, str]], started: float) -> None:
         for at, kind in schedule:
@@ -350,7 +389,7 @@ class Chaos:
     # the figures --------------------------------------------------------------------------------
 
     def report(self, started: float, healed_at: float, finished: bool, restarted: list[str]) -> dict[str, Any]:
-        from sas_app.store.tables import events, runs, steps
+        from sas_app.store.tables import alerts, events, runs, steps
 
         ids = set(self.accepted.values())
         with self.sas.store.engine.connect() as conn:
@@ -358,10 +397,11 @@ class Chaos:
             step_rows = [s for s in conn.execute(select(steps).where(steps.c.run_id.in_(ids)))]
             event_rows = [e for e in conn.execute(
                 select(events).where(events.c.run_id.in_(ids)).order_by(events.c.id))]
+            alert_rows = list(conn.execute(select(alerts).where(alerts.c.run_id.in_(ids))))
         states = Counter(r.process_state for r in run_rows.values())
         lost = sorted(key for key, run_id in self.accepted.items() if run_id not in run_rows)
         not_terminal = sorted(r.business_key for r in run_rows.values() if r.process_state not in TERMINAL_RUN_STATES)
-        reasons = Counter(_reason(r.error) for r in run_rows.values() if r.process_state != "processed" and r.error)
+        reasons = Counter(reason(r.error) for r in run_rows.values() if r.process_state != "processed" and r.error)
 
         ledgers = {name: httpx.get(f"http://127.0.0.1:{port}/ledger", timeout=10).json()
                    for name, port in self.ports.items()}
@@ -383,7 +423,12 @@ class Chaos:
                           ("ship", "warehouse", self.items.get(key, 1)))
                          if per_order[(service, key, action)] != wanted)
 
-        recovery, by_cause = _recovery_times(event_rows)
+        recovery, by_cause = recovery_times(event_rows)
+        # an attempt leaves "running" once, however many Supervisors and sweeps saw it expire at once
+        left_running = Counter((e.run_id, e.position, e.attempt) for e in event_rows
+                               if e.kind == "transition" and e.position is not None and e.from_state == "running")
+        moved_twice = sorted(f"{run_id} step {position} attempt {attempt} x{n}"
+                             for (run_id, position, attempt), n in left_running.items() if n > 1)
         attempts = Counter(s.attempt for s in step_rows if s.compensates is None and s.attempt > 0)
         latency = [r.updated_at - r.created_at for r in run_rows.values() if r.process_state in TERMINAL_RUN_STATES]
         plain = [r.updated_at - r.created_at for r in run_rows.values() if r.process_state == "processed"
@@ -423,6 +468,7 @@ class Chaos:
             "processed_without_their_effects": missing,
             "effects_applied_twice": len(twice),
             "effects_applied_twice_detail": twice,
+            "attempts_moved_twice": moved_twice,
             "effects_left_standing": len(standing),
             "effects_left_standing_detail": standing,
             "not_terminal_within_bound": len(not_terminal),
@@ -438,12 +484,16 @@ class Chaos:
             "poison": poison,
             "held_orders": self.held.check(),
             "agent_children_lost": children_lost,
+            "at_risk": {**alert_quality.judge(alert_rows, event_rows, [self.fleet.log(n) for n in self.agent_names]),
+                        # what an operator was told: one alert per queue and sweep (the Supervisors run
+                        # on the Scheduler worker)
+                        "notifications": self.fleet.log("scheduler").count("ALERT at_risk")},
             "secrets_in_logs": leaks,
             "elapsed_s": round(time.monotonic() - started, 1),
             "home": str(self.home),
             "postgres_dir": str(self.servers.pg_root),
         }
-        result["invariants_hold"] = not (result["lost"] or result["effects_applied_twice"]
+        result["invariants_hold"] = not (result["lost"] or result["effects_applied_twice"] or moved_twice
                                          or result["held_orders"]["wrong"]
                                          or result["effects_left_standing"] or result["not_terminal_within_bound"]
                                          or leaks or self.submit_failures)
@@ -472,74 +522,11 @@ class Chaos:
             self.fleet.stop_all(grace=0)
         if hasattr(self, "sas"):
             self.sas.store.dispose()
+        if self.proxy is not None:
+            self.proxy.close()
         if self.rabbit:
             self.rabbit.stop()
         self.servers.stop()
-
-
-def _reason(error: str) -> str:
-    """An error message without the ids in it, so that equal reasons count together."""
-    if "lost its worker" in error:
-        return "a step lost its worker every attempt (poison)"
-    if "refused" in error:
-        return "a remote service refused a step for good"
-    if "complete-by" in error:
-        return "a step passed its complete-by at every attempt"
-    return error[:120]
-
-
-def _recovery_times(event_rows: list[Any]) -> tuple[list[float], dict[str, dict[str, Any]]]:
-    """From each attempt given up to its step's next dispatch, in seconds: measured from the
-    attempt's complete-by for one the Supervisor found expired, from the worker's report for one
-    whose worker died."""
-    deadline: dict[tuple[str, int, int], float] = {}
-    given_up: dict[tuple[str, int, int], tuple[float, str]] = {}
-    times: dict[str, list[float]] = defaultdict(list)
-    for e in event_rows:
-        if e.kind != "transition" or e.position is None:
-            continue
-        key = (e.run_id, e.position, e.attempt)
-        if e.to_state == "running" and e.detail:
-            deadline[key] = e.detail.get("complete_by")
-            previous = given_up.pop((e.run_id, e.position, e.attempt - 1), None)
-            if previous is not None:
-                times[previous[1]].append(e.at - previous[0])
-        elif e.from_state == "running" and e.to_state == "pending" and e.detail and "reason" in e.detail:
-            cause = e.detail["reason"]
-            start = deadline.get(key) if cause == "expired" else e.at
-            if start is not None:
-                given_up[key] = (start, cause)
-    everything = [t for values in times.values() for t in values]
-    summary = {cause: {"count": len(v), "p50": percentile(v, 50), "max": round(max(v), 3)}
-               for cause, v in times.items()}
-    return everything, summary
-
-
-def print_report(r: dict[str, Any]) -> None:
-    rec, lat = r["recovery_s"], r["latency_s"]
-    lines = [
-        f"bench.chaos, seed {r['seed']}: {r['submitted']} orders, {r['elapsed_s']}s",
-        "faults injected: " + ", ".join(f"{k} {v}" for k, v in r["faults_injected"].items()),
-        f"submitted {r['submitted']}  processed {r['processed']}  compensated {r['compensated']}  "
-        f"error {r['error']}  (client retries while servers were down: {r['submit_retries']})",
-        *(f"  not processed: {n} x {why}" for why, n in r["not_processed_reasons"].items()),
-        f"lost {r['lost']}  effects applied twice {r['effects_applied_twice']}  effects left standing "
-        f"{r['effects_left_standing']}  not terminal within {r['bound_s']:.0f}s {r['not_terminal_within_bound']}  "
-        f"passwords in logs {r['secrets_in_logs']}",
-        f"recovery to re-dispatch over {rec['count']} attempts given up: p50 {rec['p50']}s  p99 {rec['p99']}s  "
-        f"max {rec['max']}s",
-        "attempts per step: " + ", ".join(f"{k}: {v}" for k, v in r["attempts_per_step"].items()),
-        f"end-to-end latency: p50 {lat['p50']}s  p99 {lat['p99']}s (orders not held, processed: p50 "
-        f"{lat['orders_processed_p50']}s  p99 {lat['orders_processed_p99']}s)",
-        f"held orders (a manager's review, then a cooling-off sleep): {r['held_orders']['held']}, "
-        f"{r['held_orders']['never_signalled']} never reviewed, {r['held_orders']['sent_twice']} reviewed twice; "
-        + ", ".join(f"{k} {v}" for k, v in r["held_orders"]["outcomes"].items())
-        + f"; broken promises {len(r['held_orders']['wrong'])}",
-        "poison orders: " + ", ".join(f"{p['key']} {p['state']} after {p['charge_attempts']} attempts"
-                                      for p in r["poison"]),
-        "invariants: " + ("hold" if r["invariants_hold"] else "BROKEN"),
-    ]
-    print("\n".join(lines), flush=True)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -572,12 +559,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     chaos = Chaos(args)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    interrupted = False
     try:
         chaos.start()
         result = chaos.run()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the run stopped, nothing judged
+        interrupted = True
     finally:
-        chaos.stop()
+        with interrupts_ignored():  # a second Ctrl-C must not cut the stopping short
+            chaos.stop()
         signal.signal(signal.SIGTERM, previous)
+    if interrupted:
+        print(f"interrupted: every process of the run stopped; logs and state: {chaos.home}", flush=True)
+        return 130
     print_report(result)
     record(args.out, "chaos" if args.broker == "redis" else f"chaos-{args.broker}", result)
     if result["invariants_hold"] and not args.keep:

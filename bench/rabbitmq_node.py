@@ -10,10 +10,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from sas_app.processes import free_port, wait_until
+from sas_app.processes import Stopped, free_port, wait_until
 
 BIN = Path("/usr/lib/rabbitmq/bin")
 
@@ -47,6 +48,8 @@ class RabbitNode:
         (self.root / "rabbitmq-env.conf").write_text("")
         (self.root / "enabled_plugins").write_text("[].\n")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.lock = threading.Lock()  # a start and stop() never interleave; none after stop()
+        self.stopped = False
         self.created_user = False
 
     @property
@@ -72,9 +75,12 @@ class RabbitNode:
 
     def start(self) -> None:
         """Start the node (in the foreground of a process group of its own) and wait until it serves."""
-        log = open(self.root / "node.log", "ab")
-        self.proc = subprocess.Popen([str(BIN / "rabbitmq-server")], env=self.env(), stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        with self.lock:
+            if self.stopped:
+                raise Stopped(f"not starting RabbitMQ node {self.name}: the run has stopped it")
+            with open(self.root / "node.log", "ab") as log:
+                self.proc = subprocess.Popen([str(BIN / "rabbitmq-server")], env=self.env(), stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
         # await_startup fails at once until the node has registered with epmd: ask until it answers
         wait_until(self._started, 90, f"RabbitMQ node {self.name} to start", interval=0.3, not_yet=())
         if not self.created_user:
@@ -103,6 +109,8 @@ class RabbitNode:
         return sum(purge_queues(self.ctl, "/").values())
 
     def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
         self.kill()
         logs = self.home / "logs"
         for log in [self.root / "node.log", *sorted((self.root / "log").glob("*.log"))]:

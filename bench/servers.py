@@ -1,5 +1,7 @@
 """The chaos run's own servers: a Redis and a PostgreSQL (Debian's server binaries) on free
-loopback ports, each with a password, that the run restarts, crashes and empties."""
+loopback ports, each with a password, that the run restarts, crashes and empties. Once stopped,
+they refuse to start again (a fault's thread restarting one as the run ends, Ctrl-C say, would
+leave it running)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,16 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import redis
 from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 
-from sas_app.processes import free_port, wait_until
+from sas_app.processes import Stopped, free_port, wait_until
 
 
 def _postgres_bin() -> Path:
@@ -46,6 +51,8 @@ class Servers:
         if os.geteuid() == 0:
             pwd.getpwnam("postgres")
             self.as_user = ["runuser", "-u", "postgres", "--"]
+        self.lock = threading.RLock()  # a start and stop() never interleave
+        self.stopped = False
 
     @property
     def redis_url(self) -> str:
@@ -53,22 +60,35 @@ class Servers:
 
     @property
     def database_url(self) -> str:
-        return f"postgresql+psycopg2://sas:{self.pg_password}@127.0.0.1:{self.pg_port}/sas"
+        """The stack's: a role that is not a superuser, so that a connection limit holds for it."""
+        return f"postgresql+psycopg2://app:{self.pg_password}@127.0.0.1:{self.pg_port}/sas"
+
+    @property
+    def admin_url(self) -> str:
+        return f"postgresql+psycopg2://sas:{self.pg_password}@127.0.0.1:{self.pg_port}/postgres"
 
     def secrets(self) -> list[str]:
         return [self.redis_password, self.pg_password]
 
     # Redis ------------------------------------------------------------------------------------
 
+    def refuse_if_stopped(self, what: str) -> None:
+        if self.stopped:
+            raise Stopped(f"not starting {what}: the run has stopped its servers")
+
     def start_redis(self) -> None:
-        self.redis_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.redis_dir / "redis.log", "ab")
-        self.redis_proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--requirepass",
-             self.redis_password, "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-             "--dir", str(self.redis_dir), "--protected-mode", "yes"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        with self.lock:
+            self.refuse_if_stopped("Redis")
+            self.redis_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.redis_dir / "redis.log", "ab") as log:
+                self.redis_proc = subprocess.Popen(
+                    ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--requirepass",
+                     self.redis_password, "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+                     "--dir", str(self.redis_dir), "--protected-mode", "yes",
+                     # its command line and environment kept: a test finds the run's processes by them
+                     "--set-proc-title", "no"],
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                )
         client = redis.Redis.from_url(self.redis_url, socket_timeout=1)
         wait_until(lambda: bool(client.ping()), 30, "Redis to answer")
         client.close()
@@ -105,19 +125,43 @@ class Servers:
                        f"unix_socket_directories = '{self.pg_data.parent}'\nmax_connections = 300\n"
                        "logging_collector = off\n")
         self.start_postgres()
-        admin = create_engine(self.database_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+        admin = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
-            conn.execute(text("CREATE DATABASE sas"))
+            conn.execute(text(f"CREATE ROLE app LOGIN PASSWORD '{self.pg_password}'"))
+            conn.execute(text("CREATE DATABASE sas OWNER app"))
         admin.dispose()
 
+    def refuse_connections(self, hold: float) -> int:
+        """PostgreSQL refuses the stack every new connection for ``hold`` seconds (its role's
+        connection limit set to 0, as when ``max_connections`` is reached) and drops half of those it
+        has, so that their processes must ask for new ones meanwhile; how many it dropped."""
+        admin = create_engine(self.admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        try:
+            with admin.connect() as conn:
+                conn.execute(text("ALTER ROLE app CONNECTION LIMIT 0"))
+                try:
+                    dropped = conn.execute(text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE usename = 'app' AND pid % 2 = 0")).scalar_one()
+                    time.sleep(hold)
+                finally:
+                    conn.execute(text("ALTER ROLE app CONNECTION LIMIT -1"))
+        finally:
+            admin.dispose()
+        return int(dropped)
+
     def start_postgres(self) -> None:
-        self._pg(str(self.bin / "pg_ctl"), "-D", str(self.pg_data), "-l", str(self.pg_data.parent / "postgres.log"),
-                 "-w", "-t", "60", "start")
+        with self.lock:
+            self.refuse_if_stopped("PostgreSQL")
+            self._pg(str(self.bin / "pg_ctl"), "-D", str(self.pg_data), "-l",
+                     str(self.pg_data.parent / "postgres.log"), "-w", "-t", "60", "start")
 
     def stop_postgres(self, mode: str = "immediate") -> None:
         self._pg(str(self.bin / "pg_ctl"), "-D", str(self.pg_data), "-m", mode, "-w", "-t", "60", "stop")
 
     def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
         self.kill_redis()
         try:
             self.stop_postgres("fast")

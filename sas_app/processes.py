@@ -16,7 +16,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -52,6 +53,20 @@ def wait_until(check: Callable[[], T], timeout: float, what: str, interval: floa
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
+
+
+@contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """Ctrl-C and SIGTERM ignored meanwhile (in the main thread; elsewhere nothing changes): a
+    clean-up they interrupted would leave processes behind."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signals.signal(sig, signals.SIG_IGN) for sig in (signals.SIGINT, signals.SIGTERM)} \
+        if in_main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signals.signal(sig, handler)
 
 
 def answers(url: str) -> bool:
@@ -205,12 +220,8 @@ class Processes:
 
     def stop_all(self, grace: float = 5.0) -> None:
         """SIGTERM every group (a warm shutdown), SIGKILL what is left after ``grace`` seconds (at
-        once with 0). A Ctrl-C or SIGTERM meanwhile is ignored (in the main thread): an interrupted
-        clean-up would leave orphans behind."""
-        in_main = threading.current_thread() is threading.main_thread()
-        previous = {sig: signals.signal(sig, signals.SIG_IGN) for sig in (signals.SIGINT, signals.SIGTERM)} \
-            if in_main else {}
-        try:
+        once with 0). A Ctrl-C or SIGTERM meanwhile is ignored (:func:`interrupts_ignored`)."""
+        with interrupts_ignored():
             with self.lock:
                 self.stopped = True
                 for name in self.procs:
@@ -225,9 +236,6 @@ class Processes:
                         proc.wait(30)
                     self.signal(name, signals.SIGKILL)  # pool children that outlived their parent
                 self.procs.clear()
-        finally:
-            for sig, handler in previous.items():
-                signals.signal(sig, handler)
 
     # -- logs -----------------------------------------------------------------------------------------
 

@@ -60,3 +60,69 @@ def test_starting_a_name_still_running_replaces_it_instead_of_orphaning_it(tmp_p
     finally:
         procs.stop_all(grace=0)
     assert live_processes_with(marker) == []
+
+
+def test_the_chaos_runs_servers_refuse_to_start_once_stopped(tmp_path):
+    """A fault's thread restarting Redis or PostgreSQL as the run stops would leave a server behind."""
+    from bench.servers import Servers
+
+    (tmp_path / "logs").mkdir()
+    servers = Servers(tmp_path)
+    servers.start_redis()
+    assert live_processes_with(str(tmp_path / "redis")) != []
+    servers.stop()
+    with pytest.raises(Stopped, match="Redis"):
+        servers.start_redis()
+    with pytest.raises(Stopped, match="PostgreSQL"):
+        servers.start_postgres()
+    wait_for(lambda: live_processes_with(str(tmp_path / "redis")) == [], 10, "the run's Redis to be gone")
+
+
+def test_the_chaos_runs_proxy_drops_its_connections_and_refuses_new_ones_while_cut():
+    """What partitions one worker from PostgreSQL: traffic flows, then every connection through it
+    is dropped and new ones are refused until the cut is over."""
+    import socket
+
+    from bench.proxy import Proxy
+
+    echo = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = echo.accept()
+            except OSError:
+                return
+            threading.Thread(target=echo_back, args=(conn,), daemon=True).start()
+
+    def echo_back(conn: socket.socket) -> None:
+        with conn:
+            try:
+                while data := conn.recv(1024):
+                    conn.sendall(data)
+            except OSError:
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    proxy = Proxy(echo.getsockname()[1])
+    try:
+        def talk(conn: socket.socket | None = None) -> bytes:
+            """What comes back for a ping: nothing if the connection was closed or reset."""
+            try:
+                with conn or socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as c:
+                    c.sendall(b"ping")
+                    return c.recv(1024)
+            except OSError:
+                return b""
+
+        assert talk() == b"ping"
+        held = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        held.sendall(b"one")
+        assert held.recv(1024) == b"one"
+        assert proxy.cut(1.0) == 1
+        assert talk(held) == b""  # dropped
+        assert talk() == b""      # refused (closed at once) while cut
+        wait_for(lambda: talk() == b"ping", 5, "the proxy to let connections through again")
+    finally:
+        proxy.close()
+        echo.close()
