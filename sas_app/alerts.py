@@ -70,13 +70,13 @@ class Alert:
 MAX_LISTED = 20
 
 
-def grouped(alerts: list[Alert], cause: str) -> Alert:
+def grouped(alerts: list[Alert], cause: str, of: str = "steps") -> Alert:
     """One alert for ``alerts`` of one ``cause``: the first (the most urgent), counting them all."""
     first = alerts[0]
     if len(alerts) == 1:
         return first
     return replace(first, count=len(alerts), runs=tuple(a.run_id for a in alerts[:MAX_LISTED]),
-                   reason=f"{len(alerts)} steps {cause}; the first: {first.reason}")
+                   reason=f"{len(alerts)} {of} {cause}; the first: {first.reason}")
 
 
 def load_hook(spec: str) -> AlertHook | None:
@@ -144,6 +144,18 @@ class Alerts:
         stored = tx.record_alert(alert.dedup_key, alert.run_id, alert.position, alert.kind, alert.attempt,
                                  alert.reason, actor, detail)
         return alert if stored else None
+
+    def emit_grouped(self, raised: list[Alert | None]) -> None:
+        """Tell ``raised`` (one sweep's) with one alert per kind and step of a workflow: steps
+        failing together for one cause (their agent down, say) are one incident, with a count."""
+        groups: dict[tuple[str, str, str | None], list[Alert]] = {}
+        for alert in raised:
+            if alert is not None:
+                groups.setdefault((alert.kind, alert.workflow, alert.step), []).append(alert)
+        for (kind, workflow, step), group in groups.items():
+            at = f"at step {step!r}" if step is not None else "(the run itself)"
+            self.emit(grouped(group, f"of {workflow} {at} raised {kind!r} in one sweep",
+                              "steps" if step is not None else "runs"))
 
     def emit(self, alert: Alert | None) -> None:
         if alert is None:

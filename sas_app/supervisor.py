@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts, grouped
+from .at_risk import at_risk
 from .recovery import past_deadline, recover_steps
 from .routing import SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from .settings import Settings, instance_id
@@ -140,8 +141,7 @@ class Supervisor:
             log.warning("%d run(s) waited past complete-by for the Scheduler; asking again: %s", len(requeued),
                         _listed(requeued))
             self.router.send(asking(requeued))
-        for alert in raised:
-            self.alerts.emit(alert)
+        self.alerts.emit_grouped(raised)
         if failed:
             self.router.send(asking(failed))  # to undo them, those being compensated
         for follow_up in tx.follow_ups:  # a child run ended, or is being cancelled with its parent
@@ -152,41 +152,33 @@ class Supervisor:
         return len(expired)
 
     def _warn_at_risk(self) -> list[Alert]:
-        """Raise an at-risk alert (once per step) for each running step that will likely not be
-        picked up before its complete-by: its agent's queue holds more messages than the agent
-        has been completing in the time the step has left (or, if it completed none lately, the
-        step has used half its budget with messages still waiting)."""
+        """Raise an at-risk alert (once per step) for each running step whose message will likely
+        be taken from its agent's queue past its complete-by (:mod:`sas_app.at_risk` says how that
+        is judged), told as one alert per queue."""
         s = self.settings
         raised: list[Alert] = []
         by_queue: dict[str, list[Alert]] = {}
-        depth: dict[str, int] = {}
-        rate: dict[str, float] = {}
         with self.store.begin() as tx:
             now = tx.now()
-            for step in tx.at_risk_candidates(s.sweep_batch):
-                if step.agent not in depth:
-                    depth[step.agent] = self._queue_depth(agent_queue(step.agent))
-                waiting = depth[step.agent]
-                remaining = (step.complete_by or now) - now
-                if waiting == 0:
+            for agent in tx.busy_agents():
+                queue = agent_queue(agent)
+                depth = self._queue_depth(queue)
+                if depth == 0:
                     continue
-                if step.agent not in rate:
-                    rate[step.agent] = tx.completions_per_second(step.agent, s.at_risk_window)
-                per_second = rate[step.agent]
-                at_risk = waiting / per_second > remaining if per_second > 0 else remaining < step.timeout / 2
-                if not at_risk:
-                    continue
-                run = tx.lock_run(step.run_id)
-                if run is None:
-                    continue
-                reason = (f"step {step.name!r} is likely to miss its complete-by in {remaining:.1f}s: "
-                          f"{waiting} message(s) wait on {agent_queue(step.agent)}")
-                alert = self.alerts.record(tx, Alert(run.id, run.workflow, run.business_key, step.name,
-                                                     step.position, step.attempt, reason, AT_RISK), self.instance_id)
-                if alert is not None:
-                    raised.append(alert)
-                    by_queue.setdefault(agent_queue(step.agent), []).append(alert)
-        for queue, group in by_queue.items():  # one alert per queue, the most urgent step first
+                risks = at_risk(tx.queued_steps(agent, depth, s.sweep_batch), now,
+                                tx.completions_per_second(agent, s.at_risk_window))
+                for risk in risks:
+                    step = risk.step
+                    run = tx.lock_run(step.run_id)
+                    if run is None:
+                        continue
+                    alert = self.alerts.record(tx, Alert(run.id, run.workflow, run.business_key, step.name,
+                                                         step.position, step.attempt, f"{risk.reason} on {queue}",
+                                                         AT_RISK), self.instance_id)
+                    if alert is not None:
+                        raised.append(alert)
+                        by_queue.setdefault(queue, []).append(alert)
+        for queue, group in by_queue.items():  # one alert per queue, the step nearest its head first
             self.alerts.emit(grouped(group, f"waiting on {queue} are likely to miss their complete-by"))
         return raised
 

@@ -88,14 +88,30 @@ class SweepTx(TxBase):
                 requeued.append(run_id)
         return requeued
 
-    def at_risk_candidates(self, limit: int) -> list[StepRow]:
-        """Running steps of live runs not yet past complete-by, most urgent first."""
-        rows = self.conn.execute(
-            select(steps)
+    def busy_agents(self) -> list[str]:
+        """The agents with a step running in a live run (whose queues an at-risk warning looks at)."""
+        return list(self.conn.execute(
+            select(steps.c.agent).distinct()
             .join(runs, runs.c.id == steps.c.run_id)
-            .where(steps.c.state == StepState.RUNNING.value, steps.c.complete_by >= db_now(),
-                   _LIVE)
-            .order_by(steps.c.complete_by)
+            .where(steps.c.state == StepState.RUNNING.value, steps.c.complete_by.is_not(None), _LIVE)
+        ).scalars())
+
+    def queued_steps(self, agent: str, depth: int, limit: int) -> list[StepRow]:
+        """The running steps of ``agent`` whose messages likely wait in its queue, its head first:
+        the ``depth`` dispatched last (a queue is first in, first out; a step's complete-by is its
+        dispatch plus its timeout), at most ``limit`` of them from the head."""
+        dispatched = steps.c.complete_by - steps.c.timeout
+        newest = (
+            select(steps, func.row_number().over(order_by=(dispatched.desc(), steps.c.id.desc())).label("from_tail"))
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(steps.c.agent == agent, steps.c.state == StepState.RUNNING.value,
+                   steps.c.complete_by.is_not(None), _LIVE)
+            .subquery()
+        )
+        rows = self.conn.execute(
+            select(*(newest.c[c.name] for c in steps.c))
+            .where(newest.c.from_tail <= depth)
+            .order_by(newest.c.from_tail.desc())
             .limit(limit)
         )
         return [as_row(StepRow, r) for r in rows]

@@ -3,8 +3,12 @@ backlog of many steps is one incident. Each step is still recorded with its own 
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 from sqlalchemy import func, select
 
+from sas_app.at_risk import at_risk
+from sas_app.store.rows import StepRow
 from sas_app.store.tables import alerts
 from tests.support import pass_time
 
@@ -30,3 +34,59 @@ def test_the_steps_of_one_queue_found_at_risk_by_a_sweep_are_told_as_one_alert(s
         assert conn.execute(select(func.count()).select_from(alerts).where(alerts.c.kind == "at_risk")).scalar() == 5
 
     assert sas.supervisor.sweep().at_risk == [] and len(told) == 1  # the same steps: nothing new
+
+
+def waiting(n: int, dispatched: float, timeout: float, every: float = 0.0) -> list[StepRow]:
+    """``n`` steps of one agent dispatched ``every`` seconds apart from ``dispatched``, oldest first."""
+    template = StepRow(**{f.name: None for f in fields(StepRow)})
+    return [replace(template, run_id=f"run-{i}", position=0, name="ship", attempt=1, timeout=timeout,
+                    complete_by=dispatched + i * every + timeout) for i in range(n)]
+
+
+def test_a_step_is_at_risk_only_if_the_messages_ahead_of_it_outlast_its_budget():
+    # 30 messages dispatched at once with 10 s each, drained at 5 a second: the first ten seconds'
+    # worth (50 messages) make it, so all 30 do
+    assert at_risk(waiting(30, 0.0, 10.0), now=0.0, per_second=5.0) == []
+    # 100 of them: those that would miss even at a quarter more than that pace (62.5 in 10 s)
+    risks = at_risk(waiting(100, 0.0, 10.0), now=0.0, per_second=5.0)
+    assert [r.ahead for r in risks] == list(range(63, 100))
+    assert risks[0].taken_at is not None and risks[0].taken_at > risks[0].step.complete_by
+    assert risks[0].reason.startswith("step 'ship' is likely to miss its complete-by: taken about 0.1s past it, "
+                                      "63 message(s) ahead of it")
+
+
+def test_a_message_found_past_its_complete_by_costs_no_time_so_the_ones_behind_it_can_make_theirs():
+    doomed = waiting(20, -9.5, 10.0)          # 0.5 s left each: at 2 a second, one more makes it
+    fresh = waiting(10, 0.0, 10.0)            # behind them: 10 s left, 5 s of work
+    risks = at_risk(doomed + fresh, now=0.0, per_second=2.0)
+    assert [r.step.run_id for r in risks] == [s.run_id for s in doomed[2:]]
+
+
+def test_a_step_at_the_margin_is_a_coin_toss_and_stays_quiet():
+    # at 5 a second the 51st and 52nd messages are taken just past their complete-by; a little
+    # faster and they make it
+    assert at_risk(waiting(52, 0.0, 10.0), now=0.0, per_second=5.0) == []
+
+
+def test_a_step_already_past_its_complete_by_is_the_sweeps_not_a_warning():
+    assert at_risk(waiting(5, -20.0, 10.0), now=0.0, per_second=1.0) == []
+
+
+def test_a_queue_that_does_not_drain_makes_its_steps_at_risk_at_half_their_budget():
+    steps = waiting(3, 0.0, 10.0, every=3.0)  # complete-by 10, 13 and 16
+    assert [r.step.run_id for r in at_risk(steps, now=5.5, per_second=0.0)] == ["run-0"]
+    assert [r.step.run_id for r in at_risk(steps, now=8.5, per_second=0.0)] == ["run-0", "run-1"]
+    assert at_risk(steps, now=8.5, per_second=0.0)[0].taken_at is None
+
+
+def test_the_steps_counted_as_waiting_are_the_last_dispatched_head_first(sas, pump):
+    runs = [sas.submit("three", {}, business_key=f"fifo-{i}").id for i in range(5)]
+    pump.run(["sas.scheduler"])
+    dispatched = [s.run_id for s in sorted((sas.store.get_steps(r)[0] for r in runs),
+                                           key=lambda s: (s.complete_by - s.timeout, s.id))]
+    with sas.store.begin() as tx:
+        assert tx.busy_agents() == ["svc"]
+        # two of five messages taken by workers: the last three wait, the oldest of them at the head
+        assert [s.run_id for s in tx.queued_steps("svc", 3, 100)] == dispatched[2:]
+        assert [s.run_id for s in tx.queued_steps("svc", 3, 2)] == dispatched[2:4]
+        assert [s.run_id for s in tx.queued_steps("svc", 9, 100)] == dispatched
