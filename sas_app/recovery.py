@@ -3,7 +3,8 @@ for good, and which steps of a run get undone.
 
 * An attempt given up (its complete-by passed, or its worker died) counts one failure. Under the
   step's ``max_failures`` it goes back to pending after a back-off that doubles with each failure
-  (``SAS_RETRY_BACKOFF``, capped at ``SAS_RETRY_BACKOFF_MAX``); at the threshold the step fails.
+  (``SAS_RETRY_BACKOFF``, capped at ``SAS_RETRY_BACKOFF_MAX``) — longer when the Supervisor paces
+  it because its agent's queue is too deep to take it in time; at the threshold the step fails.
 * A step that failed for good raises one alert and the run is undone — its steps whose effect may
   have happened, last first — or goes to ``error`` when there is nothing to undo. An undo that
   fails for good sends the run to ``error`` with a second alert.
@@ -15,7 +16,8 @@ Supervisor (an expired attempt) and the operators (cancel, compensate) all decid
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,8 @@ class Recovery:
     alert: Alert | None = None
     #: the step waits the extended period of its escalation (the sweep wakes it: no message to send)
     escalated: bool = False
+    #: the retry waits for room in its agent's queue (the sweep wakes it: no message to send)
+    paced: bool = False
 
 
 def backoff(settings: Settings, failure_count: int) -> float:
@@ -116,22 +120,31 @@ def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why:
 
 
 def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[StepRow], why: Cause,
-                  detail: str = "", *, actor: str) -> list[tuple[StepRow, Recovery]]:
+                  detail: str = "", *, actor: str, paced: Mapping[int, float] | None = None
+                  ) -> list[tuple[StepRow, Recovery]]:
     """:func:`recover_step` for a batch of attempts (their rows locked by the caller), set-based
     where the numbers are: those that go back to pending move together, one fenced statement per
     back-off however many they are; those at their threshold (escalated, or failed and undone)
-    one by one, after them."""
-    retrying: dict[float, list[StepRow]] = {}
+    one by one, after them.
+
+    ``paced`` holds, by step id, how much longer than its back-off a retry waits for room in its
+    agent's queue (the Supervisor's pacing), rounded up to a whole second so that a batch still
+    moves in a few statements. Such a step's complete-by is the end of its wait: the sweep wakes
+    it then, and no message is held meanwhile."""
+    paced = paced or {}
+    retrying: dict[tuple[float, bool], list[StepRow]] = {}
     at_threshold = []
     for step in batch:
         if step.failure_count + 1 < step.max_failures:
-            retrying.setdefault(backoff(settings, step.failure_count + 1), []).append(step)
+            wait, extra = backoff(settings, step.failure_count + 1), paced.get(step.id, 0.0)
+            retrying.setdefault((wait + math.ceil(extra), True) if extra > 0 else (wait, False), []).append(step)
         else:
             at_threshold.append(step)
     outcomes = []
-    for wait, group in retrying.items():
-        moved = {s.id for s in tx.retry_steps(group, wait, settings.pickup_timeout, actor, reason=str(why))}
-        outcomes += [(s, Recovery(retried=s.id in moved, failed=False, backoff=wait)) for s in group]
+    for (wait, held), group in retrying.items():
+        moved = {s.id for s in tx.retry_steps(group, wait, 0.0 if held else settings.pickup_timeout, actor,
+                                              reason=str(why))}
+        outcomes += [(s, Recovery(retried=s.id in moved, failed=False, backoff=wait, paced=held)) for s in group]
     return outcomes + [(s, _give_up(tx, alerts, settings, s, why, detail, actor)) for s in at_threshold]
 
 

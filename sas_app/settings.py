@@ -82,6 +82,11 @@ class Settings:
     #: SAS_AT_RISK_WINDOW — seconds of recent completions used to judge whether an agent's queue
     #: will drain before a step's complete-by (the at-risk alert). Default 60.
     at_risk_window: float = 60.0
+    #: SAS_PACE_RETRIES — when an agent's queue is too deep to take a new message within a step's
+    #: timeout, the Supervisor holds the retries of that agent's expired steps until it has drained
+    #: to half a timeout's worth, then lets them go at the pace the agent completes steps, instead of
+    #: adding them to the backlog to expire again (a retry storm). Default on.
+    pace_retries: bool = True
     #: SAS_BREAKER_FAIL_MAX — transient failures in a row that open an agent's circuit breaker;
     #: 0 disables breakers. Default 5.
     breaker_fail_max: int = 5

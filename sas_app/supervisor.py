@@ -31,7 +31,7 @@ from .recovery import past_deadline, recover_steps
 from .routing import SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from .settings import Settings, instance_id
 from .states import Cause
-from .store import Store
+from .store import StepRow, Store, Tx
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -46,6 +46,7 @@ MAX_BATCHES = 20
 @dataclass
 class SweepReport:
     retried: list[tuple[str, int, float]] = field(default_factory=list)  # (run, position, backoff)
+    paced: list[tuple[str, int, float]] = field(default_factory=list)  # retries held for room in their queue
     failed: list[str] = field(default_factory=list)  # runs whose step failed for good
     at_risk: list[Alert] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
@@ -112,9 +113,13 @@ class Supervisor:
         raised: list[Alert | None] = []
         with self.store.begin() as tx:
             expired = tx.expired_steps(s.sweep_batch)
-            for step, outcome in recover_steps(tx, self.alerts, s, expired, Cause.EXPIRED, actor=self.instance_id):
+            paced = self._paced(tx, expired) if s.pace_retries else {}
+            for step, outcome in recover_steps(tx, self.alerts, s, expired, Cause.EXPIRED, actor=self.instance_id,
+                                               paced=paced):
                 if outcome.escalated:
                     raised.append(outcome.alert)  # the sweep asks again once its wait is over
+                elif outcome.retried and outcome.paced:
+                    report.paced.append((step.run_id, step.position, outcome.backoff))  # the sweep wakes it
                 elif outcome.retried:
                     retried.append((step.run_id, step.position, outcome.backoff))
                 elif outcome.failed:
@@ -150,6 +155,35 @@ class Supervisor:
         report.failed += failed
         report.requeued += requeued
         return len(expired)
+
+    def _paced(self, tx: Tx, expired: list[StepRow]) -> dict[int, float]:
+        """How much longer than its back-off the retry of each of ``expired`` waits, by step id:
+        when its agent's queue is too deep to take a new message within the step's timeout (the
+        messages it will work — not those of attempts already past their complete-by, dropped
+        unworked — over the agent's recent pace), until the queue has drained to half a timeout's
+        worth, then one after another at that pace, behind the retries already waiting — so that a
+        backlog is not made deeper by retries that would only expire in it again (a retry storm)."""
+        by_agent: dict[str, list[StepRow]] = {}
+        for step in expired:
+            if step.failure_count + 1 < step.max_failures:
+                by_agent.setdefault(step.agent, []).append(step)
+        extra: dict[int, float] = {}
+        for agent, group in by_agent.items():
+            depth = self._queue_depth(agent_queue(agent))
+            work = min(depth, tx.running_in_time(agent)) if depth else 0
+            per_second = tx.completions_per_second(agent, self.settings.at_risk_window) if work else 0.0
+            if per_second <= 0:  # nothing to wait behind, or no pace to go by: the back-off alone
+                continue
+            room = work / per_second - min(step.timeout for step in group) / 2
+            if room <= 0:
+                continue
+            ahead = tx.retries_waiting(agent)
+            for i, step in enumerate(group):
+                extra[step.id] = room + (ahead + i) / per_second
+            log.warning("%s: %d message(s) to work, %.0fs at %.1f a second: %d retry(ies) paced over %.0fs",
+                        agent_queue(agent), work, work / per_second, per_second, len(group),
+                        (ahead + len(group)) / per_second)
+        return extra
 
     def _warn_at_risk(self) -> list[Alert]:
         """Raise an at-risk alert (once per step) for each running step whose message will likely

@@ -116,6 +116,26 @@ class SweepTx(TxBase):
         )
         return [as_row(StepRow, r) for r in rows]
 
+    def running_in_time(self, agent: str) -> int:
+        """How many of ``agent``'s steps run with their complete-by still ahead: the messages of a
+        queue that will be worked (one of an attempt already past it is dropped unworked)."""
+        return int(self.conn.execute(
+            select(func.count()).select_from(steps)
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(steps.c.agent == agent, steps.c.state == StepState.RUNNING.value,
+                   steps.c.complete_by >= db_now(), _LIVE)
+        ).scalar_one())
+
+    def retries_waiting(self, agent: str) -> int:
+        """How many of ``agent``'s steps wait for a retry not yet due (the Supervisor's pacing puts
+        the next ones behind them)."""
+        return int(self.conn.execute(
+            select(func.count()).select_from(steps)
+            .join(runs, runs.c.id == steps.c.run_id)
+            .where(steps.c.agent == agent, steps.c.state == StepState.PENDING.value, steps.c.attempt > 0,
+                   steps.c.complete_by.is_not(None), steps.c.not_before > db_now(), _LIVE)
+        ).scalar_one())
+
     def completions_per_second(self, agent: str, window: float) -> float:
         """How fast ``agent`` has been completing steps: those completed in the last ``window``
         seconds, over the time since the first of them (not the whole window, so a burst that

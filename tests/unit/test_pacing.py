@@ -1,0 +1,71 @@
+"""No retry storm: when an agent's queue is too deep to take a new message within a step's timeout,
+the Supervisor holds the retries of that agent's expired steps until the queue has drained to half
+a timeout's worth, then lets them go one after another at the pace the agent keeps — instead of
+adding them all to the backlog at once, to expire there again. The held retries wait in the store
+(no message held meanwhile), and the sweep wakes each when its turn comes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sas_app import Step, Workflow
+from tests.support import pass_time
+
+
+def backlog(sas, pump, n: int) -> tuple[list[str], float]:
+    """Three runs completed (the agent's pace), then ``n`` runs whose step waits in the agent's
+    queue past its complete-by, with ``n`` more behind them, sent 6 s later and still in time (no
+    agent consumes any); the first ``n`` runs, and when the first of the three completed."""
+    sas.register(Workflow("call", [Step("call", "svc.work", timeout=10, max_failures=3)]))
+    warm = [sas.submit("call", {}, business_key=f"warm-{i}").id for i in range(3)]
+    pump.run()
+    runs = [sas.submit("call", {}, business_key=f"old-{i}").id for i in range(n)]
+    pump.run(["sas.scheduler"])
+    pass_time(sas, sas.store.now() + 6, "6 s")
+    for i in range(n):
+        sas.submit("call", {}, business_key=f"new-{i}")
+    pump.run(["sas.scheduler"])
+    pass_time(sas, max(sas.store.get_steps(r)[0].complete_by for r in runs), "the first ones' complete-by")
+    return runs, min(sas.store.get_steps(r)[0].completed_at for r in warm)
+
+
+def test_retries_into_a_queue_too_deep_to_take_them_wait_their_turn_in_the_store(sas, pump):
+    runs, first_completed = backlog(sas, pump, 40)
+    now = sas.store.now()
+    pace = 3 / max(now - first_completed, 1.0)  # the agent's completions a second, as the Supervisor sees them
+
+    report = sas.supervisor.sweep()
+
+    assert report.retried == [] and len(report.paced) == 40
+    assert pump.take("sas.scheduler") == []  # nothing sent: the sweep wakes each when due
+    due = sorted(sas.store.get_steps(r)[0].not_before for r in runs)
+    # the 40 messages still in time take longer than a step's timeout at the agent's pace (the 40
+    # expired ones cost nothing); the retries start once the queue is down to half a timeout's worth
+    # and follow one another at that pace
+    assert due[0] > now + 40 / pace - 5
+    assert due[-1] - due[0] >= 39 / pace - 2
+    assert {sas.store.get_steps(r)[0].state for r in runs} == {"pending"}
+
+    pump.run()  # the agent works through its queue: the later 40, and the expired attempts dropped unworked
+    assert [sas.get_run(r).process_state for r in runs] == ["processing"] * 40
+    pass_time(sas, due[0], "the first paced retry to be due")
+    woken = sas.supervisor.sweep()
+    assert woken.retried == [] and len(set(woken.requeued) & set(runs)) == 1  # one by one, not all at once
+    pump.run()
+    states = [sas.get_run(r).process_state for r in runs]
+    assert (states.count("processed"), states.count("processing")) == (1, 39)
+
+
+def test_without_pacing_every_retry_goes_back_into_the_backlog_at_once(sas, pump):
+    backlog(sas, pump, 40)
+    sas.supervisor.settings = replace(sas.supervisor.settings, pace_retries=False)
+
+    report = sas.supervisor.sweep()
+
+    assert len(report.retried) == 40 and report.paced == []
+
+
+def test_a_queue_with_room_retries_after_the_back_off_alone(sas, pump):
+    runs, _ = backlog(sas, pump, 1)  # one message in time: 3.4 s of work at 0.29 a second
+    report = sas.supervisor.sweep()
+    assert sorted(r for r, _, _ in report.retried) == sorted(runs) and report.paced == []
