@@ -42,6 +42,21 @@ sas.register(Workflow("noop3_graph", [Step("one", work, timeout=30), Step("two",
                                       Step("three", work, timeout=30, after=["one", "two"])]))
 sas.register(Workflow("recover", [Step("once", silent_once, timeout=1)]))
 
+# bench.backpressure's runs: one step whose agent takes a fixed time a call, so that how fast its
+# queue drains is known (BENCH_SERVICE_S a call, BENCH_STEP_TIMEOUT a step's complete-by)
+steady = sas.agent("steady", breaker_fail_max=0)
+SERVICE_S = float(os.environ.get("BENCH_SERVICE_S", "0.05"))
+
+
+@steady.action
+def call(call: AgentCall) -> dict[str, Any]:
+    time.sleep(SERVICE_S)
+    return {}
+
+
+sas.register(Workflow("steady1", [Step("one", call, timeout=float(os.environ.get("BENCH_STEP_TIMEOUT", "5")),
+                                       max_failures=4)]))
+
 # The baseline a user would hand-roll: the same three no-op tasks as a Celery chain, with the same
 # settings (JSON, prefetch 1, late acks), on a Celery app of its own.
 chain_app = Celery("chain", set_as_current=False)

@@ -53,7 +53,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.pool import NullPool
 
 from bench import alert_quality
 from bench.chaos_report import percentile, print_report, reason, recovery_times
@@ -61,6 +62,7 @@ from bench.held_orders import HeldOrders
 from bench.proxy import Proxy
 from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
+from bench.soak import Watch, judge, own_pid, parse_duration
 from bench.throughput import record
 from sas_app.processes import Processes, Ready, Stopped, free_port, interrupts_ignored
 from sas_app.states import TERMINAL_RUN_STATES
@@ -81,6 +83,10 @@ REFUSAL_S = 4.0
 SWEEP_STALL_S, SLOW_SWEEPS_FOR_S = 3.0, 10.0
 #: how long the first agent worker, which reaches PostgreSQL through a proxy, is cut off from it
 PARTITION_S = 5.0
+#: where the orders that ask to be told how they end are told (through the outbox)
+REPLIES = "chaos.replies"
+#: a soak's memory and connections: the first and the last this many seconds compared (at most)
+SOAK_WINDOW_S = 600.0
 #: the order example's remote actions, as its payload names them for faults, and their undos
 DO_ACTIONS = ("reserve", "charge", "ship")
 
@@ -132,6 +138,7 @@ class Chaos:
         self.fault_homes = 0
         self.background: list[threading.Thread] = []
         self.proxy: Proxy | None = None
+        self.watch: Watch | None = None
 
     # setting up ---------------------------------------------------------------------------------
 
@@ -178,6 +185,7 @@ class Chaos:
                 review_timeout=self.args.review_timeout)
         self.held = HeldOrders(self.sas, random.Random(self.args.seed + 1))
         self.sas.migrate()
+        self.admin = create_engine(self.servers.admin_url, poolclass=NullPool)
         self.fleet = Processes(self.home, env)
         for name, port in self.ports.items():
             self.fleet.sas(name, f"{name}-service", "--port", str(port), "--ledger",
@@ -321,14 +329,14 @@ class Chaos:
 
     # the orders ---------------------------------------------------------------------------------
 
-    def submit(self, key: str, payload: dict[str, Any], workflow: str = "order") -> None:
+    def submit(self, key: str, payload: dict[str, Any], workflow: str = "order", reply_to: str | None = None) -> None:
         """Submit as a careful client does: on any error try again with the same business key (a
         run already written is returned, not written twice), for up to a minute."""
         deadline = time.monotonic() + 60
         self.items[key] = len(payload.get("items") or [None])
         while True:
             try:
-                handle = self.sas.submit(workflow, payload, business_key=key)
+                handle = self.sas.submit(workflow, payload, business_key=key, reply_to=reply_to)
                 self.accepted[key] = handle.id
                 return
             except Exception:
@@ -346,6 +354,9 @@ class Chaos:
         for payload in orders:
             for spec in (payload.get("faults") or {}).values():
                 self.injected["remote_" + spec.split(":")[0].split("@")[0]] += 1
+        if args.soak:
+            self.watch = Watch(self.live_processes, self.open_connections)
+            self.watch.start()
         started = time.monotonic()
         chaos = threading.Thread(target=self.chaos, args=(schedule, started), daemon=True)
         chaos.start()
@@ -355,8 +366,8 @@ class Chaos:
             if self.held.is_held(i):  # waits for its manager's review, then a cooling-off sleep
                 self.submit(key, payload, "held_order")
                 self.held.review(key)
-            else:
-                self.submit(key, payload)
+            else:  # one in ten asks to be told how it ends: its notifications go through the outbox
+                self.submit(key, payload, reply_to=REPLIES if i % 10 == 0 else None)
         chaos.join()
         self.held.join()
         for thread in self.background:
@@ -364,7 +375,19 @@ class Chaos:
         healed_at = time.monotonic()
         restarted = self.fleet.heal()
         finished = self.wait_for_the_end(args.bound)
+        if self.watch is not None:
+            self.watch.stop()
         return self.report(started, healed_at, finished, restarted)
+
+    def live_processes(self) -> list[tuple[str, int]]:
+        """The run's processes now, by name, this one (the submitting side) included."""
+        with self.fleet.lock:
+            return [(name, proc.pid) for name, proc in self.fleet.procs.items() if proc.poll() is None] + [own_pid()]
+
+    def open_connections(self) -> int | None:
+        """Database connections the stack holds open (PostgreSQL's own and the watch's not counted)."""
+        with self.admin.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'")).scalar_one())
 
     def wait_for_the_end(self, bound: float) -> bool:
         from sas_app.store.tables import runs
@@ -389,7 +412,7 @@ class Chaos:
     # the figures --------------------------------------------------------------------------------
 
     def report(self, started: float, healed_at: float, finished: bool, restarted: list[str]) -> dict[str, Any]:
-        from sas_app.store.tables import alerts, events, runs, steps
+        from sas_app.store.tables import alerts, events, outbox, runs, steps
 
         ids = set(self.accepted.values())
         with self.sas.store.engine.connect() as conn:
@@ -398,6 +421,7 @@ class Chaos:
             event_rows = [e for e in conn.execute(
                 select(events).where(events.c.run_id.in_(ids)).order_by(events.c.id))]
             alert_rows = list(conn.execute(select(alerts).where(alerts.c.run_id.in_(ids))))
+            notes = list(conn.execute(select(outbox.c.run_id, outbox.c.sent_at).where(outbox.c.run_id.in_(ids))))
         states = Counter(r.process_state for r in run_rows.values())
         lost = sorted(key for key, run_id in self.accepted.items() if run_id not in run_rows)
         not_terminal = sorted(r.business_key for r in run_rows.values() if r.process_state not in TERMINAL_RUN_STATES)
@@ -488,12 +512,20 @@ class Chaos:
                         # what an operator was told: one alert per queue and sweep (the Supervisors run
                         # on the Scheduler worker)
                         "notifications": self.fleet.log("scheduler").count("ALERT at_risk")},
+            # every notification relayed (the orders that asked to be told, each told at least that it ended)
+            "notifications": len(notes),
+            "outbox_unsent": sum(sent_at is None for _, sent_at in notes),
             "secrets_in_logs": leaks,
             "elapsed_s": round(time.monotonic() - started, 1),
             "home": str(self.home),
             "postgres_dir": str(self.servers.pg_root),
         }
+        if self.watch is not None:
+            result["soak"] = {"seconds": self.args.soak, **judge(self.watch, min(SOAK_WINDOW_S, self.args.soak / 3))}
+        soak = result.get("soak", {})
         result["invariants_hold"] = not (result["lost"] or result["effects_applied_twice"] or moved_twice
+                                         or result["outbox_unsent"]
+                                         or soak.get("memory_flat") is False or soak.get("connections_flat") is False
                                          or result["held_orders"]["wrong"]
                                          or result["effects_left_standing"] or result["not_terminal_within_bound"]
                                          or leaks or self.submit_failures)
@@ -522,6 +554,8 @@ class Chaos:
             self.fleet.stop_all(grace=0)
         if hasattr(self, "sas"):
             self.sas.store.dispose()
+        if hasattr(self, "admin"):
+            self.admin.dispose()
         if self.proxy is not None:
             self.proxy.close()
         if self.rabbit:
@@ -536,7 +570,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     # shipment per item), what 10/s of the four-call order used to be. At 10/s this 2-core machine
     # saturates and the figures measure the queue, not the faults.
     parser.add_argument("--rate", type=float, default=7.0, help="orders submitted per second (default 7)")
-    parser.add_argument("--each", type=int, default=2, help="how many times each kind of fault fires (default 2)")
+    parser.add_argument("--each", type=int, default=None,
+                        help="how many times each kind of fault fires (default 2; 30 in a soak)")
+    parser.add_argument("--soak", type=parse_duration, default=None, metavar="DURATION",
+                        help="a soak: orders at --rate for this long (30m, 2h; overrides --orders), every fault "
+                             "--each times, with memory and database connections watched (first and last "
+                             "10 minutes compared)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the order and fault plans (default 1)")
     parser.add_argument("--agents", type=int, default=3, help="agent worker processes (default 3)")
     parser.add_argument("--max-failures", type=int, default=4, help="failed attempts a step may have (default 4)")
@@ -550,6 +589,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS, help="where chaos-<date>.json goes")
     parser.add_argument("--keep", action="store_true", help="keep the home folder even when every invariant holds")
     args = parser.parse_args(argv)
+    if args.each is None:
+        args.each = 30 if args.soak else 2
+    if args.soak:
+        args.orders = max(1, int(args.rate * args.soak))
     if args.orders < 1 or args.rate <= 0 or args.each < 1 or args.agents < 1 or args.max_failures < 2:
         parser.error("--orders, --rate, --each and --agents must be positive and --max-failures at least 2")
     return args
@@ -573,7 +616,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: every process of the run stopped; logs and state: {chaos.home}", flush=True)
         return 130
     print_report(result)
-    record(args.out, "chaos" if args.broker == "redis" else f"chaos-{args.broker}", result)
+    name = "chaos" if args.broker == "redis" else f"chaos-{args.broker}"
+    record(args.out, f"soak-seed{args.seed}" if args.soak else name, result)
     if result["invariants_hold"] and not args.keep:
         shutil.rmtree(chaos.home, ignore_errors=True)
         print("logs and state removed (every invariant held; --keep keeps them)")

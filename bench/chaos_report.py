@@ -79,6 +79,18 @@ def print_report(r: dict[str, Any]) -> None:
         "{missed_other_ways}".format(**r["at_risk"]),
         "poison orders: " + ", ".join(f"{p['key']} {p['state']} after {p['charge_attempts']} attempts"
                                       for p in r["poison"]),
+        f"notifications (orders that asked to be told): {r['notifications']}, left in the outbox {r['outbox_unsent']}",
+        *([soak_line(r["soak"])] if "soak" in r else []),
         "invariants: " + ("hold" if r["invariants_hold"] else "BROKEN"),
     ]
     print("\n".join(lines), flush=True)
+
+
+def soak_line(soak: dict[str, Any]) -> str:
+    if soak.get("memory_flat") is None:
+        return f"soak: {soak.get('why', 'nothing to judge')}"
+    worst = next(iter(soak["memory_growth"].items()), ("-", 0.0))
+    return (f"soak, first and last {soak['window_s']:.0f}s: memory of {soak['processes_judged']} processes "
+            f"{'flat' if soak['memory_flat'] else 'GROWN: ' + ', '.join(soak['memory_grown'])} (most: {worst[0]} "
+            f"{worst[1]:+.1%}); database connections {soak['connections_first_max']} -> "
+            f"{soak['connections_last_max']} ({'flat' if soak['connections_flat'] else 'GROWN'})")

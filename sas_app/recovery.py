@@ -3,8 +3,8 @@ for good, and which steps of a run get undone.
 
 * An attempt given up (its complete-by passed, or its worker died) counts one failure. Under the
   step's ``max_failures`` it goes back to pending after a back-off that doubles with each failure
-  (``SAS_RETRY_BACKOFF``, capped at ``SAS_RETRY_BACKOFF_MAX``) — longer when the Supervisor paces
-  it because its agent's queue is too deep to take it in time; at the threshold the step fails.
+  (``SAS_RETRY_BACKOFF``, capped at ``SAS_RETRY_BACKOFF_MAX``) — or longer, when the Supervisor
+  paces it because its agent's queue is too deep to take it in time; at the threshold it fails.
 * A step that failed for good raises one alert and the run is undone — its steps whose effect may
   have happened, last first — or goes to ``error`` when there is nothing to undo. An undo that
   fails for good sends the run to ``error`` with a second alert.
@@ -127,17 +127,17 @@ def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[St
     back-off however many they are; those at their threshold (escalated, or failed and undone)
     one by one, after them.
 
-    ``paced`` holds, by step id, how much longer than its back-off a retry waits for room in its
-    agent's queue (the Supervisor's pacing), rounded up to a whole second so that a batch still
-    moves in a few statements. Such a step's complete-by is the end of its wait: the sweep wakes
-    it then, and no message is held meanwhile."""
+    ``paced`` holds, by step id, how long a retry waits for room in its agent's queue (the
+    Supervisor's pacing) when that is longer than its back-off, rounded up to a whole second so
+    that a batch still moves in a few statements. Such a step's complete-by is the end of its wait:
+    the sweep wakes it then, and no message is held meanwhile."""
     paced = paced or {}
     retrying: dict[tuple[float, bool], list[StepRow]] = {}
     at_threshold = []
     for step in batch:
         if step.failure_count + 1 < step.max_failures:
-            wait, extra = backoff(settings, step.failure_count + 1), paced.get(step.id, 0.0)
-            retrying.setdefault((wait + math.ceil(extra), True) if extra > 0 else (wait, False), []).append(step)
+            wait, held = backoff(settings, step.failure_count + 1), paced.get(step.id, 0.0)
+            retrying.setdefault((float(math.ceil(held)), True) if held > wait else (wait, False), []).append(step)
         else:
             at_threshold.append(step)
     outcomes = []

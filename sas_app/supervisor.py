@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts, grouped
-from .at_risk import at_risk
+from .backlog import forecast, pace
 from .recovery import past_deadline, recover_steps
 from .routing import SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from .settings import Settings, instance_id
@@ -41,6 +41,9 @@ log = logging.getLogger("sas.supervisor")
 __all__ = ["SUPERVISOR_QUEUE", "Supervisor", "SweepReport"]
 #: At most this many batches per sweep, so one sweep never runs unbounded; the next takes the rest.
 MAX_BATCHES = 20
+#: How many of a deep queue's waiting steps pacing looks at (those behind them are counted as
+#: work still to do): when a retry sent now would be taken depends on all of them.
+PACING_LOOKS_AT = 5000
 
 
 @dataclass
@@ -157,37 +160,41 @@ class Supervisor:
         return len(expired)
 
     def _paced(self, tx: Tx, expired: list[StepRow]) -> dict[int, float]:
-        """How much longer than its back-off the retry of each of ``expired`` waits, by step id:
-        when its agent's queue is too deep to take a new message within the step's timeout (the
-        messages it will work — not those of attempts already past their complete-by, dropped
-        unworked — over the agent's recent pace), until the queue has drained to half a timeout's
-        worth, then one after another at that pace, behind the retries already waiting — so that a
-        backlog is not made deeper by retries that would only expire in it again (a retry storm)."""
+        """How long the retry of each of ``expired`` waits, by step id, so that its agent's queue
+        takes it within half the step's timeout (:mod:`sas_app.backlog` says when a message sent
+        now would be taken): the retries of one agent join its queue one after another at the
+        agent's pace, behind those already waiting, each sent no sooner than the queue ahead of it
+        will have drained to half a timeout's worth — so that a backlog is not made deeper by
+        retries that would only expire in it again (a retry storm). A wait no longer than the
+        step's back-off leaves the back-off alone."""
         by_agent: dict[str, list[StepRow]] = {}
         for step in expired:
             if step.failure_count + 1 < step.max_failures:
                 by_agent.setdefault(step.agent, []).append(step)
-        extra: dict[int, float] = {}
+        waits: dict[int, float] = {}
+        now = tx.now()
         for agent, group in by_agent.items():
+            per_second = pace(*tx.recent_completions(agent, self.settings.at_risk_window), decays=False)
+            if per_second <= 0:  # no pace to go by: the back-off alone
+                continue
             depth = self._queue_depth(agent_queue(agent))
-            work = min(depth, tx.running_in_time(agent)) if depth else 0
-            per_second = tx.completions_per_second(agent, self.settings.at_risk_window) if work else 0.0
-            if per_second <= 0:  # nothing to wait behind, or no pace to go by: the back-off alone
-                continue
-            room = work / per_second - min(step.timeout for step in group) / 2
-            if room <= 0:
-                continue
-            ahead = tx.retries_waiting(agent)
+            queued = tx.queued_steps(agent, depth, PACING_LOOKS_AT) if depth else []
+            clear_at = forecast(queued, now, per_second, behind=depth - len(queued)).clear_at or now
+            last_due = tx.retries_due_last(agent)
+            half = min(step.timeout for step in group) / 2
             for i, step in enumerate(group):
-                extra[step.id] = room + (ahead + i) / per_second
-            log.warning("%s: %d message(s) to work, %.0fs at %.1f a second: %d retry(ies) paced over %.0fs",
-                        agent_queue(agent), work, work / per_second, per_second, len(group),
-                        (ahead + len(group)) / per_second)
-        return extra
+                after = last_due + (i + 1) / per_second if last_due is not None else now
+                waits[step.id] = max(clear_at + i / per_second - half, after) - now
+            held = sum(1 for step in group if waits[step.id] > 1.0)
+            if held:
+                log.warning("%s: a message sent now would be taken in %.0fs (%d queued, %.1f a second): %d of %d "
+                            "retries paced, the last in %.0fs", agent_queue(agent), clear_at - now, depth,
+                            per_second, held, len(group), waits[group[-1].id])
+        return waits
 
     def _warn_at_risk(self) -> list[Alert]:
         """Raise an at-risk alert (once per step) for each running step whose message will likely
-        be taken from its agent's queue past its complete-by (:mod:`sas_app.at_risk` says how that
+        be taken from its agent's queue past its complete-by (:mod:`sas_app.backlog` says how that
         is judged), told as one alert per queue."""
         s = self.settings
         raised: list[Alert] = []
@@ -199,9 +206,8 @@ class Supervisor:
                 depth = self._queue_depth(queue)
                 if depth == 0:
                     continue
-                risks = at_risk(tx.queued_steps(agent, depth, s.sweep_batch), now,
-                                tx.completions_per_second(agent, s.at_risk_window))
-                for risk in risks:
+                per_second = pace(*tx.recent_completions(agent, s.at_risk_window))
+                for risk in forecast(tx.queued_steps(agent, depth, s.sweep_batch), now, per_second).risks:
                     step = risk.step
                     run = tx.lock_run(step.run_id)
                     if run is None:

@@ -116,34 +116,24 @@ class SweepTx(TxBase):
         )
         return [as_row(StepRow, r) for r in rows]
 
-    def running_in_time(self, agent: str) -> int:
-        """How many of ``agent``'s steps run with their complete-by still ahead: the messages of a
-        queue that will be worked (one of an attempt already past it is dropped unworked)."""
-        return int(self.conn.execute(
-            select(func.count()).select_from(steps)
-            .join(runs, runs.c.id == steps.c.run_id)
-            .where(steps.c.agent == agent, steps.c.state == StepState.RUNNING.value,
-                   steps.c.complete_by >= db_now(), _LIVE)
-        ).scalar_one())
+    def recent_completions(self, agent: str, window: float, most: int = 50) -> tuple[list[float], float]:
+        """When ``agent``'s last ``most`` steps completed within the last ``window`` seconds,
+        newest first, and now (the store's clock)."""
+        now = float(self.conn.execute(select(db_now())).scalar_one())
+        done = self.conn.execute(
+            select(steps.c.completed_at)
+            .where(steps.c.agent == agent, steps.c.completed_at >= now - window)
+            .order_by(steps.c.completed_at.desc())
+            .limit(most)
+        ).scalars().all()
+        return [float(t) for t in done], now
 
-    def retries_waiting(self, agent: str) -> int:
-        """How many of ``agent``'s steps wait for a retry not yet due (the Supervisor's pacing puts
-        the next ones behind them)."""
-        return int(self.conn.execute(
-            select(func.count()).select_from(steps)
+    def retries_due_last(self, agent: str) -> float | None:
+        """When the last of ``agent``'s retries still to come is due (the next one paced goes after it)."""
+        last = self.conn.execute(
+            select(func.max(steps.c.not_before))
             .join(runs, runs.c.id == steps.c.run_id)
             .where(steps.c.agent == agent, steps.c.state == StepState.PENDING.value, steps.c.attempt > 0,
                    steps.c.complete_by.is_not(None), steps.c.not_before > db_now(), _LIVE)
-        ).scalar_one())
-
-    def completions_per_second(self, agent: str, window: float) -> float:
-        """How fast ``agent`` has been completing steps: those completed in the last ``window``
-        seconds, over the time since the first of them (not the whole window, so a burst that
-        began a moment ago is not judged by the idle minute before it)."""
-        count, first, now = self.conn.execute(
-            select(func.count(), func.min(steps.c.completed_at), db_now())
-            .where(steps.c.agent == agent, steps.c.completed_at >= db_now() - window)
-        ).one()
-        if not count:
-            return 0.0
-        return float(count) / max(float(now) - float(first), 1.0)
+        ).scalar_one()
+        return None if last is None else float(last)

@@ -39,6 +39,8 @@ def test_nothing_is_lost_or_applied_twice_while_every_process_and_server_is_kill
     # overlapping sweeps, two Supervisors, redelivered replies: each attempt ends once
     assert result["attempts_moved_twice"] == [], result["attempts_moved_twice"]
     assert result["submitted"] == 41 and result["submit_gave_up"] == []
+    # the orders that asked to be told how they end were told: nothing left in the outbox
+    assert result["notifications"] >= 3 and result["outbox_unsent"] == 0
     # nothing of the run left running: not a worker restarted by a fault's thread after the run
     # ended, not a server of its own
     wait_for(lambda: live_processes_with(str(tmp_path / "home")) + live_processes_with(result["postgres_dir"]) == [],

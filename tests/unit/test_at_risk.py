@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
+import pytest
 from sqlalchemy import func, select
 
-from sas_app.at_risk import at_risk
+from sas_app.backlog import forecast, pace
 from sas_app.store.rows import StepRow
 from sas_app.store.tables import alerts
 from tests.support import pass_time
@@ -34,6 +35,10 @@ def test_the_steps_of_one_queue_found_at_risk_by_a_sweep_are_told_as_one_alert(s
         assert conn.execute(select(func.count()).select_from(alerts).where(alerts.c.kind == "at_risk")).scalar() == 5
 
     assert sas.supervisor.sweep().at_risk == [] and len(told) == 1  # the same steps: nothing new
+
+
+def at_risk(queued: list[StepRow], now: float, per_second: float) -> list:
+    return forecast(queued, now, per_second).risks
 
 
 def waiting(n: int, dispatched: float, timeout: float, every: float = 0.0) -> list[StepRow]:
@@ -90,3 +95,24 @@ def test_the_steps_counted_as_waiting_are_the_last_dispatched_head_first(sas, pu
         assert [s.run_id for s in tx.queued_steps("svc", 3, 100)] == dispatched[2:]
         assert [s.run_id for s in tx.queued_steps("svc", 3, 2)] == dispatched[2:4]
         assert [s.run_id for s in tx.queued_steps("svc", 9, 100)] == dispatched
+
+
+def test_a_message_sent_now_is_taken_once_the_work_ahead_of_it_is_done():
+    assert forecast(waiting(10, 0.0, 10.0), now=0.0, per_second=4.0).clear_at == pytest.approx(2.0)  # 5 a second
+    doomed = waiting(20, -9.5, 10.0)
+    assert forecast(doomed, now=0.0, per_second=2.0).clear_at == pytest.approx(0.8)  # two worked, the rest dropped
+    assert forecast(doomed, now=0.0, per_second=0.0).clear_at is None  # not draining
+
+
+def test_an_agents_pace_is_its_busy_pace_unless_it_has_gone_quiet():
+    assert pace([], 100.0) == 0.0
+    # 41 completions over the last 10 s of a minute that began idle: 4 a second, not 41 over 60 s
+    busy = [100.0 - i * 0.25 for i in range(41)]
+    assert pace(busy, 100.5) == pytest.approx(4.0)
+    # the same agent silent since: its pace decays with the silence
+    assert pace(busy, 110.0) == pytest.approx(41 / 20)
+    assert pace([99.0], 100.0) == 1.0
+
+
+def test_work_behind_the_steps_looked_at_still_takes_its_time():
+    assert forecast(waiting(10, 0.0, 10.0), now=0.0, per_second=4.0, behind=5).clear_at == pytest.approx(3.0)

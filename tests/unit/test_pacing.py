@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from sas_app import Step, Workflow
 from tests.support import pass_time
 
@@ -32,18 +34,21 @@ def backlog(sas, pump, n: int) -> tuple[list[str], float]:
 def test_retries_into_a_queue_too_deep_to_take_them_wait_their_turn_in_the_store(sas, pump):
     runs, first_completed = backlog(sas, pump, 40)
     now = sas.store.now()
-    pace = 3 / max(now - first_completed, 1.0)  # the agent's completions a second, as the Supervisor sees them
+    # the three completed at one instant: the agent's pace is 3 over the time since
+    per_second = 3 / (now - first_completed)
 
     report = sas.supervisor.sweep()
 
     assert report.retried == [] and len(report.paced) == 40
     assert pump.take("sas.scheduler") == []  # nothing sent: the sweep wakes each when due
     due = sorted(sas.store.get_steps(r)[0].not_before for r in runs)
-    # the 40 messages still in time take longer than a step's timeout at the agent's pace (the 40
-    # expired ones cost nothing); the retries start once the queue is down to half a timeout's worth
-    # and follow one another at that pace
-    assert due[0] > now + 40 / pace - 5
-    assert due[-1] - due[0] >= 39 / pace - 2
+    # the 40 expired messages cost nothing; of the 40 behind them, still in time, those the agent
+    # will work before their complete-by keep it busy a while (no more than their 5 s left and
+    # one gap); the retries begin then, less half a timeout, and follow one another at the
+    # agent's pace
+    gap = 1 / per_second
+    assert now + gap <= due[0] <= now + 2 * gap + 2  # (rounded up to a second)
+    assert due[-1] - due[0] == pytest.approx(39 * gap, abs=1.0)
     assert {sas.store.get_steps(r)[0].state for r in runs} == {"pending"}
 
     pump.run()  # the agent works through its queue: the later 40, and the expired attempts dropped unworked

@@ -1,0 +1,101 @@
+"""An agent's queue, modelled: which of the steps waiting in it will be taken past their
+complete-by (the Supervisor's at-risk warning), and when a message sent now would be taken (its
+pacing of retries).
+
+A warning for a step that then finishes in time is a false alarm, and alarms that cry wolf get
+muted; a retry sent into a queue that will not reach it in time only expires again. So both go by
+the queue itself rather than its bare depth:
+
+* **Which steps wait.** A queue is first in, first out: of an agent's running steps, the last
+  ``depth`` dispatched are the ones whose messages still wait (the broker's message count); the
+  others are being worked on, or their messages were lost (the Supervisor recovers those at their
+  complete-by; no backlog is to blame).
+* **At what pace.** The agent's completions a second while it was completing (:func:`pace`): over
+  the span of its last fifty completions, so an idle minute before a burst does not make it look
+  slow — unless it has completed nothing for a while, when its pace decays.
+* **When each is taken.** Workers take the head first; a message found past its complete-by is
+  dropped unworked, at no cost, so a step behind many doomed ones is not doomed with them.
+* **How sure.** A step is at risk when it would be taken past its complete-by even if the agent
+  worked a quarter faster than its pace (:data:`SLACK`): one that only just misses is a coin toss,
+  not worth an operator's attention.
+
+With no completion in the window the queue is not draining at all (its workers are down or stuck,
+or a burst has just begun): a waiting step is at risk once it has used half its budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .store.rows import StepRow
+
+#: How much faster than its measured pace an agent is assumed to work before a step is called at
+#: risk. The pace is a recent average; the workers' real pace varies around it, and a forecast
+#: made at the average is wrong about half the steps it puts at the margin.
+SLACK = 0.25
+
+
+def pace(completed: Sequence[float], now: float, decays: bool = True) -> float:
+    """Completions a second of an agent whose last steps completed at ``completed`` (newest first,
+    from a recent window): over the span of those completions while it keeps completing, so that
+    an idle minute before a burst does not make it look slow; once it has gone quiet for longer
+    than a few of its own gaps, over the span up to ``now``, so that a stalled agent's pace falls
+    the longer it stalls — unless ``decays`` is false (what it can do, not what it does: an agent
+    dropping a run of expired messages completes nothing meanwhile, and is not slower for it)."""
+    if not completed:
+        return 0.0
+    newest, oldest = completed[0], completed[-1]
+    busy = (len(completed) - 1) / (newest - oldest) if newest > oldest else 0.0
+    if busy > 0 and (not decays or now - newest <= max(2.0, 3.0 / busy)):
+        return busy
+    return len(completed) / max(now - oldest, 1.0)
+
+
+@dataclass(frozen=True)
+class Risk:
+    """A step that will likely miss its complete-by in its queue."""
+
+    step: StepRow
+    #: messages ahead of it in the queue (0: at its head)
+    ahead: int
+    #: when a worker will likely take its message (the store's clock), None if the queue is not draining
+    taken_at: float | None
+
+    @property
+    def reason(self) -> str:
+        step = self.step
+        if self.taken_at is None:
+            return (f"step {step.name!r} is likely to miss its complete-by: {self.ahead} message(s) ahead of it "
+                    "and its agent completed nothing lately")
+        late = self.taken_at - (step.complete_by or self.taken_at)
+        return (f"step {step.name!r} is likely to miss its complete-by: taken about {late:.1f}s past it, "
+                f"{self.ahead} message(s) ahead of it")
+
+
+@dataclass(frozen=True)
+class Forecast:
+    #: the waiting steps that will likely be taken past their complete-by
+    risks: list[Risk] = field(default_factory=list)
+    #: when a message sent now would be taken (None: the queue is not draining)
+    clear_at: float | None = None
+
+
+def forecast(queued: Sequence[StepRow], now: float, per_second: float, behind: int = 0) -> Forecast:
+    """What becomes of ``queued`` (the steps whose messages wait in one queue, its head first)
+    when the queue drains ``per_second`` messages a second; ``behind`` more messages wait after
+    them, not looked at (each taken as work to do)."""
+    risks: list[Risk] = []
+    quick = per_second * (1 + SLACK)
+    taken_at = now
+    for ahead, step in enumerate(queued):
+        complete_by = step.complete_by if step.complete_by is not None else now
+        if quick <= 0:
+            if now <= complete_by < now + step.timeout / 2:
+                risks.append(Risk(step, ahead, None))
+            continue
+        if taken_at <= complete_by:  # worked; a message found past its complete-by is dropped at once
+            taken_at += 1.0 / quick
+        elif complete_by >= now:
+            risks.append(Risk(step, ahead, taken_at))
+    return Forecast(risks, taken_at + behind / quick if quick > 0 else None)
