@@ -56,17 +56,25 @@ def first_received(logs: Iterable[str]) -> dict[Attempt, float]:
     return first
 
 
-def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Iterable[str]) -> dict[str, Any]:
+def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Iterable[str], since: float = 0.0
+          ) -> dict[str, Any]:
     """The at-risk alerts' precision and recall (None when there was nothing to judge), with
-    their counts."""
+    their counts, and when the wrong ones and the unforeseen misses happened (seconds after
+    ``since``)."""
+    alert_rows = list(alert_rows)
     missed = missed_attempts(event_rows)
     received = first_received(logs)
     backlog = {a for a, by in missed.items() if by is not None and a in received and received[a] > by}
     at_risk = [(a.run_id, a.position, a.attempt) for a in alert_rows if a.kind == "at_risk"]
     right = [a for a in at_risk if a in missed]
     warned = {(run_id, position): attempt for run_id, position, attempt in sorted(at_risk, reverse=True)}
-    foreseen = [m for m in backlog if (m[0], m[1]) in warned and warned[(m[0], m[1])] <= m[2]]
+    foreseen = {m for m in backlog if (m[0], m[1]) in warned and warned[(m[0], m[1])] <= m[2]}
     return {
+        # when the alerts that cried wolf were raised, and the complete-by of each unforeseen miss
+        # (the store's clock), to set beside the faults' timeline
+        "wrong_at": sorted(round(a.at - since, 1) for a in alert_rows if a.kind == "at_risk"
+                           and (a.run_id, a.position, a.attempt) not in missed),
+        "unforeseen_at": sorted(round((missed[m] or 0.0) - since, 1) for m in backlog if m not in foreseen),
         "alerts": len(at_risk),
         "alerts_whose_step_missed": len(right),
         "precision": round(len(right) / len(at_risk), 3) if at_risk else None,

@@ -30,6 +30,7 @@ from typing import Any
 import redis
 from sqlalchemy import func, select
 
+from bench.alert_quality import judge
 from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
 from sas_app import Submission
 from sas_app.processes import Processes
@@ -49,7 +50,7 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
                                            "BENCH_SERVICE_S", "BENCH_STEP_TIMEOUT")})
     from bench.app import sas  # after the environment names the stack
     from sas_app.routing import agent_queue
-    from sas_app.store.tables import events, runs, steps
+    from sas_app.store.tables import alerts, events, runs, steps
 
     sas.migrate()
     queue = agent_queue("steady")
@@ -114,6 +115,9 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
             sent = scalar(select(func.count()).select_from(events).join(runs, runs.c.id == events.c.run_id)
                           .where(runs.c.business_key.like("burst-%"), events.c.kind == "transition",
                                  events.c.to_state == "running"))
+            # how far the at-risk warnings raised for the burst could be trusted
+            every_event = list(conn.execute(select(events).order_by(events.c.id)))
+            at_risk = judge(list(conn.execute(select(alerts))), every_event, [procs.log("agent")])
     finally:
         procs.stop_all(grace=10)
         sas.store.dispose()
@@ -128,6 +132,7 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
         "messages_per_step": round(sent / burst, 2), "depth_max": max(p["depth"] for p in series),
         "completions_per_s_p50": percentile(per_second("completed"), 50),
         "recoveries_per_s_max": max(per_second("expired"), default=0.0),
+        "at_risk": {k: v for k, v in at_risk.items() if k not in ("wrong_at", "unforeseen_at")},
         "series": series,
     }
 

@@ -25,11 +25,15 @@ seeded random schedule, it:
 Then it heals everything, waits for every run to end, and checks the invariants against the state
 store and the services' own ledgers: **no run lost**, **no effect applied twice**, **no run left
 unfinished**, no effect left standing on an order that did not complete, no broken promise of
-waiting (a signal consumed twice or missed, a sleep woken early), and no password in any log. It
-prints the figures and writes ``bench/results/chaos-<date>.json``; the exit status is non-zero if
-any invariant broke. Usage::
+waiting (a signal consumed twice or missed, a sleep woken early), no step attempt ended twice,
+nothing left in the outbox, and no password in any log. It prints the figures and writes
+``bench/results/chaos-<date>.json``; the exit status is non-zero if any invariant broke. A soak
+(``--soak 30m``) is the same run made long, the plans of three seeds one after another, with the
+memory of every process and the database connections watched (:mod:`bench.soak`) and judged too;
+it writes ``bench/results/soak-seed<N>-<date>.json``. Usage::
 
     python -m bench.chaos [--orders 500] [--seed 1] [--each 2] [--broker redis|rabbitmq]
+    python -m bench.chaos --soak 30m [--seed 1]
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ SWEEP_STALL_S, SLOW_SWEEPS_FOR_S = 3.0, 10.0
 PARTITION_S = 5.0
 #: where the orders that ask to be told how they end are told (through the outbox)
 REPLIES = "chaos.replies"
+#: a soak runs the plans of this many seeds one after another
+SOAK_SEEDS = 3
 #: a soak's memory and connections: the first and the last this many seconds compared (at most)
 SOAK_WINDOW_S = 600.0
 #: the order example's remote actions, as its payload names them for faults, and their undos
@@ -346,18 +352,35 @@ class Chaos:
                     return
                 time.sleep(0.25)
 
+    def plan(self) -> tuple[list[dict[str, Any]], list[tuple[float, str]]]:
+        """The orders and the faults' schedule: of ``--seed``; a soak's in three parts one after
+        another, of three seeds (``--seed`` and the two after it), each with a third of the
+        orders and of each kind of fault."""
+        args = self.args
+        if not args.soak:
+            orders = plan_orders(args.orders, self.rng)
+            return orders, plan_chaos(args.each, args.orders / args.rate, self.rng)
+        orders: list[dict[str, Any]] = []
+        schedule: list[tuple[float, str]] = []
+        for part in range(SOAK_SEEDS):
+            rng = random.Random(args.seed + part)
+            count = args.orders // SOAK_SEEDS + (args.orders % SOAK_SEEDS if part == SOAK_SEEDS - 1 else 0)
+            offset = len(orders) / args.rate
+            schedule += [(at + offset, kind) for at, kind in plan_chaos(-(-args.each // SOAK_SEEDS), count / args.rate,
+                                                                        rng)]
+            orders += plan_orders(count, rng)
+        return orders, schedule
+
     def run(self) -> dict[str, Any]:
         args = self.args
-        orders = plan_orders(args.orders, self.rng)
-        window = args.orders / args.rate
-        schedule = plan_chaos(args.each, window, self.rng)
+        orders, schedule = self.plan()
         for payload in orders:
             for spec in (payload.get("faults") or {}).values():
                 self.injected["remote_" + spec.split(":")[0].split("@")[0]] += 1
         if args.soak:
             self.watch = Watch(self.live_processes, self.open_connections)
             self.watch.start()
-        started = time.monotonic()
+        started, self.started_at = time.monotonic(), time.time()
         chaos = threading.Thread(target=self.chaos, args=(schedule, started), daemon=True)
         chaos.start()
         for i, payload in enumerate(orders):
@@ -508,7 +531,8 @@ class Chaos:
             "poison": poison,
             "held_orders": self.held.check(),
             "agent_children_lost": children_lost,
-            "at_risk": {**alert_quality.judge(alert_rows, event_rows, [self.fleet.log(n) for n in self.agent_names]),
+            "at_risk": {**alert_quality.judge(alert_rows, event_rows, [self.fleet.log(n) for n in self.agent_names],
+                                              since=self.started_at),
                         # what an operator was told: one alert per queue and sweep (the Supervisors run
                         # on the Scheduler worker)
                         "notifications": self.fleet.log("scheduler").count("ALERT at_risk")},
@@ -573,9 +597,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--each", type=int, default=None,
                         help="how many times each kind of fault fires (default 2; 30 in a soak)")
     parser.add_argument("--soak", type=parse_duration, default=None, metavar="DURATION",
-                        help="a soak: orders at --rate for this long (30m, 2h; overrides --orders), every fault "
-                             "--each times, with memory and database connections watched (first and last "
-                             "10 minutes compared)")
+                        help="a soak: orders at --rate for this long (30m, 2h; overrides --orders) in three parts "
+                             "of three seeds (--seed and the two after it), every kind of fault --each times in "
+                             "all, with memory and database connections watched (the first and last 10 minutes "
+                             "compared) and the outbox checked empty at the end")
     parser.add_argument("--seed", type=int, default=1, help="seed of the order and fault plans (default 1)")
     parser.add_argument("--agents", type=int, default=3, help="agent worker processes (default 3)")
     parser.add_argument("--max-failures", type=int, default=4, help="failed attempts a step may have (default 4)")

@@ -41,9 +41,10 @@ log = logging.getLogger("sas.supervisor")
 __all__ = ["SUPERVISOR_QUEUE", "Supervisor", "SweepReport"]
 #: At most this many batches per sweep, so one sweep never runs unbounded; the next takes the rest.
 MAX_BATCHES = 20
-#: How many of a deep queue's waiting steps pacing looks at (those behind them are counted as
-#: work still to do): when a retry sent now would be taken depends on all of them.
-PACING_LOOKS_AT = 5000
+#: How many of a deep queue's waiting steps the at-risk warning and the pacing of retries look at,
+#: head first (those behind them are counted as work still to do): which steps a backlog makes
+#: late, and when a retry sent now would be taken, depend on all of them.
+QUEUE_LOOKS_AT = 5000
 
 
 @dataclass
@@ -178,7 +179,7 @@ class Supervisor:
             if per_second <= 0:  # no pace to go by: the back-off alone
                 continue
             depth = self._queue_depth(agent_queue(agent))
-            queued = tx.queued_steps(agent, depth, PACING_LOOKS_AT) if depth else []
+            queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT) if depth else []
             clear_at = forecast(queued, now, per_second, behind=depth - len(queued)).clear_at or now
             last_due = tx.retries_due_last(agent)
             half = min(step.timeout for step in group) / 2
@@ -207,14 +208,14 @@ class Supervisor:
                 if depth == 0:
                     continue
                 per_second = pace(*tx.recent_completions(agent, s.at_risk_window))
-                for risk in forecast(tx.queued_steps(agent, depth, s.sweep_batch), now, per_second).risks:
-                    step = risk.step
-                    run = tx.lock_run(step.run_id)
-                    if run is None:
-                        continue
-                    alert = self.alerts.record(tx, Alert(run.id, run.workflow, run.business_key, step.name,
-                                                         step.position, step.attempt, f"{risk.reason} on {queue}",
-                                                         AT_RISK), self.instance_id)
+                risks = forecast(tx.queued_steps(agent, depth, QUEUE_LOOKS_AT), now, per_second).risks
+                names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
+                warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
+                                  f"{risk.reason} on {queue}", AT_RISK)
+                            for risk in risks if (step := risk.step).run_id in names]
+                told = tx.alerts_raised([w.dedup_key for w in warnings]) if warnings else set()
+                for warning in warnings:  # each step once: those told in an earlier sweep are not written again
+                    alert = None if warning.dedup_key in told else self.alerts.record(tx, warning, self.instance_id)
                     if alert is not None:
                         raised.append(alert)
                         by_queue.setdefault(queue, []).append(alert)

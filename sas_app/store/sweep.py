@@ -8,12 +8,14 @@ size of the table.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sqlalchemy import func, select, update
 
 from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from .engine import db_now
 from .rows import RunRow, StepRow, as_row
-from .tables import runs, steps
+from .tables import alerts, runs, steps
 from .transitions import TxBase, run_in
 
 _LIVE = run_in(*LIVE_RUN_STATES)  # through the run's primary key: see run_in
@@ -115,6 +117,18 @@ class SweepTx(TxBase):
             .limit(limit)
         )
         return [as_row(StepRow, r) for r in rows]
+
+    def run_names(self, run_ids: Collection[str]) -> dict[str, tuple[str, str]]:
+        """Each run's workflow and business key, by id, read without a lock (an at-risk warning
+        only tells; it must not hold the runs an agent's reply is waiting to complete)."""
+        rows = self.conn.execute(select(runs.c.id, runs.c.workflow, runs.c.business_key)
+                                 .where(runs.c.id.in_(list(run_ids))))
+        return {run_id: (workflow, key) for run_id, workflow, key in rows}
+
+    def alerts_raised(self, dedup_keys: Collection[str]) -> set[str]:
+        """Which of ``dedup_keys`` name an alert already stored."""
+        return set(self.conn.execute(select(alerts.c.dedup_key)
+                                     .where(alerts.c.dedup_key.in_(list(dedup_keys)))).scalars())
 
     def recent_completions(self, agent: str, window: float, most: int = 50) -> tuple[list[float], float]:
         """When ``agent``'s last ``most`` steps completed within the last ``window`` seconds,

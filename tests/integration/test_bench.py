@@ -67,3 +67,12 @@ def test_dashboard_bench_times_every_page_and_catches_up_the_metrics(tmp_path):
     [size] = result["sizes"]
     assert len(size["pages"]) == 8 and all(page["ms_median"] > 0 for page in size["pages"].values())
     assert size["metrics_caught_up_after_scrapes"] is not None and size["metrics_steps_counted"] == 3000
+
+
+def test_backpressure_bench_overloads_an_agent_and_loses_nothing(tmp_path):
+    result = run_bench("bench.backpressure", "--depth", "3", "--timeout", "1", "--service", "0.05",
+                       "--concurrency", "2", "--only-paced", "--bound", "120", tmp_path=tmp_path)
+    paced = result["paced"]
+    assert paced["runs"] == 120 and paced["lost"] == 0 and paced["ended_within_bound"]
+    assert sum(paced["states"].values()) == 120 and paced["messages_per_step"] >= 1
+    assert paced["series"] and paced["depth_max"] > 0

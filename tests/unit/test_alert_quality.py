@@ -39,15 +39,17 @@ def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misse
             detail={"reason": "worker_lost"}),                  # its worker died: not a complete-by missed
         dispatched(RUN_B, 1, 1, T0 + 5),                          # finished in time
     ]
-    alerts = [Row(kind="at_risk", run_id=RUN_A, position=1, attempt=1),
-              Row(kind="at_risk", run_id=RUN_B, position=1, attempt=1),   # cried wolf
-              Row(kind="at_risk", run_id=RUN_C, position=0, attempt=1),   # right, though not a queue's miss
-              Row(kind="failed", run_id=RUN_B, position=0, attempt=2)]    # another kind: not judged
+    alerts = [Row(kind="at_risk", run_id=RUN_A, position=1, attempt=1, at=T0 + 1),
+              Row(kind="at_risk", run_id=RUN_B, position=1, attempt=1, at=T0 + 3),   # cried wolf
+              Row(kind="at_risk", run_id=RUN_C, position=0, attempt=1, at=T0 + 2),   # right, though not a queue's miss
+              Row(kind="failed", run_id=RUN_B, position=0, attempt=2, at=T0 + 4)]    # another kind: not judged
     logs = [received(RUN_A, 1, 1, T0 + 5.2) + received(RUN_B, 0, 2, T0 + 6) + received(RUN_B, 1, 1, T0 + 1),
             received(RUN_C, 0, 1, T0 + 1) + received(RUN_C, 0, 1, T0 + 40)   # redelivered later: first counts
             + received(RUN_C, 1, 1, T0 + 9)]
 
-    assert judge(alerts, events, logs) == {
+    result = judge(alerts, events, logs)
+    assert result.pop("wrong_at") == [T0 + 3] and result.pop("unforeseen_at") == [T0 + 5]
+    assert result == {
         "alerts": 3, "alerts_whose_step_missed": 2, "precision": 0.667,
         "missed_waiting_in_queue": 2, "missed_after_an_alert": 1, "recall": 0.5, "missed_other_ways": 1,
     }
@@ -56,7 +58,7 @@ def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misse
 def test_an_alert_raised_for_a_later_attempt_did_not_foresee_an_earlier_miss():
     events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1), dispatched(RUN_A, 0, 2, T0 + 12),
               expired(RUN_A, 0, 2)]
-    alerts = [Row(kind="at_risk", run_id=RUN_A, position=0, attempt=2)]
+    alerts = [Row(kind="at_risk", run_id=RUN_A, position=0, attempt=2, at=T0 + 10)]
     result = judge(alerts, events, [received(RUN_A, 0, 1, T0 + 6) + received(RUN_A, 0, 2, T0 + 13)])
     assert (result["missed_waiting_in_queue"], result["missed_after_an_alert"], result["precision"]) == (2, 1, 1.0)
 
