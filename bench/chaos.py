@@ -45,13 +45,11 @@ import platform
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -61,6 +59,7 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.pool import NullPool
 
 from bench import alert_quality
+from bench.chaos_faults import Faults, plan_chaos
 from bench.chaos_report import percentile, print_report, reason, recovery_times
 from bench.held_orders import HeldOrders
 from bench.proxy import Proxy
@@ -68,25 +67,12 @@ from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
 from bench.soak import Watch, judge, own_pid, parse_duration
 from bench.throughput import record
-from sas_app.processes import Processes, Ready, Stopped, free_port, interrupts_ignored
+from sas_app.processes import Processes, Ready, free_port, interrupts_ignored
 from sas_app.states import TERMINAL_RUN_STATES
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 AGENT_QUEUES = "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders"
-#: what the schedule can do, each at least ``--each`` times ("poison" submits a poison order)
-KINDS = ("kill_agent", "kill_scheduler", "kill_supervisor", "restart_broker", "restart_postgres", "zombie",
-         "kill_after_call", "warm_shutdown", "empty_broker", "poison", "broker_outage", "refuse_connections",
-         "slow_sweeps", "partition_worker")
-#: how long the broker stays down in a broker outage: past every step's complete-by (5 s at most)
-OUTAGE_S = 7.0
-#: how long PostgreSQL refuses new connections (its connection limit reached) in that fault
-REFUSAL_S = 4.0
-#: slow sweeps: each stalls this long after committing its recoveries (longer than the 1 s interval,
-#: so the next one starts beside it), for this long
-SWEEP_STALL_S, SLOW_SWEEPS_FOR_S = 3.0, 10.0
-#: how long the first agent worker, which reaches PostgreSQL through a proxy, is cut off from it
-PARTITION_S = 5.0
 #: where the orders that ask to be told how they end are told (through the outbox)
 REPLIES = "chaos.replies"
 #: a soak runs the plans of this many seeds one after another
@@ -118,13 +104,7 @@ def plan_orders(count: int, rng: random.Random) -> list[dict[str, Any]]:
     return plan
 
 
-def plan_chaos(each: int, window: float, rng: random.Random) -> list[tuple[float, str]]:
-    """When each fault fires, seconds from the start: every kind ``each`` times, spread over the window."""
-    events = [(round(rng.uniform(2.0, max(window - 2.0, 3.0)), 2), kind) for kind in KINDS for _ in range(each)]
-    return sorted(events)
-
-
-class Chaos:
+class Chaos(Faults):
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
@@ -204,134 +184,6 @@ class Chaos:
         for name in ("beat1", "beat2"):
             self.fleet.beat(name, wait=False)
         self.fleet.wait_ready()
-
-    def agent_env(self, name: str) -> dict[str, str]:
-        """What an agent worker adds to the run's environment: the first reaches PostgreSQL through
-        the proxy that a partition cuts."""
-        if name != self.agent_names[0] or self.proxy is None:
-            return {}
-        return {"SAS_DATABASE_URL": self.servers.database_url.replace(f":{self.servers.pg_port}/",
-                                                                      f":{self.proxy.port}/")}
-
-    # the faults -----------------------------------------------------------------------------------
-
-    def later(self, delay: float, action: Callable[[], None]) -> None:
-        """``action`` in ``delay`` seconds, unless the run has stopped its processes by then."""
-        def run() -> None:
-            time.sleep(delay)
-            try:
-                action()
-            except Stopped:
-                pass  # the run ended first: starting anything now would leave it behind
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        self.background.append(thread)
-
-    def inject(self, kind: str) -> str:
-        fleet, servers, rng = self.fleet, self.servers, self.rng
-        if kind == "kill_agent":
-            name = rng.choice(self.agent_names)
-            fleet.restart(name)
-            return name
-        if kind == "kill_scheduler":
-            fleet.restart("scheduler")
-            return "scheduler"
-        if kind == "kill_supervisor":
-            name = rng.choice(("beat1", "beat2"))
-            fleet.kill(name)
-            self.later(2.0, lambda: fleet.start(name, wait=False))
-            return name
-        if kind == "restart_broker" and self.rabbit:
-            self.bounce_broker(1.0)
-            return "RabbitMQ SIGKILLed, restarted with its durable queues"
-        if kind == "restart_broker":
-            self.bounce_broker(1.0)
-            return "Redis SIGKILLed, restarted from its append-only file"
-        if kind == "broker_outage":  # the faults after it wait: no restart lands inside the outage
-            broker = self.bounce_broker(OUTAGE_S)
-            return f"{broker} down {OUTAGE_S:.0f}s, past every step's complete-by"
-        if kind == "partition_worker":
-            assert self.proxy is not None
-            dropped = self.proxy.cut(PARTITION_S)
-            return (f"{self.agent_names[0]} cut off from PostgreSQL for {PARTITION_S:g}s ({dropped} connections "
-                    "dropped); the others carry on")
-        if kind == "slow_sweeps":
-            fleet.restart("scheduler", env={"SAS_FAULTS": f"supervisor.after_commit=sleep:{SWEEP_STALL_S:g}"})
-            self.later(SLOW_SWEEPS_FOR_S, lambda: fleet.restart("scheduler", env={}))
-            return f"each sweep stalls {SWEEP_STALL_S:g}s after its commit for {SLOW_SWEEPS_FOR_S:g}s: sweeps overlap"
-        if kind == "refuse_connections":
-            dropped = servers.refuse_connections(REFUSAL_S)
-            return f"PostgreSQL refused every new connection for {REFUSAL_S:.0f}s, {dropped} dropped"
-        if kind == "restart_postgres":
-            servers.stop_postgres("immediate")
-            time.sleep(1.0)
-            servers.start_postgres()
-            return "immediate stop, crash recovery"
-        if kind == "empty_broker" and self.rabbit:
-            return f"RabbitMQ: every queue purged ({self.rabbit.purge()} ready messages)"
-        if kind == "empty_broker":
-            servers.flushall()
-            return "Redis FLUSHALL: every queue, unacked message and binding gone"
-        if kind == "zombie":
-            name = rng.choice(self.agent_names)
-            fleet.signal(name, signal.SIGSTOP)
-            pause = 8.0  # past the charge's 3 s complete-by and any step's 5 s
-            self.later(pause, lambda: fleet.signal(name, signal.SIGCONT))
-            return f"{name} stopped {pause:.0f}s"
-        if kind == "kill_after_call":
-            name = rng.choice(self.agent_names)
-            self.fault_homes += 1
-            # A fault-point marker of its own, so "@once" fires once in this worker's life.
-            fleet.restart(name, env={**self.agent_env(name), "SAS_FAULTS": "agent.after_call=kill@once",
-                                     "SAS_HOME": str(self.home / f"fault-{self.fault_homes}")})
-            return name
-        if kind == "warm_shutdown":
-            name = rng.choice(self.agent_names)
-            fleet.signal(name, signal.SIGTERM, group=False)
-
-            process = fleet.procs[name]
-
-            def restart_when_gone() -> None:
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    fleet.kill(name)
-                fleet.start(name, env=self.agent_env(name), wait=False)
-
-            self.later(0.0, restart_when_gone)
-            return name
-        if kind == "poison":
-            key = f"poison-{len(self.poison_keys)}"
-            self.poison_keys.append(key)
-            self.submit(key, {"amount": 1.0, "faults": {"charge": "poison"}})
-            return key
-        raise ValueError(kind)
-
-    def bounce_broker(self, down: float) -> str:
-        """SIGKILL the broker, and start it again ``down`` seconds later; which broker it was."""
-        if self.rabbit:
-            self.rabbit.kill()
-            time.sleep(down)
-            self.rabbit.start()
-            return "RabbitMQ"
-        self.servers.kill_redis()
-        time.sleep(down)
-        self.servers.start_redis()
-        return "Redis"
-
-    def chaos(self, schedule: list[tuple[float, str]], started: float) -> None:
-        for at, kind in schedule:
-            time.sleep(max(0.0, started + at - time.monotonic()))
-            t0 = time.monotonic()
-            try:
-                detail = self.inject(kind)
-                ok = True
-            except Exception as exc:  # a fault that could not be injected is reported, not hidden
-                detail, ok = f"{type(exc).__name__}: {exc}", False
-            self.injected[kind] += ok
-            self.timeline.append({"at": round(t0 - started, 2), "kind": kind, "detail": detail, "injected": ok,
-                                  "took_s": round(time.monotonic() - t0, 2)})
 
     # the orders ---------------------------------------------------------------------------------
 

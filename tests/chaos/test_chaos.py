@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from bench.chaos import KINDS
+from bench.chaos_faults import KINDS
 from tests.integration.stack import REPO
 from tests.support import live_processes_with, wait_for
 
