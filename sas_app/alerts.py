@@ -4,8 +4,10 @@ An alert is stored in the ``alerts`` table and as an event in the same transacti
 transition that raised it, once per deduplication key (a failure once per step attempt, an
 at-risk warning once per step), so retries, duplicate messages and concurrent Supervisors never
 raise it twice. After the commit it goes to the log, to the callable named by SAS_ALERT_HOOK, and
-to the webhook at SAS_ALERT_WEBHOOK — the steps of one agent's queue that one sweep finds at risk
-as one alert, with their count and the first runs among them (each is stored with its own run).
+to the webhook at SAS_ALERT_WEBHOOK, told per incident: the steps of one agent's queue that a sweep
+finds at risk, and the steps a sweep's batch fails at once at the same step of one workflow, as one
+alert — the first one's, with their ``count`` and the first 20 of their ``runs`` (each is stored
+with its own run and key).
 The webhook is posted from a background thread of the raising process, with a timeout and retries
 with back-off, so a slow or dead webhook never delays a sweep or a Scheduler; the ``alerts``
 table stays the durable record if the process dies first. A hook that raises is logged and
@@ -146,7 +148,7 @@ class Alerts:
         return alert if stored else None
 
     def emit_grouped(self, raised: list[Alert | None]) -> None:
-        """Tell ``raised`` (one sweep's) with one alert per kind and step of a workflow: steps
+        """Tell ``raised`` (a sweep's batch) with one alert per kind and step of a workflow: steps
         failing together for one cause (their agent down, say) are one incident, with a count."""
         groups: dict[tuple[str, str, str | None], list[Alert]] = {}
         for alert in raised:
@@ -154,7 +156,7 @@ class Alerts:
                 groups.setdefault((alert.kind, alert.workflow, alert.step), []).append(alert)
         for (kind, workflow, step), group in groups.items():
             at = f"at step {step!r}" if step is not None else "(the run itself)"
-            self.emit(grouped(group, f"of {workflow} {at} raised {kind!r} in one sweep",
+            self.emit(grouped(group, f"of {workflow} {at} raised {kind!r} at once",
                               "steps" if step is not None else "runs"))
 
     def emit(self, alert: Alert | None) -> None:

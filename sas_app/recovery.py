@@ -39,8 +39,14 @@ class Recovery:
     alert: Alert | None = None
     #: the step waits the extended period of its escalation (the sweep wakes it: no message to send)
     escalated: bool = False
-    #: the retry waits for room in its agent's queue (the sweep wakes it: no message to send)
+    #: the retry waits for room in its agent's queue in the store (the sweep wakes it: no message to send)
     paced: bool = False
+
+
+#: A paced retry that waits longer than this, in seconds, waits in the store (the sweep wakes it);
+#: a shorter wait is the countdown of the Scheduler's message, as a back-off is. Long waits are
+#: rows with a due time, never messages held by a broker or a worker.
+PACED_IN_STORE_AFTER = 5.0
 
 
 def backoff(settings: Settings, failure_count: int) -> float:
@@ -128,16 +134,19 @@ def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[St
     one by one, after them.
 
     ``paced`` holds, by step id, how long a retry waits for room in its agent's queue (the
-    Supervisor's pacing) when that is longer than its back-off, rounded up to a whole second so
-    that a batch still moves in a few statements. Such a step's complete-by is the end of its wait:
-    the sweep wakes it then, and no message is held meanwhile."""
+    Supervisor's pacing) when that is longer than its back-off, rounded up to half a second so that
+    a batch still moves in a few statements. A wait of more than :data:`PACED_IN_STORE_AFTER`
+    seconds is kept in the store — the step's complete-by is the end of its wait, the sweep wakes it
+    then — rather than held as a message's countdown."""
     paced = paced or {}
     retrying: dict[tuple[float, bool], list[StepRow]] = {}
     at_threshold = []
     for step in batch:
         if step.failure_count + 1 < step.max_failures:
             wait, held = backoff(settings, step.failure_count + 1), paced.get(step.id, 0.0)
-            retrying.setdefault((float(math.ceil(held)), True) if held > wait else (wait, False), []).append(step)
+            if held > wait:
+                wait = math.ceil(held * 2) / 2
+            retrying.setdefault((wait, held > PACED_IN_STORE_AFTER), []).append(step)
         else:
             at_threshold.append(step)
     outcomes = []

@@ -73,9 +73,11 @@ class Settings:
     retention: str = ""
     #: SAS_RETENTION_STATES — which finished runs retention deletes. Default processed, compensated, cancelled.
     retention_states: str = "processed,compensated,cancelled"
-    #: SAS_ALERT_HOOK — ``module:function`` called with each alert, after it is stored. Default none.
+    #: SAS_ALERT_HOOK — ``module:function`` called with each alert after it is stored (one for an
+    #: incident of many steps, with their ``count`` and ``runs``: see sas_app.alerts). Default none.
     alert_hook: str = ""
-    #: SAS_ALERT_WEBHOOK — URL that receives each alert as a JSON POST (retried). Default none.
+    #: SAS_ALERT_WEBHOOK — URL that receives each alert (as the hook does) as a JSON POST (retried).
+    #: Default none.
     alert_webhook: str = ""
     #: SAS_ALERT_WEBHOOK_TIMEOUT — seconds to wait for the webhook on each try. Default 2.
     alert_webhook_timeout: float = 2.0

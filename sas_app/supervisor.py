@@ -4,8 +4,10 @@ It only decides and asks; the Scheduler and the agents do the work. Each sweep, 
 
 * every step still ``running`` past its complete-by counts one failure; under the step's threshold
   it goes back to ``pending`` with a back-off and a new complete-by, and the Scheduler is asked to
-  retry it; at the threshold the step fails with one alert and the run is undone — or goes to
-  ``error`` when there is nothing to undo (:mod:`sas_app.recovery` decides);
+  retry it — or, when its agent's queue is backed up, the retry waits its turn in the store and a
+  later sweep asks (:meth:`Supervisor._paced`); at the threshold the step fails with one alert and
+  the run is undone — or goes to ``error`` when there is nothing to undo (:mod:`sas_app.recovery`
+  decides);
 * every run past its workflow's deadline raises one alert and is undone (or goes to ``error``
   when there is nothing to undo);
 * every run or step left ``pending`` past its complete-by (the Scheduler's message was lost) gets a
@@ -13,6 +15,8 @@ It only decides and asks; the Scheduler and the agents do the work. Each sweep, 
 
 Expired rows are read with ``FOR UPDATE SKIP LOCKED``, so Supervisors running at once take
 disjoint rows, and each transition is fenced on the step's attempt, so none is recovered twice.
+The agents' queue depths are read from the broker once a sweep, before any of its transactions:
+a slow broker never holds the rows a sweep has locked.
 """
 
 from __future__ import annotations
@@ -79,45 +83,53 @@ class Supervisor:
         @celery.task(name=SWEEP, ignore_result=True, shared=False)
         def sweep() -> dict[str, int]:
             report = self.sweep()
-            return {"retried": len(report.retried), "failed": len(report.failed),
+            return {"retried": len(report.retried), "paced": len(report.paced), "failed": len(report.failed),
                     "requeued": len(report.requeued), "at_risk": len(report.at_risk)}
 
     def sweep_once(self) -> SweepReport:
         """One batch of the sweep, timed (what bench/sweep.py measures)."""
         report = SweepReport()
         started = time.perf_counter()
-        self._sweep_batch(report)
+        self._sweep_batch(report, self._depths())
         report.seconds = time.perf_counter() - started
         return report
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
         started = time.perf_counter()
+        depths = self._depths()
         for _ in range(MAX_BATCHES):
-            if self._sweep_batch(report) < self.settings.sweep_batch:
+            if self._sweep_batch(report, depths) < self.settings.sweep_batch:
                 break
-        report.at_risk = self._warn_at_risk()
+        report.at_risk = self._warn_at_risk(depths)
         # Notifications whose relayer died after its commit: sent now, under their own ids.
         stranded = self.store.unsent(older_than=self.settings.pickup_timeout, limit=self.settings.sweep_batch)
         self.router.relay(stranded)
         report.relayed = len(stranded)
         try:
-            self.store.record_sweep(self.instance_id,
-                                    len(report.retried) + len(report.failed) + len(report.requeued))
+            self.store.record_sweep(self.instance_id, len(report.retried) + len(report.paced) + len(report.failed)
+                                    + len(report.requeued))
         except SQLAlchemyError as exc:  # the heartbeat only informs; the sweep's work is done
             log.warning("could not record this sweep (is the schema up to date? `sas migrate`): %s",
                         str(exc).splitlines()[0])
         report.seconds = time.perf_counter() - started
         return report
 
-    def _sweep_batch(self, report: SweepReport) -> int:
+    def _depths(self) -> dict[str, int]:
+        """How many messages wait in the queue of each agent with a step running (the broker's
+        count; 0 where it does not answer), read outside any transaction."""
+        with self.store.begin() as tx:
+            agents = tx.busy_agents()
+        return {agent: self._queue_depth(agent_queue(agent)) for agent in agents}
+
+    def _sweep_batch(self, report: SweepReport, depths: dict[str, int]) -> int:
         s = self.settings
         retried: list[tuple[str, int, float]] = []
         failed: list[str] = []
         raised: list[Alert | None] = []
         with self.store.begin() as tx:
             expired = tx.expired_steps(s.sweep_batch)
-            paced = self._paced(tx, expired) if s.pace_retries else {}
+            paced = self._paced(tx, expired, depths) if s.pace_retries else {}
             for step, outcome in recover_steps(tx, self.alerts, s, expired, Cause.EXPIRED, actor=self.instance_id,
                                                paced=paced):
                 if outcome.escalated:
@@ -160,14 +172,15 @@ class Supervisor:
         report.requeued += requeued
         return len(expired)
 
-    def _paced(self, tx: Tx, expired: list[StepRow]) -> dict[int, float]:
-        """How long the retry of each of ``expired`` waits, by step id, so that its agent's queue
-        takes it within half the step's timeout (:mod:`sas_app.backlog` says when a message sent
-        now would be taken): the retries of one agent join its queue one after another at the
-        agent's pace, behind those already waiting, each sent no sooner than the queue ahead of it
-        will have drained to half a timeout's worth — so that a backlog is not made deeper by
-        retries that would only expire in it again (a retry storm). A wait no longer than the
-        step's back-off leaves the back-off alone."""
+    def _paced(self, tx: Tx, expired: list[StepRow], depths: dict[str, int]) -> dict[int, float]:
+        """How long the retry of each of ``expired`` waits, by step id, when its agent's queue is
+        backed up (more messages wait than the agent works in half a step's timeout): the retries
+        of one agent join its queue one after another at the agent's pace, behind the retries
+        already waiting their turn, each sent no sooner than the queue ahead of it will have
+        drained to half a timeout's worth (:mod:`sas_app.backlog` says when a message sent now
+        would be taken) — so that a backlog is not made deeper by retries that would only expire
+        in it again (a retry storm). Steps of an agent whose queue is not backed up are not in it:
+        their back-off alone (an idle agent's pace is how often work comes, not how fast it goes)."""
         by_agent: dict[str, list[StepRow]] = {}
         for step in expired:
             if step.failure_count + 1 < step.max_failures:
@@ -175,25 +188,26 @@ class Supervisor:
         waits: dict[int, float] = {}
         now = tx.now()
         for agent, group in by_agent.items():
+            depth = depths.get(agent, 0)
             per_second = pace(*tx.recent_completions(agent, self.settings.at_risk_window), decays=False)
-            if per_second <= 0:  # no pace to go by: the back-off alone
-                continue
-            depth = self._queue_depth(agent_queue(agent))
-            queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT) if depth else []
-            clear_at = forecast(queued, now, per_second, behind=depth - len(queued)).clear_at or now
-            last_due = tx.retries_due_last(agent)
             half = min(step.timeout for step in group) / 2
+            if depth <= per_second * half:  # not backed up (or no pace to go by): the back-off alone
+                continue
+            queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT)
+            # messages not looked at are work still to do; past the running steps they are those of
+            # attempts already given up, dropped unworked
+            behind = depth - len(queued) if len(queued) == QUEUE_LOOKS_AT else 0
+            clear_at = forecast(queued, now, per_second, behind=behind).clear_at or now
+            last_due = tx.paced_retries_due_last(agent)
             for i, step in enumerate(group):
                 after = last_due + (i + 1) / per_second if last_due is not None else now
                 waits[step.id] = max(clear_at + i / per_second - half, after) - now
-            held = sum(1 for step in group if waits[step.id] > 1.0)
-            if held:
-                log.warning("%s: a message sent now would be taken in %.0fs (%d queued, %.1f a second): %d of %d "
-                            "retries paced, the last in %.0fs", agent_queue(agent), clear_at - now, depth,
-                            per_second, held, len(group), waits[group[-1].id])
+            log.warning("%s: %d message(s) wait, a message sent now would be taken in %.0fs (%.1f a second): "
+                        "%d retries paced, the last in %.0fs", agent_queue(agent), depth, clear_at - now, per_second,
+                        len(group), waits[group[-1].id])
         return waits
 
-    def _warn_at_risk(self) -> list[Alert]:
+    def _warn_at_risk(self, depths: dict[str, int]) -> list[Alert]:
         """Raise an at-risk alert (once per step) for each running step whose message will likely
         be taken from its agent's queue past its complete-by (:mod:`sas_app.backlog` says how that
         is judged), told as one alert per queue."""
@@ -202,9 +216,8 @@ class Supervisor:
         by_queue: dict[str, list[Alert]] = {}
         with self.store.begin() as tx:
             now = tx.now()
-            for agent in tx.busy_agents():
+            for agent, depth in depths.items():
                 queue = agent_queue(agent)
-                depth = self._queue_depth(queue)
                 if depth == 0:
                     continue
                 per_second = pace(*tx.recent_completions(agent, s.at_risk_window))

@@ -142,12 +142,16 @@ class SweepTx(TxBase):
         ).scalars().all()
         return [float(t) for t in done], now
 
-    def retries_due_last(self, agent: str) -> float | None:
-        """When the last of ``agent``'s retries still to come is due (the next one paced goes after it)."""
+    def paced_retries_due_last(self, agent: str) -> float | None:
+        """When the last of ``agent``'s paced retries still to come is due (the next one paced goes
+        after it). A paced retry waits in the store until the sweep wakes it: its complete-by is the
+        end of its wait (a back-off's or a breaker's deferral adds the pick-up time; an escalation's
+        wait has its own counter)."""
         last = self.conn.execute(
             select(func.max(steps.c.not_before))
             .join(runs, runs.c.id == steps.c.run_id)
             .where(steps.c.agent == agent, steps.c.state == StepState.PENDING.value, steps.c.attempt > 0,
-                   steps.c.complete_by.is_not(None), steps.c.not_before > db_now(), _LIVE)
+                   steps.c.escalated == 0, steps.c.complete_by == steps.c.not_before,
+                   steps.c.not_before > db_now(), _LIVE)
         ).scalar_one()
         return None if last is None else float(last)

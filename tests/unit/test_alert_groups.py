@@ -26,7 +26,7 @@ def test_steps_failed_together_by_one_sweep_are_told_as_one_alert(sas, pump):
     assert len(told) == 1
     alert = told[0]
     assert (alert.kind, alert.count, sorted(alert.runs)) == ("failed", 4, sorted(runs))
-    assert alert.reason.startswith("4 steps of once at step 'call' raised 'failed' in one sweep; the first: ")
+    assert alert.reason.startswith("4 steps of once at step 'call' raised 'failed' at once; the first: ")
     with sas.store.engine.connect() as conn:
         stored = conn.execute(select(alerts.c.run_id).where(alerts.c.kind == "failed")).scalars().all()
     assert sorted(stored) == sorted(runs)
