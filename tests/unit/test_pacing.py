@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from sqlalchemy import select, update
 
 from sas_app import Step, Workflow
+from sas_app.store.tables import runs as runs_table
+from sas_app.store.tables import steps
 from tests.support import pass_time
 
 
@@ -97,3 +100,18 @@ def test_retries_of_an_agent_whose_queue_is_empty_are_not_paced_by_how_rarely_wo
 
     assert sorted(r for r, _, _ in report.retried) == sorted(runs) and report.paced == []
     assert {backoff for _, _, backoff in report.retried} == {sas.settings.retry_backoff}
+
+
+def test_only_paced_retries_hold_back_the_next_ones(sas, pump):
+    """A step of the same agent waiting out a long back-off or an escalation is not a retry in the
+    queue's line: the next paced retries do not wait behind it."""
+    runs, _ = backlog(sas, pump, 40)
+    now = sas.store.now()
+    with sas.store.begin() as tx:  # another step of svc waits an hour, as an escalation's wait does
+        other = tx.conn.execute(select(steps.c.id).join(runs_table, runs_table.c.id == steps.c.run_id)
+                                .where(runs_table.c.business_key == "new-0")).scalar_one()
+        tx.conn.execute(update(steps).where(steps.c.id == other).values(
+            state="pending", not_before=now + 3600, complete_by=now + 3600, escalated=1))
+    sas.supervisor.sweep()
+    due = sorted(sas.store.get_steps(r)[0].not_before for r in runs)
+    assert due[-1] < now + 600
