@@ -4,7 +4,7 @@
    action takes a fixed ``--service`` seconds, ``--concurrency`` of them at once; a warm-up of a
    few runs gives the Supervisor the agent's pace.
 2. ``--depth`` times what the agent drains within a step's ``--timeout`` is submitted in bulk, at
-   once (a burst), while submissions keep being accepted.
+   once (a burst; with ``--restart-agent`` just as the agent worker is restarted).
 3. Every half second until every run has ended: the queue's depth, steps completed, attempts given
    up at their complete-by (recoveries), retries waiting for room (paced), messages sent to the agent.
 
@@ -90,6 +90,8 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
             time.sleep(0.2)
         drain = args.concurrency / args.service  # what the agent works a second, at most
         burst = int(args.depth * drain * args.timeout)
+        if args.restart_agent:  # the burst lands while the agent worker starts again
+            procs.restart("agent", wait=False)
         started = time.monotonic()
         for at in range(0, burst, 1000):
             sas.submit_many([Submission("steady1", {}, f"burst-{i}") for i in range(at, min(at + 1000, burst))])
@@ -145,11 +147,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--bound", type=float, default=600.0, help="seconds every run has to end in")
     parser.add_argument("--only-paced", action="store_true", help="skip the run without pacing")
+    parser.add_argument("--restart-agent", action="store_true",
+                        help="restart the agent worker (SIGKILL, then start) just before the burst")
     service_arguments(parser, redis_db=12)
     args = parser.parse_args(argv)
     logs = Path(os.environ.get("BENCH_LOGS", "/tmp/sas-bench/backpressure"))
     result: dict[str, Any] = {"date": date.today().isoformat(), "machine": machine(), "depth": args.depth,
-                              "timeout_s": args.timeout, "service_s": args.service, "concurrency": args.concurrency}
+                              "timeout_s": args.timeout, "service_s": args.service, "concurrency": args.concurrency,
+                              "restart_agent": args.restart_agent}
     for pace in (True,) if args.only_paced else (True, False):
         outcome = run_once(args, pace, logs)
         result["paced" if pace else "unpaced"] = outcome
