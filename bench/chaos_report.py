@@ -93,4 +93,5 @@ def soak_line(soak: dict[str, Any]) -> str:
     return (f"soak, first and last {soak['window_s']:.0f}s: memory of {soak['processes_judged']} processes "
             f"{'flat' if soak['memory_flat'] else 'GROWN: ' + ', '.join(soak['memory_grown'])} (most: {worst[0]} "
             f"{worst[1]:+.1%}); database connections {soak['connections_first_max']} -> "
-            f"{soak['connections_last_max']} ({'flat' if soak['connections_flat'] else 'GROWN'})")
+            f"{soak['connections_last_max']} ({'flat' if soak['connections_flat'] else 'GROWN'}); the harness "
+            + ", ".join(f"{key} {g:+.1%}" for key, g in soak["harness_growth"].items()))

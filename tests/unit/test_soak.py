@@ -27,6 +27,16 @@ def test_memory_that_grows_past_a_tenth_in_the_last_window_is_named():
     assert verdict["processes_judged"] == 2 and verdict["connections_flat"] is True
 
 
+def test_the_harness_is_reported_not_judged_and_its_children_are_not_its_pool():
+    verdict = judge(watch_with({"driver 1": [(t, 1000 + t) for t in range(0, 1800, 10)],
+                                "payment 2": [(t, 500) for t in range(0, 1800, 10)]}, []), window=600)
+    assert verdict["memory_flat"] is True and verdict["processes_judged"] == 1
+    assert verdict["harness_growth"] == {"driver 1": pytest.approx(1.0, abs=0.2)}
+    watch = Watch(lambda: [("driver", os.getpid())], lambda: None)
+    watch.sample()
+    assert list(watch.memory) == [f"driver {os.getpid()}"]
+
+
 def test_connections_that_keep_growing_are_caught():
     verdict = judge(watch_with({"driver 1": [(t, 1000) for t in range(0, 1800, 10)]},
                                [(t, 10 + t // 60) for t in range(0, 1800, 10)]), window=600)
