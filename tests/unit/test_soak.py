@@ -38,7 +38,7 @@ def test_the_harness_is_reported_not_judged_and_its_children_are_not_its_pool():
 
 
 def test_connections_that_keep_growing_are_caught():
-    verdict = judge(watch_with({"driver 1": [(t, 1000) for t in range(0, 1800, 10)]},
+    verdict = judge(watch_with({"beat 1": [(t, 1000) for t in range(0, 1800, 10)]},
                                [(t, 10 + t // 60) for t in range(0, 1800, 10)]), window=600)
     assert verdict["memory_flat"] is True
     assert (verdict["connections_first_max"], verdict["connections_last_max"], verdict["connections_flat"]) == (
