@@ -478,7 +478,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     chaos = Chaos(args)
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    def interrupt(*_: Any) -> None:
+        """The first Ctrl-C or SIGTERM stops the run; any after it is ignored from this instant on, so
+        that none can land before the clean-up begins and cut it short (processes left behind)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     interrupted = False
     try:
         chaos.start()
@@ -486,9 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the run stopped, nothing judged
         interrupted = True
     finally:
-        with interrupts_ignored():  # a second Ctrl-C must not cut the stopping short
+        with interrupts_ignored():  # a Ctrl-C now must not cut the stopping short either
             chaos.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if interrupted:
         print(f"interrupted: every process of the run stopped; logs and state: {chaos.home}", flush=True)
         return 130

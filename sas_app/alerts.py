@@ -64,8 +64,13 @@ class Alert:
     def dedup_key(self) -> str:
         """Failures: one alert per step attempt. At risk: one per step of a run."""
         if self.kind == AT_RISK:
-            return f"{self.kind}:{self.run_id}:{self.position}"
+            return at_risk_key(self.run_id, self.position)
         return f"{self.kind}:{self.run_id}:{self.position}:{self.attempt}"
+
+
+def at_risk_key(run_id: str, position: int | None) -> str:
+    """The key of a step's at-risk alert (one a step, whatever its attempt)."""
+    return f"{AT_RISK}:{run_id}:{position}"
 
 
 #: the most runs a grouped alert lists

@@ -10,9 +10,10 @@ the queue itself rather than its bare depth:
   ``depth`` dispatched are the ones whose messages still wait (the broker's message count); the
   others are being worked on, or their messages were lost (the Supervisor recovers those at their
   complete-by; no backlog is to blame).
-* **At what pace.** The agent's completions a second while it was completing (:func:`pace`): over
-  the span of its last fifty completions, so an idle minute before a burst does not make it look
-  slow — unless it has completed nothing for a while, when its pace decays.
+* **At what pace.** The agent's completions a second while it was completing (:func:`pace`): its
+  last fifty completions over the time between them, less idle spells and stalls, so that neither
+  an idle minute before a burst nor a broker's restart among them makes it look slow — unless it
+  has completed nothing for a while, when its pace decays.
 * **When each is taken.** Workers take the head first; a message found past its complete-by is
   dropped unworked, at no cost, so a step behind many doomed ones is not doomed with them.
 * **How sure.** A step is at risk when it would be taken past its complete-by even if the agent
@@ -27,9 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from .store.rows import StepRow
 
+#: A gap between two completions longer than this, in seconds (and than ten times the median gap),
+#: is a stall or an idle spell, not the agent's pace. (Concurrent workers complete in bursts: the
+#: median gap alone can be a hundredth of the mean.)
+STALL_S = 0.5
 #: How much faster than its measured pace an agent is assumed to work before a step is called at
 #: risk. The pace is a recent average; the workers' real pace varies around it, and a forecast
 #: made at the average is wrong about half the steps it puts at the margin.
@@ -38,18 +44,22 @@ SLACK = 0.25
 
 def pace(completed: Sequence[float], now: float, decays: bool = True) -> float:
     """Completions a second of an agent whose last steps completed at ``completed`` (newest first,
-    from a recent window): over the span of those completions while it keeps completing, so that
-    an idle minute before a burst does not make it look slow; once it has gone quiet for longer
-    than a few of its own gaps, over the span up to ``now``, so that a stalled agent's pace falls
-    the longer it stalls — unless ``decays`` is false (what it can do, not what it does: an agent
-    dropping a run of expired messages completes nothing meanwhile, and is not slower for it)."""
+    from a recent window): over the time between them while it keeps completing, less any gap of
+    more than :data:`STALL_S` and ten times the median (an idle minute before a burst, a stall in
+    between while a broker restarted), so that neither makes it look slow; once it has gone quiet
+    for longer than a few of its own gaps, its completions over the span up to ``now``, so that a
+    stalled agent's pace falls the longer it stalls — unless
+    ``decays`` is false (what it can do, not what it does: an agent dropping a run of expired
+    messages completes nothing meanwhile, and is not slower for it)."""
     if not completed:
         return 0.0
-    newest, oldest = completed[0], completed[-1]
-    busy = (len(completed) - 1) / (newest - oldest) if newest > oldest else 0.0
-    if busy > 0 and (not decays or now - newest <= max(2.0, 3.0 / busy)):
+    gaps = [a - b for a, b in pairwise(completed)]
+    stall = max(STALL_S, 10 * sorted(gaps)[len(gaps) // 2]) if gaps else 0.0
+    kept = [gap for gap in gaps if gap <= stall]
+    busy = len(kept) / sum(kept) if kept and sum(kept) > 0 else 0.0
+    if busy > 0 and (not decays or now - completed[0] <= max(2.0, 3.0 / busy)):
         return busy
-    return len(completed) / max(now - oldest, 1.0)
+    return len(completed) / max(now - completed[-1], 1.0)
 
 
 @dataclass(frozen=True)

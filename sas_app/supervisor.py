@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
-from .alerts import AT_RISK, Alert, Alerts, grouped
+from .alerts import AT_RISK, Alert, Alerts, at_risk_key, grouped
 from .backlog import forecast, pace
 from .recovery import past_deadline, recover_steps
 from .routing import SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
@@ -173,32 +173,37 @@ class Supervisor:
         return len(expired)
 
     def _paced(self, tx: Tx, expired: list[StepRow], depths: dict[str, int]) -> dict[int, float]:
-        """How long the retry of each of ``expired`` waits, by step id, when its agent's queue is
-        backed up (more messages wait than the agent works in half a step's timeout): the retries
-        of one agent join its queue one after another at the agent's pace, behind the retries
-        already waiting their turn, each sent no sooner than the queue ahead of it will have
-        drained to half a timeout's worth (:mod:`sas_app.backlog` says when a message sent now
+        """How long the retry of each of ``expired`` that expired in a backlog waits, by step id:
+        the retries of one agent join its queue one after another at the agent's pace, behind the
+        retries already waiting their turn, each sent no sooner than the queue ahead of it will
+        have drained to half a step's timeout (:mod:`sas_app.backlog` says when a message sent now
         would be taken) — so that a backlog is not made deeper by retries that would only expire
-        in it again (a retry storm). Steps of an agent whose queue is not backed up are not in it:
-        their back-off alone (an idle agent's pace is how often work comes, not how fast it goes)."""
+        in it again (a retry storm).
+
+        Expired in a backlog means the Supervisor had warned, while the step waited, that its queue
+        would not reach it in time (its at-risk alert). Other expired steps — their worker died
+        with them, their message was lost — keep their back-off alone: with no backlog seen, the
+        agent's pace may be how often work comes to it, not how fast it can go."""
+        backlogged = tx.alerts_raised([at_risk_key(step.run_id, step.position) for step in expired]) \
+            if expired else set()
         by_agent: dict[str, list[StepRow]] = {}
         for step in expired:
-            if step.failure_count + 1 < step.max_failures:
+            if step.failure_count + 1 < step.max_failures and at_risk_key(step.run_id, step.position) in backlogged:
                 by_agent.setdefault(step.agent, []).append(step)
         waits: dict[int, float] = {}
         now = tx.now()
         for agent, group in by_agent.items():
-            depth = depths.get(agent, 0)
             per_second = pace(*tx.recent_completions(agent, self.settings.at_risk_window), decays=False)
-            half = min(step.timeout for step in group) / 2
-            if depth <= per_second * half:  # not backed up (or no pace to go by): the back-off alone
+            if per_second <= 0:  # no pace to go by: the back-off alone
                 continue
-            queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT)
+            depth = depths.get(agent, 0)
+            queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT) if depth else []
             # messages not looked at are work still to do; past the running steps they are those of
             # attempts already given up, dropped unworked
             behind = depth - len(queued) if len(queued) == QUEUE_LOOKS_AT else 0
             clear_at = forecast(queued, now, per_second, behind=behind).clear_at or now
             last_due = tx.paced_retries_due_last(agent)
+            half = min(step.timeout for step in group) / 2
             for i, step in enumerate(group):
                 after = last_due + (i + 1) / per_second if last_due is not None else now
                 waits[step.id] = max(clear_at + i / per_second - half, after) - now

@@ -78,6 +78,7 @@ def test_a_chaos_run_stopped_with_ctrl_c_leaves_no_process_behind(tmp_path):
         assert run.poll() is None, run.communicate()[0][-3000:]
         assert len(live_processes_with(mark)) >= 6  # the run, its workers, its Redis and PostgreSQL
         os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        os.killpg(run.pid, signal.SIGINT)  # and a second one at once, as an impatient user (or a wrapper) sends
         output = run.communicate(timeout=90)[0]
     finally:
         if run.poll() is None:

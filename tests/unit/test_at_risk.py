@@ -112,6 +112,14 @@ def test_an_agents_pace_is_its_busy_pace_unless_it_has_gone_quiet():
     # the same agent silent since: its pace decays with the silence
     assert pace(busy, 110.0) == pytest.approx(41 / 20)
     assert pace([99.0], 100.0) == 1.0
+    # a 7 s stall among them (the broker restarting) does not make it look slow
+    stalled = [100.0 - i * 0.25 for i in range(20)] + [88.0 - i * 0.25 for i in range(30)]
+    assert pace(stalled, 100.5) == pytest.approx(4.0)
+    # two workers finishing at nearly the same moments: bursty gaps, the pace still their sum
+    pairs = [100.0 - i * 0.5 - d for i in range(25) for d in (0.0, 0.01)]
+    assert pace(pairs, 100.5) == pytest.approx(4.0, rel=0.05)
+    # completions at one instant (a batch): no gap to go by but the span up to now
+    assert pace([99.0, 99.0, 99.0], 100.0) == 3.0
 
 
 def test_work_behind_the_steps_looked_at_still_takes_its_time():

@@ -30,6 +30,7 @@ def backlog(sas, pump, n: int) -> tuple[list[str], float]:
     for i in range(n):
         sas.submit("call", {}, business_key=f"new-{i}")
     pump.run(["sas.scheduler"])
+    sas.supervisor.sweep()  # warns of the steps the queue will not reach in time
     pass_time(sas, max(sas.store.get_steps(r)[0].complete_by for r in runs), "the first ones' complete-by")
     return runs, min(sas.store.get_steps(r)[0].completed_at for r in warm)
 
@@ -42,31 +43,31 @@ def test_retries_into_a_queue_too_deep_to_take_them_wait_their_turn_in_the_store
 
     report = sas.supervisor.sweep()
 
-    # a wait of a few seconds is a message's countdown, as a back-off is; longer ones wait in the
-    # store, and the sweep wakes each when due
-    assert len(report.retried) + len(report.paced) == 40 and len(report.paced) >= 38
-    assert all(1 < wait <= 5 for _, _, wait in report.retried) and all(wait > 5 for _, _, wait in report.paced)
-    assert len(pump.take("sas.scheduler")) == len(report.retried)
-    due = sorted(sas.store.get_steps(r)[0].not_before for r in runs)
+    # the steps warned of as at risk in their backlog are paced (not the first one or two, which the
+    # queue was to reach in time); a wait of a few seconds is a message's countdown, as a back-off
+    # is; longer ones wait in the store, and the sweep wakes each when due
+    assert len(report.retried) + len(report.paced) == 40 and len(report.paced) >= 34
+    assert all(wait <= 5 for _, _, wait in report.retried) and all(wait > 5 for _, _, wait in report.paced)
+    assert len(pump.take("sas.scheduler")) == len({wait for _, _, wait in report.retried})  # a message a back-off
+    backed_off = {r for r, _, wait in report.retried if wait == sas.settings.retry_backoff}
+    due = sorted(sas.store.get_steps(r)[0].not_before for r in runs if r not in backed_off)
     # the 40 expired messages cost nothing; of the 40 behind them, still in time, those the agent
     # will work before their complete-by keep it busy a while (no more than their 5 s left and
-    # one gap); the retries begin then, less half a timeout, and follow one another at the
+    # one gap); the paced retries begin then, less half a timeout, and follow one another at the
     # agent's pace
     gap = 1 / per_second
-    assert now + gap <= due[0] <= now + 2 * gap + 2  # (rounded up to a second)
-    assert due[-1] - due[0] == pytest.approx(39 * gap, abs=1.0)
+    assert now + gap <= due[0] <= now + 2 * gap + 2  # (rounded up to half a second)
+    assert due[-1] - due[0] == pytest.approx((len(due) - 1) * gap, abs=1.0)
     assert {sas.store.get_steps(r)[0].state for r in runs} == {"pending"}
 
     pump.run()  # the agent works through its queue: the later 40, and the expired attempts dropped unworked
     assert [sas.get_run(r).process_state for r in runs] == ["processing"] * 40
-    pass_time(sas, due[0], "the first paced retry to be due")
+    pass_time(sas, due[0], "the first paced retry to be due")  # the back-offs' are due by then too
     woken = sas.supervisor.sweep()
-    assert woken.retried == [] and len(set(woken.requeued) & set(runs)) <= 1  # one by one, not all at once
-    for run_id in {r for r, _, _ in report.retried}:  # the short waits' messages, due by now too
-        sas.scheduler.advance(run_id)
+    held = {r for r, _, _ in report.paced}
+    assert woken.retried == [] and len(set(woken.requeued) & held) <= 1  # one by one, not all at once
     pump.run()
-    states = [sas.get_run(r).process_state for r in runs]
-    assert (states.count("processed"), states.count("processing")) == (1, 39)
+    assert sum(sas.store.get_steps(r)[0].state == "pending" for r in held) >= len(held) - 1
 
 
 def test_without_pacing_every_retry_goes_back_into_the_backlog_at_once(sas, pump):
