@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts, at_risk_key, grouped
-from .backlog import forecast, pace
+from .backlog import Forecast, forecast, pace
 from .recovery import past_deadline, recover_steps
 from .routing import SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from .settings import Settings, instance_id
@@ -66,6 +66,15 @@ def _listed(run_ids: list[str], most: int = 10) -> str:
     """Run ids for a log line: the first ``most``, then how many more."""
     more = f" and {len(run_ids) - most} more" if len(run_ids) > most else ""
     return ", ".join(run_ids[:most]) + more
+
+
+def _forecast(tx: Tx, agent: str, depth: int, now: float, per_second: float) -> Forecast:
+    """What becomes of the ``depth`` messages waiting in ``agent``'s queue (:mod:`sas_app.backlog`)."""
+    queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT) if depth else []
+    # messages not looked at are work still to do; past the running steps they are those of
+    # attempts already given up, dropped unworked
+    behind = depth - len(queued) if len(queued) == QUEUE_LOOKS_AT else 0
+    return forecast(queued, now, per_second, behind=behind)
 
 
 class Supervisor:
@@ -197,11 +206,7 @@ class Supervisor:
             if per_second <= 0:  # no pace to go by: the back-off alone
                 continue
             depth = depths.get(agent, 0)
-            queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT) if depth else []
-            # messages not looked at are work still to do; past the running steps they are those of
-            # attempts already given up, dropped unworked
-            behind = depth - len(queued) if len(queued) == QUEUE_LOOKS_AT else 0
-            clear_at = forecast(queued, now, per_second, behind=behind).clear_at or now
+            clear_at = _forecast(tx, agent, depth, now, per_second).clear_at or now
             last_due = tx.paced_retries_due_last(agent)
             half = min(step.timeout for step in group) / 2
             for i, step in enumerate(group):
@@ -226,7 +231,7 @@ class Supervisor:
                 if depth == 0:
                     continue
                 per_second = pace(*tx.recent_completions(agent, s.at_risk_window))
-                risks = forecast(tx.queued_steps(agent, depth, QUEUE_LOOKS_AT), now, per_second).risks
+                risks = _forecast(tx, agent, depth, now, per_second).risks
                 names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
                 warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
                                   f"{risk.reason} on {queue}", AT_RISK)
