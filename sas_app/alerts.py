@@ -36,8 +36,8 @@ log = logging.getLogger("sas.alerts")
 AlertHook = Callable[["Alert"], Any]
 
 #: what an alert reports
-FAILED, COMPENSATION_FAILED, AT_RISK, DEADLINE, ESCALATED = (
-    "failed", "compensation_failed", "at_risk", "deadline", "escalated")
+FAILED, COMPENSATION_FAILED, COMPENSATION_STUCK, AT_RISK, DEADLINE, ESCALATED = (
+    "failed", "compensation_failed", "compensation_stuck", "at_risk", "deadline", "escalated")
 
 
 @dataclass(frozen=True)

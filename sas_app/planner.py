@@ -28,6 +28,9 @@ from .workflow import Workflow
 
 log = logging.getLogger("sas.scheduler")
 
+#: the most urgent a message can be (a run's priority is 0-9)
+URGENT = 9
+
 
 @dataclass(frozen=True)
 class Dispatch:
@@ -40,8 +43,11 @@ class Dispatch:
 
     def message(self) -> AgentMessage:
         step = self.step
+        # an undo overtakes whatever waits on its agent's queue: an effect left standing while new
+        # work goes first is the worse outcome, and a backed-up queue would expire it again and again
+        urgency = URGENT if self.undoes is not None else self.run.priority
         return AgentMessage(step.agent, step.action, step.run_id, step.position, step.attempt, step.timeout,
-                            self.run.priority, self.kwargs())
+                            urgency, self.kwargs())
 
     def kwargs(self) -> dict[str, Any]:
         kwargs = {

@@ -7,7 +7,12 @@ for good, and which steps of a run get undone.
   paces it because its agent's queue is too deep to take it in time; at the threshold it fails.
 * A step that failed for good raises one alert and the run is undone — its steps whose effect may
   have happened, last first — or goes to ``error`` when there is nothing to undo. An undo that
-  fails for good sends the run to ``error`` with a second alert.
+  fails for good (its service refused it, or it lost its worker at every attempt) sends the run to
+  ``error`` with a second alert. An undo that only passed its complete-by is never given up: an
+  effect left standing is worse than a late undo, and an expiry says nothing of the service's
+  answer (its queue was backed up, the broker was down). At the threshold it raises one
+  ``compensation_stuck`` alert and goes on, once every ``SAS_RETRY_BACKOFF_MAX`` at most, until it
+  completes, is refused, or an operator marks it done.
 
 Each function works inside the caller's transaction, fenced on the step's attempt: nothing happens
 if the step moved on meanwhile. The Scheduler (a lost worker, an agent's permanent fault), the
@@ -21,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .alerts import COMPENSATION_FAILED, DEADLINE, ESCALATED, FAILED, Alert, Alerts
+from .alerts import COMPENSATION_FAILED, COMPENSATION_STUCK, DEADLINE, ESCALATED, FAILED, Alert, Alerts
 from .graph import Graph
 from .routing import Advance
 from .settings import Settings
@@ -142,7 +147,7 @@ def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[St
     retrying: dict[tuple[float, bool], list[StepRow]] = {}
     at_threshold = []
     for step in batch:
-        if step.failure_count + 1 < step.max_failures:
+        if step.failure_count + 1 < step.max_failures or (step.is_undo and why == Cause.EXPIRED):
             wait, held = backoff(settings, step.failure_count + 1), paced.get(step.id, 0.0)
             if held > wait:
                 wait = math.ceil(held * 2) / 2
@@ -153,7 +158,9 @@ def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[St
     for (wait, held), group in retrying.items():
         moved = {s.id for s in tx.retry_steps(group, wait, 0.0 if held else settings.pickup_timeout, actor,
                                               reason=str(why))}
-        outcomes += [(s, Recovery(retried=s.id in moved, failed=False, backoff=wait, paced=held)) for s in group]
+        outcomes += [(s, Recovery(retried=s.id in moved, failed=False, backoff=wait, paced=held,
+                                  alert=_stuck(tx, alerts, s, actor) if s.id in moved else None))
+                     for s in group]
     return outcomes + [(s, _give_up(tx, alerts, settings, s, why, detail, actor)) for s in at_threshold]
 
 
@@ -177,6 +184,20 @@ def _give_up(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: Cau
     undo = escalate.get("then", "compensate") == "compensate"
     return Recovery(retried=False, failed=True, backoff=0.0,
                     alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor, undo=undo))
+
+
+def _stuck(tx: Tx, alerts: Alerts, step: StepRow, actor: str) -> Alert | None:
+    """An undo retried once more past its threshold (see the module's note): one alert, when it
+    reaches the threshold; None for every other retry."""
+    if step.failure_count + 1 != step.max_failures:
+        return None
+    run = tx.lock_run(step.run_id)
+    if run is None:
+        return None
+    reason = (f"step {step.name!r} passed its complete-by {step.max_failures} times; it is retried until it "
+              "completes, its service refuses it, or an operator marks it done")
+    return alerts.record(tx, Alert(run.id, run.workflow, run.business_key, step.name, step.position, step.attempt,
+                                   reason, COMPENSATION_STUCK), actor)
 
 
 def _escalate(tx: Tx, alerts: Alerts, step: StepRow, escalate: dict[str, Any], reason: str, actor: str) -> Recovery:

@@ -141,14 +141,14 @@ class Supervisor:
             paced = self._paced(tx, expired, depths) if s.pace_retries else {}
             for step, outcome in recover_steps(tx, self.alerts, s, expired, Cause.EXPIRED, actor=self.instance_id,
                                                paced=paced):
+                raised.append(outcome.alert)  # a failure, an escalation, an undo retried past its threshold
                 if outcome.escalated:
-                    raised.append(outcome.alert)  # the sweep asks again once its wait is over
+                    pass  # the sweep asks again once its wait is over
                 elif outcome.retried and outcome.paced:
                     report.paced.append((step.run_id, step.position, outcome.backoff))  # the sweep wakes it
                 elif outcome.retried:
                     retried.append((step.run_id, step.position, outcome.backoff))
                 elif outcome.failed:
-                    raised.append(outcome.alert)
                     failed.append(step.run_id)
             for run in tx.past_deadline(s.sweep_batch):
                 raised.append(past_deadline(tx, self.alerts, s, run, actor=self.instance_id))

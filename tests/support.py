@@ -81,6 +81,8 @@ class Message:
     args: list[Any]
     kwargs: dict[str, Any]
     headers: dict[str, Any]
+    #: the broker's priority it was published with (None: none)
+    priority: int | None = None
 
 
 class Pump:
@@ -105,7 +107,8 @@ class Pump:
                     except Empty:
                         break
                     args, kwargs, _ = raw.decode()
-                    taken.append(Message(raw.headers["task"], list(args), dict(kwargs), dict(raw.headers)))
+                    taken.append(Message(raw.headers["task"], list(args), dict(kwargs), dict(raw.headers),
+                                         raw.properties.get("priority")))
             finally:
                 simple.close()
         return taken

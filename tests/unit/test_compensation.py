@@ -75,6 +75,39 @@ def test_an_undo_whose_agent_dies_is_recovered_by_the_supervisor(sas, pump):
     assert (undo.attempt, undo.failure_count) == (2, 1)
 
 
+def test_an_undo_that_keeps_expiring_is_never_given_up_and_raises_one_alert(sas, pump):
+    """An expiry says nothing of the service's answer (a backed-up queue, a broker down): an undo
+    goes on past its threshold, one alert when it gets there, until it completes."""
+    told = []
+    sas.alerts.hook = told.append
+    hangs = ["hang"] * 4
+    handle = sas.submit("saga", {"script": {"second": ["permanent"], "undo:first": [*hangs, "ok"]}},
+                        business_key="s-stuck")
+    sweep_after_expiry(sas, pump, handle.id, times=4)
+
+    view = handle.status()
+    assert view.process_state == "compensated"
+    undo = view.step("undo:first")
+    assert (undo.state, undo.attempt, undo.failure_count, undo.max_failures) == ("completed", 5, 4, 3)
+    assert [(a.kind, a.step, a.attempt) for a in told] == [("failed", "second", 1),
+                                                           ("compensation_stuck", "undo:first", 3)]
+
+
+def test_an_undo_overtakes_the_work_waiting_on_its_agents_queue(sas, pump):
+    handle = sas.submit("saga", {"script": {"second": ["permanent"]}}, business_key="s-urgent", priority=2)
+    pump.run(["sas.scheduler"])
+    [first] = pump.take("sas.agent.svc")
+    pump.execute(first)
+    pump.run(["sas.scheduler"])
+    pump.run(["sas.agent.svc"])
+    pump.run(["sas.scheduler"])
+
+    [undo] = pump.take("sas.agent.svc")
+    assert undo.kwargs["step"] == "undo:first"
+    assert (undo.priority, first.priority) == (sas.router.broker_priority(9), sas.router.broker_priority(2))
+    assert handle.status().process_state == "compensating"
+
+
 def test_an_undo_that_fails_for_good_ends_the_run_in_error_with_an_alert(sas, pump):
     handle = sas.submit("saga", {"script": {"second": ["permanent"], "undo:first": ["permanent"]}},
                         business_key="s4")
