@@ -43,8 +43,10 @@ class Dispatch:
 
     def message(self) -> AgentMessage:
         step = self.step
-        # an undo overtakes whatever waits on its agent's queue: an effect left standing while new
-        # work goes first is the worse outcome, and a backed-up queue would expire it again and again
+        # An undo overtakes whatever waits on its agent's queue: behind a backlog deeper than its
+        # complete-by it would expire again and again while the new work ahead of it goes first, its
+        # effect left standing. Only an undo: retries sent first starve the first attempts behind
+        # them in a lasting backlog (measured: see the README's Performance section).
         urgency = URGENT if self.undoes is not None else self.run.priority
         return AgentMessage(step.agent, step.action, step.run_id, step.position, step.attempt, step.timeout,
                             urgency, self.kwargs())
