@@ -7,13 +7,18 @@
   — the Supervisor gave the attempt up as expired, and no worker had received its message before
   its complete-by (the ``received`` lines of the agent workers' logs, on the run's one clock) — the
   share whose step had an at-risk alert first. Attempts lost another way (a worker killed or frozen
-  with the message in hand, a queue emptied, a hang) are not the at-risk alert's to foresee.
+  with the message in hand, a queue emptied, a hang) are not the at-risk alert's to foresee, nor
+  are those held up by an **outage** (:class:`Outage`, from the chaos run's own timeline): an
+  attempt that waited while the broker was down (and its workers reconnecting), or whose message
+  was received by a worker frozen (SIGSTOP) with it in hand, missed its complete-by with no backlog
+  to see. Those are counted apart (``missed_in_outages``), and the recall with them in it too.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -26,60 +31,93 @@ RECEIVED = re.compile(
 
 Attempt = tuple[str, int, int]
 
+#: seconds after a broker comes back before its workers take messages again (Celery reconnects)
+RECONNECT_S = 2.0
 
-def missed_attempts(event_rows: Iterable[Any]) -> dict[Attempt, float | None]:
-    """Step attempts the Supervisor gave up because their complete-by passed, with that complete-by
-    (None if no dispatch of it is recorded)."""
-    complete_by: dict[Attempt, float] = {}
-    missed: dict[Attempt, float | None] = {}
+
+@dataclass(frozen=True)
+class Outage:
+    """When the broker was down (``worker`` None) or one worker frozen (its log's name), epoch seconds."""
+
+    start: float
+    end: float
+    worker: str | None = None
+
+
+def missed_attempts(event_rows: Iterable[Any]) -> dict[Attempt, tuple[float, float] | None]:
+    """Step attempts the Supervisor gave up because their complete-by passed, with when each was
+    dispatched and its complete-by (None if no dispatch of it is recorded)."""
+    dispatched: dict[Attempt, tuple[float, float]] = {}
+    missed: dict[Attempt, tuple[float, float] | None] = {}
     for e in event_rows:
         if e.kind != "transition" or e.position is None or not e.detail:
             continue
         attempt = (e.run_id, e.position, e.attempt)
         if e.to_state == "running" and e.detail.get("complete_by") is not None:
-            complete_by[attempt] = float(e.detail["complete_by"])
+            dispatched[attempt] = (float(e.at), float(e.detail["complete_by"]))
         elif e.from_state == "running" and (
                 (e.to_state == "pending" and e.detail.get("reason") == "expired")
                 or (e.to_state == "failed" and e.detail.get("error") == EXPIRED_ERROR)):
-            missed[attempt] = complete_by.get(attempt)
+            missed[attempt] = dispatched.get(attempt)
     return missed
 
 
-def first_received(logs: Iterable[str]) -> dict[Attempt, float]:
-    """When a worker first received each step attempt's message (epoch seconds, the logs' clock)."""
-    first: dict[Attempt, float] = {}
-    for text in logs:
+def first_received(logs: Mapping[str, str]) -> dict[Attempt, tuple[float, str]]:
+    """When a worker first received each step attempt's message (epoch seconds, the logs' clock),
+    and which worker (its log's name)."""
+    first: dict[Attempt, tuple[float, str]] = {}
+    for worker, text in logs.items():
         for stamp, run_id, position, attempt in RECEIVED.findall(text):
             at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
             key = (run_id, int(position), int(attempt))
-            first[key] = min(first.get(key, at), at)
+            if key not in first or at < first[key][0]:
+                first[key] = (at, worker)
     return first
 
 
-def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Iterable[str], since: float = 0.0
-          ) -> dict[str, Any]:
+def in_outage(sent: float, complete_by: float, received: tuple[float, str], outages: Sequence[Outage]) -> bool:
+    """Whether an attempt waited through a broker's outage, or was received by a frozen worker."""
+    at, worker = received
+    for o in outages:
+        if o.worker is None and sent <= o.end + RECONNECT_S and o.start <= complete_by:
+            return True
+        if o.worker == worker and o.start <= at <= o.end + RECONNECT_S:
+            return True
+    return False
+
+
+def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[str, str], since: float = 0.0,
+          outages: Sequence[Outage] = ()) -> dict[str, Any]:
     """The at-risk alerts' precision and recall (None when there was nothing to judge), with
     their counts, and when the wrong ones and the unforeseen misses happened (seconds after
     ``since``)."""
     alert_rows = list(alert_rows)
     missed = missed_attempts(event_rows)
     received = first_received(logs)
-    backlog = {a for a, by in missed.items() if by is not None and a in received and received[a] > by}
+    queued = {a: when for a, when in missed.items()
+              if when is not None and a in received and received[a][0] > when[1]}
+    held_up = {a for a, (sent, by) in queued.items() if in_outage(sent, by, received[a], outages)}
+    backlog = set(queued) - held_up
     at_risk = [(a.run_id, a.position, a.attempt) for a in alert_rows if a.kind == "at_risk"]
     right = [a for a in at_risk if a in missed]
     warned = {(run_id, position): attempt for run_id, position, attempt in sorted(at_risk, reverse=True)}
-    foreseen = {m for m in backlog if (m[0], m[1]) in warned and warned[(m[0], m[1])] <= m[2]}
+
+    def foreseen(misses: set[Attempt]) -> set[Attempt]:
+        return {m for m in misses if (m[0], m[1]) in warned and warned[(m[0], m[1])] <= m[2]}
+
     return {
         # when the alerts that cried wolf were raised, and the complete-by of each unforeseen miss
         # (the store's clock), to set beside the faults' timeline
         "wrong_at": sorted(round(a.at - since, 1) for a in alert_rows if a.kind == "at_risk"
                            and (a.run_id, a.position, a.attempt) not in missed),
-        "unforeseen_at": sorted(round((missed[m] or 0.0) - since, 1) for m in backlog if m not in foreseen),
+        "unforeseen_at": sorted(round(queued[m][1] - since, 1) for m in backlog - foreseen(backlog)),
         "alerts": len(at_risk),
         "alerts_whose_step_missed": len(right),
         "precision": round(len(right) / len(at_risk), 3) if at_risk else None,
         "missed_waiting_in_queue": len(backlog),
-        "missed_after_an_alert": len(foreseen),
-        "recall": round(len(foreseen) / len(backlog), 3) if backlog else None,
-        "missed_other_ways": len(missed) - len(backlog),
+        "missed_after_an_alert": len(foreseen(backlog)),
+        "recall": round(len(foreseen(backlog)) / len(backlog), 3) if backlog else None,
+        "missed_in_outages": len(held_up),
+        "recall_with_outages": round(len(foreseen(set(queued))) / len(queued), 3) if queued else None,
+        "missed_other_ways": len(missed) - len(queued),
     }

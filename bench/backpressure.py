@@ -119,7 +119,7 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
                                  events.c.to_state == "running"))
             # how far the at-risk warnings raised for the burst could be trusted
             every_event = list(conn.execute(select(events).order_by(events.c.id)))
-            at_risk = judge(list(conn.execute(select(alerts))), every_event, [procs.log("agent")])
+            at_risk = judge(list(conn.execute(select(alerts))), every_event, {"agent": procs.log("agent")})
     finally:
         procs.stop_all(grace=10)
         sas.store.dispose()

@@ -383,8 +383,8 @@ class Chaos(Faults):
             "poison": poison,
             "held_orders": self.held.check(),
             "agent_children_lost": children_lost,
-            "at_risk": {**alert_quality.judge(alert_rows, event_rows, [self.fleet.log(n) for n in self.agent_names],
-                                              since=self.started_at),
+            "at_risk": {**alert_quality.judge(alert_rows, event_rows, {n: self.fleet.log(n) for n in self.agent_names},
+                                              since=self.started_at, outages=self.outages()),
                         # what an operator was told: one alert per queue and sweep (the Supervisors run
                         # on the Scheduler worker)
                         "notifications": self.fleet.log("scheduler").count("ALERT at_risk")},

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from bench.alert_quality import Outage
 from bench.proxy import Proxy
 from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
@@ -31,6 +32,8 @@ REFUSAL_S = 4.0
 SWEEP_STALL_S, SLOW_SWEEPS_FOR_S = 3.0, 10.0
 #: how long the first agent worker, which reaches PostgreSQL through a proxy, is cut off from it
 PARTITION_S = 5.0
+#: how long a zombie stays stopped: past the charge's 3 s complete-by and any step's 5 s
+ZOMBIE_S = 8.0
 
 def plan_chaos(each: int, window: float, rng: random.Random) -> list[tuple[float, str]]:
     """When each fault fires, seconds from the start: every kind ``each`` times, spread over the window."""
@@ -52,6 +55,7 @@ class Faults:
     poison_keys: list[str]
     injected: Counter[str]
     timeline: list[dict[str, Any]]
+    started_at: float
 
     def submit(self, key: str, payload: dict[str, Any], workflow: str = "order", reply_to: str | None = None) -> None:
         raise NotImplementedError
@@ -125,9 +129,8 @@ class Faults:
         if kind == "zombie":
             name = rng.choice(self.agent_names)
             fleet.signal(name, signal.SIGSTOP)
-            pause = 8.0  # past the charge's 3 s complete-by and any step's 5 s
-            self.later(pause, lambda: fleet.signal(name, signal.SIGCONT))
-            return f"{name} stopped {pause:.0f}s"
+            self.later(ZOMBIE_S, lambda: fleet.signal(name, signal.SIGCONT))
+            return f"{name} stopped {ZOMBIE_S:.0f}s"
         if kind == "kill_after_call":
             name = rng.choice(self.agent_names)
             self.fault_homes += 1
@@ -156,6 +159,18 @@ class Faults:
             self.submit(key, {"amount": 1.0, "faults": {"charge": "poison"}})
             return key
         raise ValueError(kind)
+
+    def outages(self) -> list[Outage]:
+        """The timeline's broker outages (down, restarted) and frozen workers, on the wall clock,
+        for the at-risk alerts' judge: what they held up was no backlog to foresee."""
+        found = []
+        for e in self.timeline:
+            start = self.started_at + e["at"]
+            if e["injected"] and e["kind"] in ("broker_outage", "restart_broker"):
+                found.append(Outage(start, start + e["took_s"]))
+            elif e["injected"] and e["kind"] == "zombie":
+                found.append(Outage(start, start + ZOMBIE_S, worker=e["detail"].split()[0]))
+        return found
 
     def bounce_broker(self, down: float) -> str:
         """SIGKILL the broker, and start it again ``down`` seconds later; which broker it was."""

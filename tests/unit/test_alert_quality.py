@@ -7,15 +7,15 @@ from __future__ import annotations
 from datetime import datetime
 from types import SimpleNamespace as Row
 
-from bench.alert_quality import judge
+from bench.alert_quality import Outage, judge
 
 RUN_A, RUN_B, RUN_C = "a" * 32, "b" * 32, "c" * 32
 T0 = datetime(2026, 11, 24, 22, 25, 40).timestamp()
 
 
-def dispatched(run_id: str, position: int, attempt: int, complete_by: float) -> Row:
+def dispatched(run_id: str, position: int, attempt: int, complete_by: float, timeout: float = 5.0) -> Row:
     return Row(kind="transition", run_id=run_id, position=position, attempt=attempt, from_state="not_started",
-               to_state="running", detail={"complete_by": complete_by})
+               to_state="running", detail={"complete_by": complete_by}, at=complete_by - timeout)
 
 
 def expired(run_id: str, position: int, attempt: int, to_state: str = "pending") -> Row:
@@ -43,15 +43,16 @@ def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misse
               Row(kind="at_risk", run_id=RUN_B, position=1, attempt=1, at=T0 + 3),   # cried wolf
               Row(kind="at_risk", run_id=RUN_C, position=0, attempt=1, at=T0 + 2),   # right, though not a queue's miss
               Row(kind="failed", run_id=RUN_B, position=0, attempt=2, at=T0 + 4)]    # another kind: not judged
-    logs = [received(RUN_A, 1, 1, T0 + 5.2) + received(RUN_B, 0, 2, T0 + 6) + received(RUN_B, 1, 1, T0 + 1),
-            received(RUN_C, 0, 1, T0 + 1) + received(RUN_C, 0, 1, T0 + 40)   # redelivered later: first counts
-            + received(RUN_C, 1, 1, T0 + 9)]
+    logs = {"agent0": received(RUN_A, 1, 1, T0 + 5.2) + received(RUN_B, 0, 2, T0 + 6) + received(RUN_B, 1, 1, T0 + 1),
+            "agent1": received(RUN_C, 0, 1, T0 + 1) + received(RUN_C, 0, 1, T0 + 40)   # redelivered later: first counts
+            + received(RUN_C, 1, 1, T0 + 9)}
 
     result = judge(alerts, events, logs)
     assert result.pop("wrong_at") == [T0 + 3] and result.pop("unforeseen_at") == [T0 + 5]
     assert result == {
         "alerts": 3, "alerts_whose_step_missed": 2, "precision": 0.667,
-        "missed_waiting_in_queue": 2, "missed_after_an_alert": 1, "recall": 0.5, "missed_other_ways": 1,
+        "missed_waiting_in_queue": 2, "missed_after_an_alert": 1, "recall": 0.5,
+        "missed_in_outages": 0, "recall_with_outages": 0.5, "missed_other_ways": 1,
     }
 
 
@@ -59,10 +60,30 @@ def test_an_alert_raised_for_a_later_attempt_did_not_foresee_an_earlier_miss():
     events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1), dispatched(RUN_A, 0, 2, T0 + 12),
               expired(RUN_A, 0, 2)]
     alerts = [Row(kind="at_risk", run_id=RUN_A, position=0, attempt=2, at=T0 + 10)]
-    result = judge(alerts, events, [received(RUN_A, 0, 1, T0 + 6) + received(RUN_A, 0, 2, T0 + 13)])
+    result = judge(alerts, events, {"agent0": received(RUN_A, 0, 1, T0 + 6) + received(RUN_A, 0, 2, T0 + 13)})
     assert (result["missed_waiting_in_queue"], result["missed_after_an_alert"], result["precision"]) == (2, 1, 1.0)
 
 
 def test_nothing_to_judge_is_none_not_a_perfect_score():
-    result = judge([], [], [])
+    result = judge([], [], {})
     assert (result["precision"], result["recall"]) == (None, None)
+
+
+def test_misses_held_up_by_the_broker_down_or_a_frozen_worker_are_no_backlog_to_foresee():
+    """The broker down while an attempt waited (or its workers reconnecting just after), or the
+    message received by a worker frozen with it in hand: counted apart, not in the recall."""
+    events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1),     # waited through the outage
+              dispatched(RUN_A, 1, 1, T0 + 25), expired(RUN_A, 1, 1),    # sent after it: a backlog's
+              dispatched(RUN_B, 0, 1, T0 + 35), expired(RUN_B, 0, 1),    # in the zombie's hand
+              dispatched(RUN_C, 0, 1, T0 + 35), expired(RUN_C, 0, 1)]    # another worker meanwhile: a backlog's
+    logs = {"agent0": received(RUN_A, 0, 1, T0 + 10) + received(RUN_A, 1, 1, T0 + 26),
+            "agent1": received(RUN_B, 0, 1, T0 + 38.2),
+            "agent2": received(RUN_C, 0, 1, T0 + 36)}
+    outages = [Outage(T0 + 2, T0 + 9), Outage(T0 + 30, T0 + 38, worker="agent1")]
+    alerts = [Row(kind="at_risk", run_id=RUN_C, position=0, attempt=1, at=T0 + 31)]
+
+    result = judge(alerts, events, logs, outages=outages)
+
+    counted = (result["missed_in_outages"], result["missed_waiting_in_queue"], result["missed_after_an_alert"])
+    assert counted == (2, 2, 1)
+    assert (result["recall"], result["recall_with_outages"]) == (0.5, 0.25)
