@@ -55,7 +55,14 @@ class Operator:
             run = _locked(tx, run_id)
             if run.process_state not in (RunState.PROCESSING, RunState.ERROR, RunState.COMPENSATING):
                 raise InvalidOperation(f"cannot mark a step of run {run_id} done: it is {run.process_state}")
-            target = _step(tx, run, step, (StepState.NOT_STARTED, StepState.PENDING, StepState.FAILED), "mark done")
+            # an undo may be marked done while it runs too: one retried past its threshold (it passed its
+            # complete-by again and again) is mostly running; its late reply is fenced out
+            allowed = (StepState.NOT_STARTED, StepState.PENDING, StepState.FAILED)
+            target = _step(tx, run, step, (*allowed, StepState.RUNNING), "mark done")
+            if target.state == StepState.RUNNING and not target.is_undo:
+                raise InvalidOperation(f"cannot mark done step {target.name!r} of run {run_id}: it is running, "
+                                       "not not_started or pending or failed (only an undo may be marked done "
+                                       "while it runs)")
             _check_slot(tx, run, "mark a step of")
             tx.operator_event(run_id, target.position, "mark_done", by, reason)
             tx.complete_by_hand(target, result, by)

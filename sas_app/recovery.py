@@ -125,7 +125,8 @@ def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why:
     """For a ``running`` attempt that will never reply (its row locked by the caller): one failure
     counted; under the step's threshold, back to pending after a back-off (the caller asks the
     Scheduler again after it); at the threshold, the step's escalation if it has one
-    (:func:`_escalate`), else it fails for good (:func:`fail_run`)."""
+    (:func:`_escalate`), else it fails for good (:func:`fail_run`) — an undo only once it lost its
+    worker at every attempt (one that passed its complete-by goes on: :func:`_goes_on`)."""
     [(_, outcome)] = recover_steps(tx, alerts, settings, [step], why, detail, actor=actor)
     return outcome
 
@@ -147,7 +148,7 @@ def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[St
     retrying: dict[tuple[float, bool], list[StepRow]] = {}
     at_threshold = []
     for step in batch:
-        if step.failure_count + 1 < step.max_failures or (step.is_undo and why == Cause.EXPIRED):
+        if _goes_on(tx, step, why):
             wait, held = backoff(settings, step.failure_count + 1), paced.get(step.id, 0.0)
             if held > wait:
                 wait = math.ceil(held * 2) / 2
@@ -169,7 +170,8 @@ def _give_up(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: Cau
     """An attempt at the step's threshold: its escalation if it has one not yet taken, else the
     step fails for good and the run is undone (or left in ``error``)."""
     what = "passed its complete-by" if why == Cause.EXPIRED else "lost its worker"
-    reason = f"step {step.name!r} {what} {step.failure_count + 1} times (threshold {step.max_failures})"
+    times = tx.workers_lost(step) + 1 if step.is_undo else step.failure_count + 1  # an undo: see _goes_on
+    reason = f"step {step.name!r} {what} {times} times (threshold {step.max_failures})"
     if detail:
         reason += f": {detail}"
     escalate = step.escalate or {}
@@ -186,6 +188,16 @@ def _give_up(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: Cau
                     alert=fail_run(tx, alerts, settings, run, failed, reason, actor=actor, undo=undo))
 
 
+def _goes_on(tx: Tx, step: StepRow, why: Cause) -> bool:
+    """Whether an attempt given up is retried: under the step's threshold, yes; past it, only an
+    undo (see the module's note), unless it lost its worker at every one of ``max_failures`` attempts."""
+    if step.failure_count + 1 < step.max_failures:
+        return True
+    if not step.is_undo:
+        return False
+    return why == Cause.EXPIRED or tx.workers_lost(step) + 1 < step.max_failures
+
+
 def _stuck(tx: Tx, alerts: Alerts, step: StepRow, actor: str) -> Alert | None:
     """An undo retried once more past its threshold (see the module's note): one alert, when it
     reaches the threshold; None for every other retry."""
@@ -194,8 +206,8 @@ def _stuck(tx: Tx, alerts: Alerts, step: StepRow, actor: str) -> Alert | None:
     run = tx.lock_run(step.run_id)
     if run is None:
         return None
-    reason = (f"step {step.name!r} passed its complete-by {step.max_failures} times; it is retried until it "
-              "completes, its service refuses it, or an operator marks it done")
+    reason = (f"step {step.name!r} failed {step.max_failures} attempts (past its complete-by, or its worker lost); "
+              "it is retried until it completes, its service refuses it, or an operator marks it done")
     return alerts.record(tx, Alert(run.id, run.workflow, run.business_key, step.name, step.position, step.attempt,
                                    reason, COMPENSATION_STUCK), actor)
 

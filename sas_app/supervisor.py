@@ -6,8 +6,8 @@ It only decides and asks; the Scheduler and the agents do the work. Each sweep, 
   it goes back to ``pending`` with a back-off and a new complete-by, and the Scheduler is asked to
   retry it — or, when its agent's queue is backed up, the retry waits its turn in the store and a
   later sweep asks (:meth:`Supervisor._paced`); at the threshold the step fails with one alert and
-  the run is undone — or goes to ``error`` when there is nothing to undo (:mod:`sas_app.recovery`
-  decides);
+  the run is undone — or goes to ``error`` when there is nothing to undo — while an undo goes on
+  (:mod:`sas_app.recovery` decides);
 * every run past its workflow's deadline raises one alert and is undone (or goes to ``error``
   when there is nothing to undo);
 * every run or step left ``pending`` past its complete-by (the Scheduler's message was lost) gets a
@@ -197,7 +197,9 @@ class Supervisor:
             if expired else set()
         by_agent: dict[str, list[StepRow]] = {}
         for step in expired:
-            if step.failure_count + 1 < step.max_failures and at_risk_key(step.run_id, step.position) in backlogged:
+            # an undo is sent ahead of the queue: nothing to wait behind
+            if step.failure_count + 1 < step.max_failures and not step.is_undo \
+                    and at_risk_key(step.run_id, step.position) in backlogged:
                 by_agent.setdefault(step.agent, []).append(step)
         waits: dict[int, float] = {}
         now = tx.now()

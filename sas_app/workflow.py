@@ -71,7 +71,8 @@ class Step:
     complete-by budget in seconds for each attempt; after ``max_failures`` failed attempts the step
     fails for good, with one alert, and the run is undone (each step with a ``compensate`` whose
     effect may have happened, last first) — or goes to ``error`` when there is nothing to undo.
-    ``compensate`` names the agent call that undoes it.
+    ``compensate`` names the agent call that undoes it; its undo has the same budget and threshold,
+    but one that passes its complete-by is never given up (:mod:`sas_app.recovery`).
 
     ``after`` names the steps it waits for: left out, the step before it (the first step waits
     for nothing); ``after=[]`` starts it with the run. Steps whose ``after`` are all completed run

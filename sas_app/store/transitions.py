@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 
 from ..routing import Advance, Notification
-from ..states import TERMINAL_RUN_STATES, EventKind, RunState, StepState, Word
+from ..states import TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState, Word
 from .engine import PG_NOW, db_now
 from .prepared import PREPARED
 from .recordset import insert_from_json, rows_parameter
@@ -344,6 +344,17 @@ class TxBase:
                             actor=actor, detail={"failure_count": step.failure_count, "backoff": backoff,
                                                  "reason": reason})
         return moved
+
+    def workers_lost(self, step: StepRow) -> int:
+        """How many of ``step``'s attempts so far lost their worker (their running → pending events
+        for that reason; the last one, failed, is the caller's to count)."""
+        details = self.conn.execute(
+            select(events.c.detail).where(events.c.run_id == step.run_id, events.c.position == step.position,
+                                          events.c.kind == EventKind.TRANSITION.value,
+                                          events.c.from_state == StepState.RUNNING.value,
+                                          events.c.to_state == StepState.PENDING.value)
+        ).scalars()
+        return sum(1 for detail in details if (detail or {}).get("reason") == Cause.WORKER_LOST.value)
 
     def defer_step(self, run_id: str, position: int, attempt: int, delay: float, pickup_timeout: float,
                    reason: str, actor: str) -> bool:

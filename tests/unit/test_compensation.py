@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import sweep_after_expiry
+from sas_app import InvalidOperation
+from tests.support import backoff_over, sweep_after_expiry
 from tests.testapp import CALLS
 
 # On SQLite here and, as integration tests, on PostgreSQL (tests/conftest.py).
@@ -91,6 +92,58 @@ def test_an_undo_that_keeps_expiring_is_never_given_up_and_raises_one_alert(sas,
     assert (undo.state, undo.attempt, undo.failure_count, undo.max_failures) == ("completed", 5, 4, 3)
     assert [(a.kind, a.step, a.attempt) for a in told] == [("failed", "second", 1),
                                                            ("compensation_stuck", "undo:first", 3)]
+
+
+def test_an_undo_past_its_threshold_that_loses_a_worker_once_goes_on(sas, pump):
+    """Only a worker lost at every attempt (a poison undo) stops an undo: one loss after expiries
+    does not."""
+    handle = sas.submit("saga", {"script": {"second": ["permanent"], "undo:first": ["hang"] * 4 + ["ok"]}},
+                        business_key="s-lost")
+    sweep_after_expiry(sas, pump, handle.id, times=3)       # three expiries: at the threshold, retried
+    undo = handle.status().step("undo:first")
+    assert (undo.state, undo.attempt) == ("running", 4)
+
+    sas.scheduler.step_lost(handle.id, undo.position, 4, "worker exited")
+    backoff_over(sas, handle.id)
+    pump.run()
+
+    view = handle.status()
+    assert view.process_state == "compensated"
+    assert view.step("undo:first").attempt == 5
+
+
+def test_an_undo_that_loses_its_worker_at_every_attempt_fails_for_good(sas, pump):
+    handle = sas.submit("saga", {"script": {"second": ["permanent"], "undo:first": ["hang"] * 3}},
+                        business_key="s-poison")
+    pump.run()
+    for attempt in (1, 2, 3):
+        position = handle.status().step("undo:first").position
+        sas.scheduler.step_lost(handle.id, position, attempt, "worker exited")
+        backoff_over(sas, handle.id)
+        pump.run()
+
+    view = handle.status()
+    assert view.process_state == "error"
+    assert "lost its worker 3 times" in view.run.error
+
+
+def test_an_operator_marks_a_stuck_undo_done_while_it_runs(sas, pump):
+    handle = sas.submit("saga", {"script": {"second": ["permanent"], "undo:first": ["hang"] * 9}},
+                        business_key="s-by-hand")
+    sweep_after_expiry(sas, pump, handle.id, times=3)
+    assert handle.status().step("undo:first").state == "running"
+
+    sas.mark_done(handle.id, "undo:first", by="carol", reason="released by hand")
+    pump.run()
+    sas.scheduler.step_done(handle.id, handle.status().step("undo:first").position, 4, {"late": True})
+
+    view = handle.status()
+    assert view.process_state == "compensated"
+    assert view.step("undo:first").result is None
+    with pytest.raises(InvalidOperation, match="only an undo may be marked done while it runs"):
+        running = sas.submit("saga", {"script": {"first": ["hang"]}}, business_key="s-running")
+        pump.run()
+        sas.mark_done(running.id, "first", by="carol", reason="not yet")
 
 
 def test_an_undo_overtakes_the_work_waiting_on_its_agents_queue(sas, pump):
