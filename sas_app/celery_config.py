@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from . import redis_transport
+from . import reconnect, redis_transport
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP
 from .settings import Settings
 
@@ -46,6 +46,8 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         "task_default_queue": SCHEDULER_QUEUE,
         "task_create_missing_queues": True,
         "broker_connection_retry_on_startup": True,
+        # a broker that comes back is used again within a second, not Celery's back-off of up to 30 s
+        "worker_consumer": reconnect.NAME,
         # A message is redelivered only if unacknowledged for longer than any step may take.
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout},
         # Publishing is a hint (the Supervisor recovers a lost one): never block a worker long on it.
