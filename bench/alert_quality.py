@@ -9,9 +9,10 @@
   share whose step had an at-risk alert first. Attempts lost another way (a worker killed or frozen
   with the message in hand, a queue emptied, a hang) are not the at-risk alert's to foresee, nor
   are those held up by an **outage** (:class:`Outage`, from the chaos run's own timeline): an
-  attempt that waited while the broker was down (and its workers reconnecting), or whose message
-  was received by a worker frozen (SIGSTOP) with it in hand, missed its complete-by with no backlog
-  to see. Those are counted apart (``missed_in_outages``), and the recall with them in it too.
+  attempt that would have been received in time but for the time the broker was down (and its
+  workers reconnecting), or its worker was frozen (SIGSTOP) with the message in hand, missed its
+  complete-by with no backlog to see. Those are counted apart (``missed_in_outages``), and the
+  recall with them in it too.
 """
 
 from __future__ import annotations
@@ -76,14 +77,15 @@ def first_received(logs: Mapping[str, str]) -> dict[Attempt, tuple[float, str]]:
 
 
 def in_outage(sent: float, complete_by: float, received: tuple[float, str], outages: Sequence[Outage]) -> bool:
-    """Whether an attempt waited through a broker's outage, or was received by a frozen worker."""
+    """Whether an outage made the attempt late: the broker down (and its workers reconnecting), or
+    its worker frozen, for long enough of its wait that without that time it would have been
+    received by its complete-by. One a backlog made late anyway is the backlog's."""
     at, worker = received
+    lost = 0.0
     for o in outages:
-        if o.worker is None and sent <= o.end + RECONNECT_S and o.start <= complete_by:
-            return True
-        if o.worker == worker and o.start <= at <= o.end + RECONNECT_S:
-            return True
-    return False
+        if o.worker is None or o.worker == worker:
+            lost += max(0.0, min(at, o.end + RECONNECT_S) - max(sent, o.start))
+    return lost > 0 and at - lost <= complete_by
 
 
 def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[str, str], since: float = 0.0,
