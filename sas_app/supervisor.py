@@ -32,7 +32,7 @@ from . import faults
 from .alerts import AT_RISK, Alert, Alerts, at_risk_key, grouped
 from .backlog import Forecast, forecast, pace
 from .recovery import past_deadline, recover_steps
-from .routing import SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
+from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from .settings import Settings, instance_id
 from .states import Cause
 from .store import StepRow, Store, Tx
@@ -58,6 +58,9 @@ class SweepReport:
     failed: list[str] = field(default_factory=list)  # runs whose step failed for good
     at_risk: list[Alert] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
+    #: messages waiting on the Scheduler's queue when the sweep began (runs stalled meanwhile are
+    #: not asked about again: see Supervisor.sweep)
+    scheduler_behind: int = 0
     relayed: int = 0
     seconds: float = 0.0
 
@@ -93,7 +96,8 @@ class Supervisor:
         def sweep() -> dict[str, int]:
             report = self.sweep()
             return {"retried": len(report.retried), "paced": len(report.paced), "failed": len(report.failed),
-                    "requeued": len(report.requeued), "at_risk": len(report.at_risk)}
+                    "requeued": len(report.requeued), "at_risk": len(report.at_risk),
+                    "scheduler_behind": report.scheduler_behind}
 
     def sweep_once(self) -> SweepReport:
         """One batch of the sweep, timed (what bench/sweep.py measures)."""
@@ -104,9 +108,19 @@ class Supervisor:
         return report
 
     def sweep(self) -> SweepReport:
+        """Up to :data:`MAX_BATCHES` batches (see the module's note), then the at-risk warnings and
+        the stranded notifications.
+
+        A run or step left pending past its complete-by is asked about again only while the
+        Scheduler's queue is empty: with messages waiting there, the Scheduler is behind, not deaf,
+        and its message for that run is most likely among them. Asking again then only deepens the
+        queue — each ask a message more for the Scheduler, whose runs then stall in turn: a 30-minute
+        soak on a slower machine asked about 5,000 runs a minute, advance_each tasks took 34 s and
+        nothing completed. A message that was lost is asked again once the queue has drained."""
         report = SweepReport()
         started = time.perf_counter()
         depths = self._depths()
+        report.scheduler_behind = self._queue_depth(SCHEDULER_QUEUE)
         for _ in range(MAX_BATCHES):
             if self._sweep_batch(report, depths) < self.settings.sweep_batch:
                 break
@@ -153,9 +167,11 @@ class Supervisor:
             for run in tx.past_deadline(s.sweep_batch):
                 raised.append(past_deadline(tx, self.alerts, s, run, actor=self.instance_id))
                 failed.append(run.id)
-            requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
-            # parents whose child ended and who were not told (the message was lost)
-            requeued += tx.children_ended(s.pickup_timeout, s.sweep_batch)
+            requeued = []
+            if not report.scheduler_behind:  # see sweep()
+                requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
+                # parents whose child ended and who were not told (the message was lost)
+                requeued += tx.children_ended(s.pickup_timeout, s.sweep_batch)
         faults.hit("supervisor.after_commit")
         # A message the broker refuses is asked again by the next sweep: the state is committed.
         self.router.relay(tx.outbox)

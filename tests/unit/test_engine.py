@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import event
 
 from sas_app import SasApp, Submission
+from sas_app.routing import Advance
 from tests.support import backoff_over, expire, pass_time, sweep_after_expiry
 from tests.testapp import install_test_workflows
 
@@ -195,6 +196,23 @@ def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(sas, pump):
     assert sas.supervisor.sweep().requeued == []  # its complete-by moved on: asked once
     pump.run()
     assert handle.status().process_state == "processed"
+
+
+def test_a_stalled_run_is_not_asked_about_again_while_the_schedulers_queue_is_not_empty(sas, pump):
+    """A Scheduler with messages waiting is behind, not deaf: asking again would deepen its queue."""
+    handle = sas.submit("three", {}, business_key="behind")
+    behind = sas.submit("three", {}, business_key="queued")
+    pump.take("sas.scheduler")  # both messages lost; then one for the second run waits there
+    sas.router.send(Advance(behind.id))
+    pass_time(sas, sas.store.get_run(handle.id).complete_by, "the pending run's complete-by")
+
+    report = sas.supervisor.sweep()
+    assert (report.requeued, report.scheduler_behind) == ([], 1)
+
+    pump.run()  # the Scheduler catches up
+    assert sas.supervisor.sweep().requeued == [handle.id]
+    pump.run()
+    assert handle.status().process_state == "processed" and behind.status().process_state == "processed"
 
 
 def test_a_lost_agent_message_is_recovered_once_complete_by_passes(sas, pump):
