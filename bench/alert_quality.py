@@ -107,18 +107,20 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
     def foreseen(misses: set[Attempt]) -> set[Attempt]:
         return {m for m in misses if (m[0], m[1]) in warned and warned[(m[0], m[1])] <= m[2]}
 
+    warned_of = foreseen(backlog)
+
     return {
         # when the alerts that cried wolf were raised, and the complete-by of each unforeseen miss
         # (the store's clock), to set beside the faults' timeline
         "wrong_at": sorted(round(a.at - since, 1) for a in alert_rows if a.kind == "at_risk"
                            and (a.run_id, a.position, a.attempt) not in missed),
-        "unforeseen_at": sorted(round(queued[m][1] - since, 1) for m in backlog - foreseen(backlog)),
+        "unforeseen_at": sorted(round(queued[m][1] - since, 1) for m in backlog - warned_of),
         "alerts": len(at_risk),
         "alerts_whose_step_missed": len(right),
         "precision": round(len(right) / len(at_risk), 3) if at_risk else None,
         "missed_waiting_in_queue": len(backlog),
-        "missed_after_an_alert": len(foreseen(backlog)),
-        "recall": round(len(foreseen(backlog)) / len(backlog), 3) if backlog else None,
+        "missed_after_an_alert": len(warned_of),
+        "recall": round(len(warned_of) / len(backlog), 3) if backlog else None,
         "missed_in_outages": len(held_up),
         "recall_with_outages": round(len(foreseen(set(queued))) / len(queued), 3) if queued else None,
         "missed_other_ways": len(missed) - len(queued),

@@ -155,10 +155,10 @@ class Supervisor:
             paced = self._paced(tx, expired, depths) if s.pace_retries else {}
             for step, outcome in recover_steps(tx, self.alerts, s, expired, Cause.EXPIRED, actor=self.instance_id,
                                                paced=paced):
-                raised.append(outcome.alert)  # a failure, an escalation, an undo retried past its threshold
-                if outcome.escalated:
-                    pass  # the sweep asks again once its wait is over
-                elif outcome.retried and outcome.paced:
+                # a failure, an escalation (the sweep asks again once its wait is over), an undo
+                # retried past its threshold
+                raised.append(outcome.alert)
+                if outcome.retried and outcome.paced:
                     report.paced.append((step.run_id, step.position, outcome.backoff))  # the sweep wakes it
                 elif outcome.retried:
                     retried.append((step.run_id, step.position, outcome.backoff))
