@@ -63,6 +63,7 @@ def test_an_agent_rate_limit_spaces_out_its_calls(stack, shop):
 
     assert [v.process_state for v in views] == ["processed"] * 6
     reserved = sorted(e["at"] for e in stack.ledger("warehouse") if e["action"] == "reserve")
-    # 6 reservations at 2 per second (a token bucket starting full with one) take at least 2 s,
-    # where 4 free slots would have done them in a few milliseconds
-    assert reserved[-1] - reserved[0] >= 2.0
+    # 6 reservations at 2 per second (a token bucket starting full with one) take 2.5 s, where 4
+    # free slots would have done them in a few milliseconds; the service logs each call, and the
+    # first may reach it up to a second late (a pool process's first call: its connection, imports)
+    assert reserved[-1] - reserved[0] >= 1.5
