@@ -50,45 +50,43 @@ class SweepTx(TxBase):
 
     def requeue_stalled(self, pickup_timeout: float, limit: int, actor: str) -> list[str]:
         """Pending runs and pending steps that no Scheduler picked up by their complete-by (a lost
-        message): push their complete-by forward and return their run ids to be re-enqueued."""
+        message): push their complete-by forward and return their run ids to be re-enqueued. Two
+        statements whatever the number (each an UPDATE of the rows a ``SKIP LOCKED`` select took),
+        and their events in the transaction's one insert."""
         now = db_now()
-        stalled_runs = self.conn.execute(
-            select(runs.c.id, runs.c.complete_by)
+        stalled_runs = (
+            select(runs.c.id)
             .where(runs.c.process_state == RunState.PENDING.value, runs.c.complete_by < now)
             .order_by(runs.c.complete_by)
             .limit(limit)
             .with_for_update(skip_locked=True)
-        ).all()
-        stalled_steps = self.conn.execute(
-            select(steps.c.id, steps.c.run_id, steps.c.position, steps.c.attempt)
+        )
+        moved_runs = self.conn.execute(
+            update(runs)
+            .where(runs.c.id.in_(stalled_runs.scalar_subquery()))
+            .values(complete_by=now + pickup_timeout, updated_at=now)
+            .returning(runs.c.id)
+        ).scalars().all()
+        stalled_steps = (
+            select(steps.c.id)
             .join(runs, runs.c.id == steps.c.run_id)
-            .where(steps.c.state == StepState.PENDING.value, steps.c.complete_by < now,
-                   _LIVE)
+            .where(steps.c.state == StepState.PENDING.value, steps.c.complete_by < now, _LIVE)
             .order_by(steps.c.complete_by)
             .limit(limit)
             .with_for_update(skip_locked=True, of=[steps, runs])
+        )
+        moved_steps = self.conn.execute(
+            update(steps)
+            .where(steps.c.id.in_(stalled_steps.scalar_subquery()))
+            .values(complete_by=now + pickup_timeout, updated_at=now)
+            .returning(steps.c.run_id, steps.c.position, steps.c.attempt)
         ).all()
-        requeued: list[str] = []
-        for run_id, old in stalled_runs:
-            result = self.conn.execute(
-                update(runs)
-                .where(runs.c.id == run_id, runs.c.process_state == RunState.PENDING.value, runs.c.complete_by == old)
-                .values(complete_by=now + pickup_timeout, updated_at=now)
-            )
-            if result.rowcount == 1:
-                self.event(run_id, None, EventKind.REQUEUE, RunState.PENDING, RunState.PENDING, actor=actor)
-                requeued.append(run_id)
-        for step_id, run_id, position, attempt in stalled_steps:
-            result = self.conn.execute(
-                update(steps)
-                .where(steps.c.id == step_id, steps.c.state == StepState.PENDING.value, steps.c.attempt == attempt)
-                .values(complete_by=now + pickup_timeout, updated_at=now)
-            )
-            if result.rowcount == 1:
-                self.event(run_id, position, EventKind.REQUEUE, StepState.PENDING, StepState.PENDING,
-                           attempt=attempt, actor=actor)
-                requeued.append(run_id)
-        return requeued
+        for run_id in moved_runs:
+            self.event(run_id, None, EventKind.REQUEUE, RunState.PENDING, RunState.PENDING, actor=actor)
+        for run_id, position, attempt in moved_steps:
+            self.event(run_id, position, EventKind.REQUEUE, StepState.PENDING, StepState.PENDING,
+                       attempt=attempt, actor=actor)
+        return [*moved_runs, *(run_id for run_id, _, _ in moved_steps)]
 
     def busy_agents(self) -> list[str]:
         """The agents with a step running in a live run (whose queues an at-risk warning looks at)."""

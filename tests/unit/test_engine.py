@@ -201,6 +201,40 @@ def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(sas, pump):
     assert handle.status().process_state == "processed"
 
 
+def test_a_batch_of_lost_messages_is_asked_again_once_each_in_the_statements_of_one(sas, pump):
+    """Runs and steps left pending by lost messages (a purged queue) are asked about again in a
+    sweep that costs as many statements for 30 as for one, each once, and then complete."""
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args) -> None:
+        statements.append(statement)
+
+    def sweep_counted() -> list[str]:
+        statements.clear()
+        event.listen(sas.store.engine, "before_cursor_execute", count)
+        try:
+            return sas.supervisor.sweep_once().requeued
+        finally:
+            event.remove(sas.store.engine, "before_cursor_execute", count)
+
+    one = sas.submit("three", {}, business_key="lost-one")
+    pump.take("sas.scheduler")
+    pass_time(sas, sas.store.get_run(one.id).complete_by, "the pending run's complete-by")
+    assert sweep_counted() == [one.id]
+    few = len(statements)
+    pump.run()
+
+    handles = [h.handle for h in sas.submit_many([Submission("three", {}, f"lost{i}") for i in range(30)])]
+    pump.take("sas.scheduler")
+    pass_time(sas, max(sas.store.get_run(h.id).complete_by for h in handles), "the pending runs' complete-by")
+    assert sorted(sweep_counted()) == sorted(h.id for h in handles)
+    assert len(statements) == few, "30 lost messages cost the statements of one"
+    assert sweep_counted() == []  # their complete-by moved on: asked once
+    pump.run()
+    assert {h.status().process_state for h in [one, *handles]} == {"processed"}
+    assert {sas.store.count_events("requeue", h.id) for h in handles} == {1}
+
+
 def test_a_stalled_run_is_not_asked_about_again_while_the_schedulers_queue_is_not_empty(sas, pump):
     """A Scheduler with messages waiting is behind, not deaf: asking again would deepen its queue."""
     handle = sas.submit("three", {}, business_key="behind")
