@@ -5,16 +5,34 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty
 from typing import Any, TypeVar
 
+from sqlalchemy import Engine, event
+
 from sas_app import SasApp
 from sas_app.processes import wait_until
 
 T = TypeVar("T")
+
+
+@contextmanager
+def statements_run(engine: Engine) -> Iterator[list[str]]:
+    """The SQL statements ``engine`` sends inside the ``with`` block, in order."""
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
 
 
 class FakeClock:

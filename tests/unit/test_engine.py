@@ -9,11 +9,10 @@ import threading
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import event
 
 from sas_app import SasApp, Step, Submission
 from sas_app.routing import Advance
-from tests.support import backoff_over, expire, pass_time, sweep_after_expiry
+from tests.support import backoff_over, expire, pass_time, statements_run, sweep_after_expiry
 from tests.testapp import install_test_workflows
 
 # On SQLite here and, as integration tests, on PostgreSQL (tests/conftest.py).
@@ -204,32 +203,21 @@ def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(sas, pump):
 def test_a_batch_of_lost_messages_is_asked_again_once_each_in_the_statements_of_one(sas, pump):
     """Runs and steps left pending by lost messages (a purged queue) are asked about again in a
     sweep that costs as many statements for 30 as for one, each once, and then complete."""
-    statements: list[str] = []
-
-    def count(conn, cursor, statement, *args) -> None:
-        statements.append(statement)
-
-    def sweep_counted() -> list[str]:
-        statements.clear()
-        event.listen(sas.store.engine, "before_cursor_execute", count)
-        try:
-            return sas.supervisor.sweep_once().requeued
-        finally:
-            event.remove(sas.store.engine, "before_cursor_execute", count)
-
     one = sas.submit("three", {}, business_key="lost-one")
     pump.take("sas.scheduler")
     pass_time(sas, sas.store.get_run(one.id).complete_by, "the pending run's complete-by")
-    assert sweep_counted() == [one.id]
+    with statements_run(sas.store.engine) as statements:
+        assert sas.supervisor.sweep_once().requeued == [one.id]
     few = len(statements)
     pump.run()
 
     handles = [h.handle for h in sas.submit_many([Submission("three", {}, f"lost{i}") for i in range(30)])]
     pump.take("sas.scheduler")
     pass_time(sas, max(sas.store.get_run(h.id).complete_by for h in handles), "the pending runs' complete-by")
-    assert sorted(sweep_counted()) == sorted(h.id for h in handles)
+    with statements_run(sas.store.engine) as statements:
+        assert sorted(sas.supervisor.sweep_once().requeued) == sorted(h.id for h in handles)
     assert len(statements) == few, "30 lost messages cost the statements of one"
-    assert sweep_counted() == []  # their complete-by moved on: asked once
+    assert sas.supervisor.sweep_once().requeued == []  # their complete-by moved on: asked once
     pump.run()
     assert {h.status().process_state for h in [one, *handles]} == {"processed"}
     assert {sas.store.count_events("requeue", h.id) for h in handles} == {1}
@@ -335,22 +323,11 @@ def test_supervisors_recover_a_fleet_of_expired_steps_in_batches_each_once_and_i
     for h in handles:
         expire(sas, h.handle.id)
 
-    statements: list[str] = []
-
-    def count(conn, cursor, statement, *args) -> None:
-        statements.append(statement)
-
-    def sweep_once(app: SasApp) -> int:
-        statements.clear()
-        event.listen(app.store.engine, "before_cursor_execute", count)
-        try:
-            return len(app.supervisor.sweep_once().retried)
-        finally:
-            event.remove(app.store.engine, "before_cursor_execute", count)
-
-    assert sweep_once(apps[0]) == 5
+    with statements_run(apps[0].store.engine) as statements:
+        assert len(apps[0].supervisor.sweep_once().retried) == 5
     few = len(statements)
-    assert sweep_once(apps[1]) == 40
+    with statements_run(apps[1].store.engine) as statements:
+        assert len(apps[1].supervisor.sweep_once().retried) == 40
     assert len(statements) == few, "a batch of 40 costs the statements of a batch of 5"
 
     barrier = threading.Barrier(3)
