@@ -24,7 +24,7 @@ from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from .compensation import CompensationTx
 from .engine import PG_NOW
 from .graph_path import COMPLETE_IN_GRAPH
-from .prepared import PREPARED
+from .prepared import PREPARED, rows
 from .rows import RunRow, StepRow, field_names, prefixed, prefixed_columns
 from .tables import runs, steps
 from .transitions import RUN_DONE_CHANNEL
@@ -146,10 +146,10 @@ class HotPathTx(CompensationTx):
             if run is not None and not run.paused_by and run.linear:
                 first = self.mark_next_running(run_id, 0, locked_by)
             return run, first
-        row = self.conn.execute(START_NEW_RUN, {"b_run_id": run_id, "b_locked_by": locked_by}).first()
-        if row is None:
+        found = rows(self.conn, START_NEW_RUN, {"b_run_id": run_id, "b_locked_by": locked_by})
+        if not found:
             return None, None
-        mapping = row._mapping
+        mapping = found[0]
         run = self.claimed(prefixed(RunRow, mapping, "r_"), locked_by)
         first = None if mapping["n_id"] is None else self.dispatched(prefixed(StepRow, mapping, "n_"), locked_by)
         return run, first
@@ -163,47 +163,47 @@ class HotPathTx(CompensationTx):
         back-off not over, a paused run, the next undo, a fan-out) is the planner's to find."""
         run = None
         if self.is_postgresql:
-            row = self.conn.execute(COMPLETE_AND_ADVANCE, {
+            found = rows(self.conn, COMPLETE_AND_ADVANCE, {
                 "b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result,
                 "b_locked_by": locked_by,
-            }).first()
-            if row is None:
+            })
+            if not found:
                 return Completion(None)
-            run = prefixed(RunRow, row._mapping, "r_")  # locked now, whatever the statement did
-            if row.done_name is not None:
+            row = found[0]
+            run = prefixed(RunRow, row, "r_")  # locked now, whatever the statement did
+            if row["done_name"] is not None:
                 return self._completed_in_line(run, row, position, attempt)
             if run.process_state == _PROCESSING and run.paused_by is None and not run.linear:
                 return self._completed_in_graph(run, position, attempt, result, locked_by)
         return self._step_by_step(run_id, position, attempt, result, locked_by, run)
 
-    def _completed_in_line(self, run: RunRow, row: Any, position: int, attempt: int) -> Completion:
-        mapping = row._mapping
-        following = [] if mapping["n_id"] is None else [prefixed(StepRow, mapping, "n_")]
-        finished = bool(row.finished)
-        self._notify_completed(run, row.done_name, position, attempt, undo=False)
+    def _completed_in_line(self, run: RunRow, row: dict[str, Any], position: int, attempt: int) -> Completion:
+        following = [] if row["n_id"] is None else [prefixed(StepRow, row, "n_")]
+        finished = bool(row["finished"])
+        self._notify_completed(run, row["done_name"], position, attempt, undo=False)
         if finished:
             self._announce_processed(run)
-        return Completion(run, row.done_name, following, finished, plan=not following and not finished)
+        return Completion(run, row["done_name"], following, finished, plan=not following and not finished)
 
     def _completed_in_graph(self, run: RunRow, position: int, attempt: int, result: Any,
                             locked_by: str) -> Completion:
-        rows = self.conn.execute(COMPLETE_IN_GRAPH, {
+        found = rows(self.conn, COMPLETE_IN_GRAPH, {
             "b_run_id": run.id, "b_position": position, "b_attempt": attempt, "b_result": result,
             "b_locked_by": locked_by,
-        }).all()
-        if not rows:
+        })
+        if not found:
             return Completion(run)  # stale: fenced out
-        first = rows[0]
-        started = [prefixed(StepRow, r._mapping, "n_") for r in rows if r._mapping["n_id"] is not None]
-        finished = bool(first.finished)
-        results = dict(first.results or {})
-        if first.done_branch_of is None:
-            results[first.done_name] = result
-        self._notify_completed(run, first.done_name, position, attempt, undo=False)
+        first = found[0]
+        started = [prefixed(StepRow, r, "n_") for r in found if r["n_id"] is not None]
+        finished = bool(first["finished"])
+        results = dict(first["results"] or {})
+        if first["done_branch_of"] is None:
+            results[first["done_name"]] = result
+        self._notify_completed(run, first["done_name"], position, attempt, undo=False)
         if finished:
             self._announce_processed(run)
-        plan = bool(first.ready_left) or (first.done_branch_of is not None and not first.siblings_open)
-        return Completion(run, first.done_name, started, finished, plan, results)
+        plan = bool(first["ready_left"]) or (first["done_branch_of"] is not None and not first["siblings_open"])
+        return Completion(run, first["done_name"], started, finished, plan, results)
 
     def _step_by_step(self, run_id: str, position: int, attempt: int, result: Any, locked_by: str,
                       locked: RunRow | None = None) -> Completion:

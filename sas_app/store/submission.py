@@ -13,9 +13,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from ..states import RunState, StepState
 from .engine import PG_NOW, db_now
-from .prepared import PREPARE, PREPARED
+from .prepared import PREPARE, PREPARED, rows
 from .recordset import insert_from_json, rows_parameter
-from .rows import NewStep, RunRow, as_row
+from .rows import NewStep, RunRow, as_row, prefixed
 from .tables import runs, steps
 from .transitions import TxBase
 
@@ -83,14 +83,14 @@ class SubmissionTx(TxBase):
         """Write ``new`` pending, to be picked up within ``pickup_timeout``. Returns ``(run,
         created)``; when its workflow already has a run for this business key nothing is written
         and that run is returned."""
-        row = self.conn.execute(_INSERT_RUN[self.conn.dialect.name], _run_values(new, pickup_timeout)).first()
-        if row is None:
+        found = rows(self.conn, _INSERT_RUN[self.conn.dialect.name], _run_values(new, pickup_timeout))
+        if not found:
             existing = self.conn.execute(
                 select(runs).where(runs.c.workflow == new.workflow, runs.c.business_key == new.business_key)
             ).one()
             return as_row(RunRow, existing), False
         self._written([new])
-        return as_row(RunRow, row), True
+        return prefixed(RunRow, found[0], ""), True
 
     def insert_runs(self, news: Sequence[NewRun], pickup_timeout: float) -> dict[tuple[str, str], tuple[RunRow, bool]]:
         """:meth:`insert_run` for many runs (of distinct workflow and business key) in a few
@@ -112,11 +112,11 @@ class SubmissionTx(TxBase):
         """The steps, first event and "received" notification of runs just inserted."""
         if not news:
             return
-        rows = [_step_values(new.run_id, position, s) for new in news for position, s in enumerate(new.steps)]
+        step_rows = [_step_values(new.run_id, position, s) for new in news for position, s in enumerate(new.steps)]
         if self.is_postgresql:
-            self.conn.execute(_INSERT_STEPS_JSON, rows_parameter(rows))
+            rows(self.conn, _INSERT_STEPS_JSON, rows_parameter(step_rows))
         else:
-            self.conn.execute(_INSERT_STEPS, rows)
+            self.conn.execute(_INSERT_STEPS, step_rows)
         for new in news:
             detail: dict[str, Any] = {"business_key": new.business_key}
             if new.parent_run_id is not None:

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Row
 from ..routing import Advance, Notification
 from ..states import TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState, Word
 from .engine import PG_NOW, db_now
-from .prepared import PREPARED
+from .prepared import PREPARED, rows
 from .recordset import insert_from_json, rows_parameter
 from .rows import RunRow, StepRow, as_row
 from .tables import alerts, events, outbox, runs, steps
@@ -128,7 +128,7 @@ class TxBase:
     def flush_events(self) -> None:
         if self._events:
             if self.is_postgresql:
-                self.conn.execute(INSERT_EVENTS_JSON, rows_parameter(self._events))
+                rows(self.conn, INSERT_EVENTS_JSON, rows_parameter(self._events))
             else:
                 self.conn.execute(INSERT_EVENTS, self._events)
             self._events = []
@@ -249,8 +249,8 @@ class TxBase:
     # -- steps ------------------------------------------------------------------------------
 
     def steps_of(self, run_id: str) -> list[StepRow]:
-        rows = self.conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.position))
-        return [as_row(StepRow, r) for r in rows]
+        found = self.conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.position))
+        return [as_row(StepRow, r) for r in found]
 
     def mark_step_running(self, step: StepRow, locked_by: str) -> StepRow | None:
         """not_started | pending → running with ``attempt + 1`` and ``complete_by = now + timeout``.

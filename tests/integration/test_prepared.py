@@ -81,6 +81,66 @@ def test_a_pooler_that_loses_prepared_statements_costs_one_transaction(db_url, c
         store.dispose()
 
 
+def test_the_hot_path_on_the_cursor_hands_a_pooler_that_lost_its_statements_to_the_same_handling(db_url, caplog):
+    """The hot statements run their EXECUTE on the DBAPI cursor, past SQLAlchemy's execution:
+    a statement missing on the connection must still cost one transaction and stop the preparing."""
+    migrate(db_url)
+    store = Store(db_url)
+    statements = sent(store)
+    try:
+        with store.begin() as tx:
+            assert tx.start_new_run("no-such-run", "test") == (None, None)
+        assert any(s.startswith("EXECUTE sas_") for s in statements)  # the cursor's, seen by the events too
+        with store.engine.connect() as conn:
+            conn.exec_driver_sql("DEALLOCATE ALL")
+            conn.commit()
+
+        with caplog.at_level(logging.ERROR, logger="sas.store"), pytest.raises(DBAPIError, match="does not exist"):
+            with store.begin() as tx:
+                tx.start_new_run("no-such-run", "test")
+
+        assert "Set SAS_PREPARED_STATEMENTS=false" in caplog.text
+        statements.clear()
+        with store.begin() as tx:
+            assert tx.start_new_run("no-such-run", "test") == (None, None)
+        assert statements and not any(s.startswith(("EXECUTE", "PREPARE")) for s in statements)
+    finally:
+        store.dispose()
+
+
+def test_the_hot_path_on_a_dropped_connection_fails_one_transaction_and_the_next_reconnects(db_url, tmp_path):
+    """A PostgreSQL restart (here: every connection of the store's terminated) under the hot path on
+    the cursor: the transaction fails as SQLAlchemy's would (a DBAPIError saying the connection was
+    invalidated, nothing written), and the next one runs on a new connection."""
+    app = SasApp(Settings(database_url=db_url, broker_url="memory://localhost/", home=tmp_path, task_events=False,
+                          inline_replies=False))
+    install_test_workflows(app, timeout=10)
+    app.migrate()
+    pump = Pump(app)
+    pump.purge()
+    try:
+        before = app.submit("three", {}, business_key="before-drop")
+        with app.store.engine.connect() as conn:
+            database = conn.exec_driver_sql("SELECT current_database()").scalar_one()
+        admin = Store(db_url)
+        with admin.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                 "WHERE datname = %(db)s AND pid <> pg_backend_pid()", {"db": database})
+            conn.commit()
+        admin.dispose()
+
+        with pytest.raises(DBAPIError) as failed:
+            app.submit("three", {}, business_key="dropped")
+        assert failed.value.connection_invalidated
+        after = app.submit("three", {}, business_key="after-drop")
+        pump.run()
+
+        assert [app.get_run(h.id).process_state for h in (before, after)] == ["processed"] * 2
+        assert app.store.find_run("three", "dropped") is None
+    finally:
+        app.store.dispose()
+
+
 def test_the_setting_reads_from_the_environment():
     assert Settings.from_env({"SAS_PREPARED_STATEMENTS": "false"}).prepared_statements is False
     assert Settings.from_env({}).prepared_statements is True
@@ -131,7 +191,9 @@ def test_prepared_statements_find_their_rows_by_key_whatever_plan_they_were_prep
 
     @event.listens_for(app.store.engine, "before_cursor_execute")
     def before(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if context is not None and context.execution_options.get(PREPARE):
+        # a statement marked for it goes through SQLAlchemy's execution (context) or, on the hot
+        # path, straight to the cursor (no context): either way it must go as EXECUTE
+        if statement.startswith("EXECUTE sas_") or (context is not None and context.execution_options.get(PREPARE)):
             assert statement.startswith("EXECUTE sas_"), statement  # prepared, so on its generic plan
             conn.info["scans_before"] = seq_scans(cursor)
 

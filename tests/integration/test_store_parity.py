@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import event, select
 
 from sas_app import SasApp, Settings
+from sas_app.store.prepared import built
 from sas_app.store.tables import outbox
 from tests.support import Pump
 from tests.testapp import install_test_workflows
@@ -33,7 +34,7 @@ def sequences(app: SasApp) -> dict[str, Any]:
 
     @event.listens_for(app.store.engine, "before_cursor_execute")
     def count(conn: Any, cursor: Any, sent: str, parameters: Any, context: Any, *args: Any) -> None:
-        statement = context.statement  # as built: on PostgreSQL, what is sent is EXECUTE of it, prepared
+        statement = built(sent)  # as built: on PostgreSQL, what is sent is EXECUTE of it, prepared
         if statement.lstrip().startswith("WITH run AS"):
             one_statement.append(statement)
         if statement.lstrip().startswith("WITH done AS"):
