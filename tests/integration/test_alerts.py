@@ -84,9 +84,10 @@ def test_a_dead_webhook_does_not_delay_the_supervisor(stack, stack_env, dead_web
 def test_a_step_whose_agent_queue_is_too_deep_is_flagged_at_risk_once(stack, stack_env):
     shop = shop_app(stack_env, step_timeout=4.0)
     shop.migrate()
-    stack.services()
-    stack.scheduler()
-    stack.beat()
+    stack.services(wait=False)
+    stack.scheduler(wait=False)
+    stack.beat(wait=False)
+    stack.wait_ready()
     handles = [shop.submit("order", {"amount": 5}, business_key=f"r-{i}") for i in range(3)]
 
     def at_risk() -> int:

@@ -14,10 +14,15 @@ from tests.integration.stack import REPO
 pytestmark = pytest.mark.integration
 
 
-def run_bench(module: str, *args: str, tmp_path) -> dict:
+#: the benches' stacks sweep every second here, not every 5 s: these tests check that a bench runs
+#: and reports, not its figures
+QUICK_SWEEPS = {"SAS_SUPERVISOR_INTERVAL": "1"}
+
+
+def run_bench(module: str, *args: str, tmp_path, env: dict[str, str] | None = None) -> dict:
     done = subprocess.run([sys.executable, "-m", module, *args, "--out", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "BENCH_LOGS": str(tmp_path / "logs")})
+                          env={**__import__("os").environ, "BENCH_LOGS": str(tmp_path / "logs"), **(env or {})})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     [written] = tmp_path.glob(f"{module.split('.')[-1]}-*.json")
     return json.loads(written.read_text())
@@ -50,14 +55,15 @@ def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and
 
 
 def test_sweep_bench_measures_cost_and_recovery(tmp_path):
-    result = run_bench("bench.sweep", "--sizes", "2000,4000", "--samples", "1", "--recoveries", "2",
-                       "--spread", "0", tmp_path=tmp_path)
+    result = run_bench("bench.sweep", "--sizes", "2000,4000", "--waiting", "2000", "--samples", "1",
+                       "--recoveries", "2", "--spread", "0", tmp_path=tmp_path, env=QUICK_SWEEPS)
     assert [row["rows"] for row in result["sweep"]] == [2000, 4000]
     assert result["recovery"]["runs"] == 2
 
 
 def test_recovery_bench_gets_a_dead_fleets_steps_going_again(tmp_path):
-    result = run_bench("bench.recovery", "--in-flight", "40", "--rows", "2000", "--lead", "1", tmp_path=tmp_path)
+    result = run_bench("bench.recovery", "--in-flight", "40", "--rows", "2000", "--lead", "1", tmp_path=tmp_path,
+                       env=QUICK_SWEEPS)
     assert (result["in_flight"], result["step_rows"]) == (40, 2000)
     assert 0 < result["redispatch_p50_s"] <= result["redispatch_max_s"] <= result["all_processed_s"]
 

@@ -80,10 +80,11 @@ def test_workers_whose_clocks_are_a_minute_off_still_keep_every_deadline(stack, 
     # complete-by passes on the database's clock, not a minute later).
     shop = shop_app(stack_env, charge_timeout=2.0)
     shop.migrate()
-    stack.services()
-    stack.scheduler(env=clock_off_by(-60))
-    stack.agents(env=clock_off_by(+60))
-    stack.beat(env=clock_off_by(-60))
+    stack.services(wait=False)
+    stack.scheduler(env=clock_off_by(-60), wait=False)
+    stack.agents(env=clock_off_by(+60), wait=False)
+    stack.beat(env=clock_off_by(-60), wait=False)
+    stack.wait_ready()
     healthy = [shop.submit("order", {"amount": 3 + i}, business_key=f"skew-{i}") for i in range(5)]
     hung = shop.submit("order", {"amount": 9, "faults": {"charge": "hang:30@1"}}, business_key="skew-hung")
 

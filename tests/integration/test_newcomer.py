@@ -25,8 +25,9 @@ def test_the_readme_guide_example_runs_as_written(stack, stack_env):
     assert example.strip() in readme, "the README's guide must show examples/signup.py as it is"
     env = {"SAS_APP": "examples.signup:sas"}
     subprocess.run([SAS, "migrate"], env={**stack.env, **env}, check=True, timeout=60, capture_output=True)
-    stack.worker("signup", "sas.scheduler,sas.supervisor,sas.agent.accounts,sas.agent.mailer", env=env)
-    stack.beat("beat", env=env)
+    stack.worker("signup", "sas.scheduler,sas.supervisor,sas.agent.accounts,sas.agent.mailer", env=env, wait=False)
+    stack.beat("beat", env=env, wait=False)
+    stack.wait_ready()
 
     done = subprocess.run([sys.executable, "-m", "examples.signup", "bob@example.com"], env=stack.env,
                           cwd=REPO, capture_output=True, text=True, timeout=90)
@@ -41,8 +42,9 @@ def test_the_fanout_example_runs_steps_side_by_side_then_joins(stack, stack_env)
     assert "python -m examples.fanout" in (REPO / "README.md").read_text(), "the README shows the fan-out example"
     env = {"SAS_APP": "examples.fanout:sas"}
     subprocess.run([SAS, "migrate"], env={**stack.env, **env}, check=True, timeout=60, capture_output=True)
-    stack.worker("trip", "sas.scheduler,sas.supervisor,sas.agent.travel", concurrency=4, env=env)
-    stack.beat("beat", env=env)
+    stack.worker("trip", "sas.scheduler,sas.supervisor,sas.agent.travel", concurrency=4, env=env, wait=False)
+    stack.beat("beat", env=env, wait=False)
+    stack.wait_ready()
 
     done = subprocess.run([sys.executable, "-m", "examples.fanout", "ann", "bob", "cy"], env=stack.env,
                           cwd=REPO, capture_output=True, text=True, timeout=90)
@@ -65,8 +67,9 @@ def test_the_approval_example_waits_for_its_manager_from_python_and_from_the_cli
     env = {"SAS_APP": "examples.approval:sas"}
     cli = {**stack.env, **env}
     subprocess.run([SAS, "migrate"], env=cli, check=True, timeout=60, capture_output=True)
-    stack.worker("claims", "sas.scheduler,sas.supervisor,sas.agent.ledger", env=env)
-    stack.beat("beat", env=env)
+    stack.worker("claims", "sas.scheduler,sas.supervisor,sas.agent.ledger", env=env, wait=False)
+    stack.beat("beat", env=env, wait=False)
+    stack.wait_ready()
 
     done = subprocess.run([sys.executable, "-m", "examples.approval"], env=stack.env, cwd=REPO,
                           capture_output=True, text=True, timeout=90)
@@ -94,10 +97,12 @@ def test_the_approval_example_waits_for_its_manager_from_python_and_from_the_cli
 
 def test_flower_shows_each_kind_of_task_and_asks_for_credentials(stack, stack_env, shop):
     events = {"SAS_TASK_EVENTS": "true"}
-    stack.services()
-    stack.worker("scheduler", "sas.scheduler,sas.supervisor", env=events)
-    stack.worker("agents", "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders", env=events)
-    stack.beat()
+    stack.services(wait=False)
+    stack.worker("scheduler", "sas.scheduler,sas.supervisor", env=events, wait=False)
+    stack.worker("agents", "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders", env=events,
+                 wait=False)
+    stack.beat(wait=False)
+    stack.wait_ready()
     port = free_port()
     stack.start("flower", [SAS, "flower", f"--port={port}"], env={**events, "FLOWER_BASIC_AUTH": "ops:s3cret"})
     api = f"http://127.0.0.1:{port}/api/tasks"

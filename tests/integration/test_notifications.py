@@ -61,10 +61,11 @@ def test_compensation_is_reported_too(stack, shop):
 def test_a_scheduler_killed_between_commit_and_relay_neither_loses_nor_invents_a_notification(stack, stack_env):
     shop = shop_app(stack_env, step_timeout=2.0)
     shop.migrate()
-    stack.services()
-    stack.scheduler()
-    stack.agents(env={"SAS_FAULTS": "scheduler.after_commit=kill@once"})
-    stack.beat()
+    stack.services(wait=False)
+    stack.scheduler(wait=False)
+    stack.agents(env={"SAS_FAULTS": "scheduler.after_commit=kill@once"}, wait=False)
+    stack.beat(wait=False)
+    stack.wait_ready()
     queue = f"replies-{uuid.uuid4().hex[:8]}"
     handle = shop.submit("order", {"amount": 5}, business_key="n-3", reply_to=queue)
 

@@ -158,7 +158,7 @@ def test_a_permanent_fault_after_two_steps_undoes_both_in_reverse_once(stack, sh
 
 
 def test_an_undo_whose_agent_is_killed_is_recovered(stack, stack_env):
-    shop = shop_app(stack_env, charge_timeout=3.0)
+    shop = shop_app(stack_env, charge_timeout=3.0, step_timeout=5.0)  # the undo of reserve_stock gets its 5 s
     shop.migrate()
     stack.up()
     handle = shop.submit("order", {"amount": 5, "faults": {"charge": "permanent", "release": "latency:2"}},
@@ -245,10 +245,11 @@ def test_a_scheduler_killed_and_restarted_resumes_in_flight_runs(stack, shop):
 def test_a_scheduler_that_dies_between_commit_and_publish_is_recovered(stack, shop):
     # The Scheduler's reply handler runs in the agent workers: the first one to complete a step
     # commits "reserve_stock completed, charge_payment running" and dies before publishing.
-    stack.services()
-    stack.scheduler()
-    stack.agents(env={"SAS_FAULTS": "scheduler.after_commit=kill@once"})
-    stack.beat()
+    stack.services(wait=False)
+    stack.scheduler(wait=False)
+    stack.agents(env={"SAS_FAULTS": "scheduler.after_commit=kill@once"}, wait=False)
+    stack.beat(wait=False)
+    stack.wait_ready()
     handle = shop.submit("order", {"amount": 3}, business_key="die-1")
 
     view = handle.wait(40)
@@ -314,10 +315,11 @@ def test_a_batch_submitted_at_once_is_processed_once_each(stack, shop):
 def test_a_zombie_agent_that_wakes_up_late_is_refused_by_the_remote_service(stack, stack_env):
     shop = shop_app(stack_env, charge_timeout=4.0)
     shop.migrate()
-    stack.services()
-    stack.scheduler()
-    stack.beat()
-    stack.worker("others", "sas.agent.fraud,sas.agent.warehouse,sas.agent.orders")
+    stack.services(wait=False)
+    stack.scheduler(wait=False)
+    stack.beat(wait=False)
+    stack.worker("others", "sas.agent.fraud,sas.agent.warehouse,sas.agent.orders", wait=False)
+    stack.wait_ready()
     # This payment agent passes its complete-by check, then stalls 10 s before calling the service.
     # In the threads pool no time limit interrupts it (prefork's soft limit would): a zombie. The
     # healthy worker started once it stalls has until the retry's own complete-by (about 8 s) to be

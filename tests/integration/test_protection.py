@@ -36,9 +36,10 @@ def test_with_the_breaker_open_no_request_reaches_the_service_and_no_budget_burn
 
 @pytest.mark.both_brokers
 def test_an_urgent_run_overtakes_queued_ones_on_the_agent_queue(stack, shop):
-    stack.services()
-    stack.scheduler()
-    stack.beat()
+    stack.services(wait=False)
+    stack.scheduler(wait=False)
+    stack.beat(wait=False)
+    stack.wait_ready()
     slow = [shop.submit("order", {"amount": 1}, business_key=f"slow-{i}", priority=1) for i in range(4)]
     urgent = shop.submit("order", {"amount": 1}, business_key="urgent", priority=9)
     wait_for(lambda: all(h.status().step("reserve_stock").state == "running" for h in [*slow, urgent]), 20,
@@ -53,9 +54,10 @@ def test_an_urgent_run_overtakes_queued_ones_on_the_agent_queue(stack, shop):
 
 def test_an_agent_rate_limit_spaces_out_its_calls(stack, shop):
     stack.env["SAS_AGENT_RATE_LIMITS"] = "warehouse=2/s"
-    stack.services()
-    stack.scheduler()
-    stack.beat()
+    stack.services(wait=False)
+    stack.scheduler(wait=False)
+    stack.beat(wait=False)
+    stack.wait_ready()
     handles = [shop.submit("order", {"amount": 1}, business_key=f"rl-{i}") for i in range(6)]
     stack.agents(concurrency=4)
 
