@@ -22,7 +22,7 @@ from ..states import TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState,
 from .engine import PG_NOW, db_now
 from .prepared import PREPARED, rows
 from .recordset import insert_from_json, rows_parameter
-from .rows import RunRow, StepRow, as_row
+from .rows import RunRow, StepRow, as_row, prefixed
 from .tables import alerts, events, outbox, runs, steps
 
 #: The PostgreSQL channel on which a run's id is announced when it reaches a terminal state.
@@ -60,6 +60,20 @@ MARK_NEXT_RUNNING = (
     .returning(*steps.c)
     .execution_options(**PREPARED)
 )
+# A step, not_started | pending → running, fenced on its state and attempt (the planner's, for every
+# step it starts: a graph's, a retry, an undo).
+MARK_STEP_RUNNING = (
+    update(steps)
+    .where(steps.c.id == bindparam("b_id"), steps.c.state == bindparam("b_state"),
+           steps.c.attempt == bindparam("b_attempt"),
+           (steps.c.not_before.is_(None)) | (steps.c.not_before <= db_now()))
+    .values(state=StepState.RUNNING.value, attempt=steps.c.attempt + 1, locked_by=bindparam("b_locked_by"),
+            complete_by=db_now() + steps.c.timeout, not_before=None, updated_at=db_now())
+    .returning(*steps.c)
+    .execution_options(**PREPARED)
+)
+STEPS_OF = select(steps).where(steps.c.run_id == bindparam("b_run_id")).order_by(steps.c.position) \
+    .execution_options(**PREPARED)
 INSERT_EVENTS = insert(events).values(at=db_now())
 _EVENT_COLUMNS = ("run_id", "position", "kind", "from_state", "to_state", "attempt", "actor", "detail")
 INSERT_EVENTS_JSON = insert_from_json(events, _EVENT_COLUMNS, {"at": PG_NOW})
@@ -249,24 +263,16 @@ class TxBase:
     # -- steps ------------------------------------------------------------------------------
 
     def steps_of(self, run_id: str) -> list[StepRow]:
-        found = self.conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.position))
-        return [as_row(StepRow, r) for r in found]
+        return [prefixed(StepRow, row, "") for row in rows(self.conn, STEPS_OF, {"b_run_id": run_id})]
 
     def mark_step_running(self, step: StepRow, locked_by: str) -> StepRow | None:
         """not_started | pending → running with ``attempt + 1`` and ``complete_by = now + timeout``.
 
         Refused while a back-off (``not_before``) has not passed. Returns the step as dispatched,
         or None if another actor moved it first."""
-        now = db_now()
-        row = self.conn.execute(
-            update(steps)
-            .where(steps.c.id == step.id, steps.c.state == step.state, steps.c.attempt == step.attempt,
-                   (steps.c.not_before.is_(None)) | (steps.c.not_before <= now))
-            .values(state=StepState.RUNNING.value, attempt=steps.c.attempt + 1, locked_by=locked_by,
-                    complete_by=now + steps.c.timeout, not_before=None, updated_at=now)
-            .returning(*steps.c)
-        ).first()
-        return self.dispatched(row, locked_by)
+        found = rows(self.conn, MARK_STEP_RUNNING, {"b_id": step.id, "b_state": step.state, "b_attempt": step.attempt,
+                                                    "b_locked_by": locked_by})
+        return self.dispatched(prefixed(StepRow, found[0], "") if found else None, locked_by)
 
     def mark_next_running(self, run_id: str, position: int, locked_by: str) -> StepRow | None:
         """The workflow step at ``position``, not_started | pending → running, without reading the
