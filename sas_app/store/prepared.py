@@ -30,7 +30,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -141,8 +141,9 @@ class _Shape:
     defaults: dict[str, Any]
     binds: dict[str, Callable[[Any], Any]]
     types: dict[str, Any]
-    columns: tuple[str, ...] | None = None
-    results: list[tuple[int, Callable[[Any], Any]]] = field(default_factory=list)
+    #: its columns, and the result processors of those whose values need one (set once, whole:
+    #: a worker's threads may run the statement for the first time together)
+    described: tuple[tuple[str, ...], tuple[tuple[int, Callable[[Any], Any]], ...]] | None = None
 
 
 _SHAPES: dict[tuple[int, str], tuple[Executable, _Shape]] = {}
@@ -196,31 +197,33 @@ def rows(conn: Connection, statement: Executable, parameters: Mapping[str, Any])
         if cursor.description is None:
             return []
         fetched = cursor.fetchall()
-        if shape.columns is None:
-            _describe(shape, cursor.description, conn.dialect)
+        if shape.described is None:
+            shape.described = _describe(shape, cursor.description, conn.dialect)
     except conn.dialect.loaded_dbapi.Error as exc:
         # SQLAlchemy's own handling: wrapped as a DBAPIError, the connection (and the pool, on a
         # disconnect) invalidated, the handle_error events (install's) told
         conn._handle_dbapi_exception(exc, sql, values, cursor, None)
     finally:
         cursor.close()
-    columns = shape.columns
-    assert columns is not None
+    assert shape.described is not None
+    columns, processors = shape.described
     out = []
     for fetched_row in fetched:
         values_of = list(fetched_row)
-        for index, process in shape.results:
+        for index, process in processors:
             values_of[index] = process(values_of[index])
         out.append(dict(zip(columns, values_of, strict=True)))
     return out
 
 
-def _describe(shape: _Shape, description: Any, dialect: Dialect) -> None:
+def _describe(shape: _Shape, description: Any,
+              dialect: Dialect) -> tuple[tuple[str, ...], tuple[tuple[int, Callable[[Any], Any]], ...]]:
     """The statement's columns, and the result processors of those whose values need one."""
     columns = tuple(d[0] for d in description)
+    processors = []
     for index, (name, type_code, *_rest) in enumerate(description):
         column_type = shape.types.get(name)
         process = column_type.dialect_impl(dialect).result_processor(dialect, type_code) if column_type else None
         if process is not None:
-            shape.results.append((index, process))
-    shape.columns = columns
+            processors.append((index, process))
+    return columns, tuple(processors)
