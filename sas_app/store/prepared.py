@@ -13,9 +13,13 @@ cursor of the transaction's connection, not through SQLAlchemy's execution. SQLA
 execution of a statement built once (its compiled-cache lookup, execution context, result object
 and row) cost 0.15-0.2 ms of the client's CPU a statement, as much as psycopg2 and the network:
 five of them a run on the hot path. The statement's text, parameters and result types are worked
-out once per statement (by SQLAlchemy, from the same construct), SQLAlchemy's cursor events still
-fire (``before_cursor_execute``, ``after_cursor_execute``), and a DBAPI error is handed to
-SQLAlchemy's own error handling (wrapped, the connection invalidated on a disconnect).
+out once per statement and engine (by SQLAlchemy, from the same construct), SQLAlchemy's cursor
+events still fire (``before_cursor_execute``, ``after_cursor_execute``, with no execution context),
+and a DBAPI error (or an interrupt) is handed to SQLAlchemy's own error handling (wrapped, the
+connection and its pool invalidated on a disconnect). Skipped there: the statement-level
+``before_execute``/``after_execute`` events, ``echo`` logging and psycopg2's server notices. A
+statement SQLAlchemy would rewrite at execution (an expanding ``IN``, a Python-side default) goes
+through SQLAlchemy as before.
 
 Behind a connection pooler in transaction mode (PgBouncer), a session's prepared statements do
 not follow it from one transaction to the next: set ``SAS_PREPARED_STATEMENTS=false`` there. Were
@@ -30,7 +34,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -77,26 +81,40 @@ def _forms(statement: str) -> tuple[str, str, str]:
     return name, f"PREPARE {name} AS {body}", f"EXECUTE {name}({arguments})" if order else f"EXECUTE {name}"
 
 
+#: a statement's columns, and the result processors (by column index) of those that need one
+_Described = tuple[tuple[str, ...], tuple[tuple[int, Callable[[Any], Any]], ...]]
+
+
 @dataclass
 class Preparing:
-    """Whether an engine's connections prepare the statements marked for it: on from
-    :func:`install` until a pooler is found to lose them."""
+    """Whether an engine's connections prepare the statements marked for it — on from
+    :func:`install` until a pooler is found to lose them — and what :func:`rows` worked out of
+    each statement it ran on that engine's cursors."""
 
     on: bool = True
+    shapes: dict[int, tuple[Executable, _Shape | None]] = field(default_factory=dict)
+    #: columns and result processors of a statement's rows, by its prepared name (each set once,
+    #: whole, from the first cursor's description)
+    described: dict[str, _Described] = field(default_factory=dict)
 
 
 def _preparing(dialect: Dialect) -> Preparing | None:
     return getattr(dialect, "sas_preparing", None)
 
 
-def _prepared_names(conn: Connection) -> set[str]:
-    """The statements prepared on ``conn``'s DBAPI connection (they live and die with it)."""
-    names: set[str] = conn.info.setdefault("sas_prepared", set())
-    return names
+def _prepare_once(conn: Connection, cursor: Any, name: str, prepare: str) -> None:
+    """``PREPARE`` ``name`` on ``conn``'s DBAPI connection unless it was already (a prepared
+    statement outlives a rolled-back transaction and dies with its connection, whose ``info`` goes
+    with it)."""
+    prepared: set[str] = conn.info.setdefault("sas_prepared", set())
+    if name not in prepared:
+        cursor.execute(prepare)
+        prepared.add(name)
 
 
 def install(engine: Engine) -> None:
-    """Prepare the statements marked ``sas_prepare`` on ``engine``'s connections (psycopg2)."""
+    """Prepare the statements marked ``sas_prepare`` on ``engine``'s connections (psycopg2), and
+    let :func:`rows` run them on the cursor."""
     state = Preparing()
     engine.dialect.sas_preparing = state  # type: ignore[attr-defined]
 
@@ -105,10 +123,7 @@ def install(engine: Engine) -> None:
         if executemany or context is None or not state.on or not context.execution_options.get(PREPARE):
             return statement, parameters
         name, prepare, execute = _forms(statement)
-        prepared = _prepared_names(conn)
-        if name not in prepared:
-            cursor.execute(prepare)
-            prepared.add(name)
+        _prepare_once(conn, cursor, name, prepare)
         return execute, parameters
 
     @event.listens_for(engine, "handle_error")
@@ -130,65 +145,71 @@ def install(engine: Engine) -> None:
             ctx.invalidate_pool_on_disconnect = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Shape:
     """What running one statement on the cursor needs, worked out once: its prepared forms, the
-    values SQLAlchemy fills in itself, its parameters' and (after its first run) its columns' types."""
+    values SQLAlchemy fills in itself, the parameters a caller must give, its parameters' and its
+    columns' types."""
 
     name: str
     prepare: str
     execute: str
     defaults: dict[str, Any]
+    required: frozenset[str]
     binds: dict[str, Callable[[Any], Any]]
     types: dict[str, Any]
-    #: its columns, and the result processors of those whose values need one (set once, whole:
-    #: a worker's threads may run the statement for the first time together)
-    described: tuple[tuple[str, ...], tuple[tuple[int, Callable[[Any], Any]], ...]] | None = None
 
 
-_SHAPES: dict[tuple[int, str], tuple[Executable, _Shape]] = {}
-
-
-def _shape(statement: Executable, dialect: Dialect) -> _Shape:
-    key = (id(statement), dialect.name)
-    found = _SHAPES.get(key)
+def _shape(state: Preparing, statement: Executable, dialect: Dialect) -> _Shape | None:
+    """``statement``'s shape on this engine, or None if it must go through SQLAlchemy: not marked
+    for preparing, or rewritten by SQLAlchemy at execution (an expanding ``IN``, a literal rendered
+    then, a Python-side default, a bind whose value is computed by a callable)."""
+    found = state.shapes.get(id(statement))
     if found is not None and found[0] is statement:
         return found[1]
+    shape = None
+    options = statement.get_execution_options()
     compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
-    name, prepare, execute = _forms(compiled.string)
-    binds = {}
-    for bind_name, bind in compiled.binds.items():
-        process = bind.type.dialect_impl(dialect).bind_processor(dialect)
-        if process is not None:
-            binds[bind_name] = process
-    types = {column.name: column.type for column in getattr(statement, "exported_columns", ())}
-    shape = _Shape(name, prepare, execute, compiled.construct_params(_check=False), binds, types)
-    _SHAPES[key] = (statement, shape)
+    rewritten = (compiled.post_compile_params or compiled.literal_execute_params or compiled.escaped_bind_names
+                 or compiled.insert_prefetch or compiled.update_prefetch
+                 or any(bind.callable is not None for bind in compiled.binds.values()))
+    if options.get(PREPARE) and not rewritten:
+        name, prepare, execute = _forms(compiled.string)
+        binds = {}
+        for bind_name, bind in compiled.binds.items():
+            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if process is not None:
+                binds[bind_name] = process
+        required = frozenset(bind_name for bind_name, bind in compiled.binds.items() if bind.required)
+        types = {column.name: column.type for column in getattr(statement, "exported_columns", ())}
+        shape = _Shape(name, prepare, execute, compiled.construct_params(_check=False), required, binds, types)
+    state.shapes[id(statement)] = (statement, shape)
     return shape
 
 
 def rows(conn: Connection, statement: Executable, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Run ``statement`` (one marked :data:`PREPARED`) with ``parameters`` in ``conn``'s transaction
-    and return its rows, each a dict by column name. Where ``conn`` prepares (psycopg2,
-    SAS_PREPARED_STATEMENTS on), on its DBAPI cursor (see the module's docstring); otherwise
-    through SQLAlchemy."""
+    """Run ``statement`` (one built once, marked :data:`PREPARED`) with ``parameters`` in
+    ``conn``'s transaction and return its rows, each a dict by column name. Where ``conn``
+    prepares (psycopg2, SAS_PREPARED_STATEMENTS on), on its DBAPI cursor (see the module's
+    docstring); otherwise through SQLAlchemy."""
     state = _preparing(conn.dialect)
-    if state is None or not state.on:
+    shape = _shape(state, statement, conn.dialect) if state is not None and state.on else None
+    if state is None or shape is None:
         result = conn.execute(statement, dict(parameters))
         return [dict(row._mapping) for row in result] if result.returns_rows else []
-    shape = _shape(statement, conn.dialect)
+    missing = shape.required.difference(parameters)
+    if missing:
+        raise ValueError(f"a value is required for the parameter(s) {', '.join(sorted(missing))}")
     values = {**shape.defaults, **parameters}
     for name, process in shape.binds.items():
         values[name] = process(values[name])
-    sql: str = shape.execute
+    if not conn.in_transaction():  # as SQLAlchemy's own execution would: so that commit() commits
+        conn.begin()
+    sql: str = shape.prepare
     cursor = conn.connection.cursor()
     try:
-        prepared = _prepared_names(conn)
-        if shape.name not in prepared:
-            sql = shape.prepare
-            cursor.execute(sql)
-            prepared.add(shape.name)
-            sql = shape.execute
+        _prepare_once(conn, cursor, shape.name, shape.prepare)
+        sql = shape.execute
         for before in conn.dispatch.before_cursor_execute:
             sql, values = before(conn, cursor, sql, values, None, False)
         cursor.execute(sql, values)
@@ -197,16 +218,20 @@ def rows(conn: Connection, statement: Executable, parameters: Mapping[str, Any])
         if cursor.description is None:
             return []
         fetched = cursor.fetchall()
-        if shape.described is None:
-            shape.described = _describe(shape, cursor.description, conn.dialect)
-    except conn.dialect.loaded_dbapi.Error as exc:
-        # SQLAlchemy's own handling: wrapped as a DBAPIError, the connection (and the pool, on a
-        # disconnect) invalidated, the handle_error events (install's) told
-        conn._handle_dbapi_exception(exc, sql, values, cursor, None)
+        described = state.described.get(shape.name)
+        if described is None:
+            described = state.described[shape.name] = _describe(shape, cursor.description, conn.dialect)
+    except BaseException as exc:
+        # SQLAlchemy's own handling of what its execution would hand it: a DBAPI error wrapped as
+        # a DBAPIError, the connection (and the pool, on a disconnect) invalidated, install's
+        # handle_error told; an interrupt mid-statement taken as a disconnect. Anything else (a
+        # Celery time limit) goes on as it is.
+        if isinstance(exc, conn.dialect.loaded_dbapi.Error) or not isinstance(exc, Exception):
+            conn._handle_dbapi_exception(exc, sql, values, cursor, None)
+        raise
     finally:
         cursor.close()
-    assert shape.described is not None
-    columns, processors = shape.described
+    columns, processors = described
     out = []
     for fetched_row in fetched:
         values_of = list(fetched_row)
@@ -216,8 +241,7 @@ def rows(conn: Connection, statement: Executable, parameters: Mapping[str, Any])
     return out
 
 
-def _describe(shape: _Shape, description: Any,
-              dialect: Dialect) -> tuple[tuple[str, ...], tuple[tuple[int, Callable[[Any], Any]], ...]]:
+def _describe(shape: _Shape, description: Any, dialect: Dialect) -> _Described:
     """The statement's columns, and the result processors of those whose values need one."""
     columns = tuple(d[0] for d in description)
     processors = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -170,16 +171,16 @@ def field_names(kind: type) -> tuple[str, ...]:
     return names
 
 
-def as_row(kind: type[T], row: Row[Any]) -> T:
-    """The dataclass ``kind`` made from a result row holding (at least) its fields."""
-    mapping = row._mapping
+def as_row(kind: type[T], row: Row[Any] | Mapping[str, Any]) -> T:
+    """The dataclass ``kind`` made from a result row (or a row as a dict) holding (at least) its fields."""
+    mapping = row._mapping if isinstance(row, Row) else row
     return kind(**{name: mapping[name] for name in field_names(kind)})
 
 
 def prefixed_columns(table: Table, prefix: str, names: tuple[str, ...]) -> list[ColumnClause[Any]]:
     """The typed result columns ``<prefix><name>`` of a textual statement selecting ``table``'s
-    columns ``names``: with them SQLAlchemy keeps the statement's result layout from one run to
-    the next instead of working it out from the cursor every time."""
+    columns ``names``: the types its rows are read with, through SQLAlchemy (which keeps the
+    statement's result layout from one run to the next) or on the cursor (:func:`~sas_app.store.prepared.rows`)."""
     return [column(prefix + name, table.c[name].type) for name in names]
 
 

@@ -15,7 +15,7 @@ from ..states import RunState, StepState
 from .engine import PG_NOW, db_now
 from .prepared import PREPARE, PREPARED, rows
 from .recordset import insert_from_json, rows_parameter
-from .rows import NewStep, RunRow, as_row, prefixed
+from .rows import NewStep, RunRow, as_row
 from .tables import runs, steps
 from .transitions import TxBase
 
@@ -90,7 +90,7 @@ class SubmissionTx(TxBase):
             ).one()
             return as_row(RunRow, existing), False
         self._written([new])
-        return prefixed(RunRow, found[0], ""), True
+        return as_row(RunRow, found[0]), True
 
     def insert_runs(self, news: Sequence[NewRun], pickup_timeout: float) -> dict[tuple[str, str], tuple[RunRow, bool]]:
         """:meth:`insert_run` for many runs (of distinct workflow and business key) in a few

@@ -22,7 +22,7 @@ from ..states import TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState,
 from .engine import PG_NOW, db_now
 from .prepared import PREPARED, rows
 from .recordset import insert_from_json, rows_parameter
-from .rows import RunRow, StepRow, as_row, prefixed
+from .rows import RunRow, StepRow, as_row
 from .tables import alerts, events, outbox, runs, steps
 
 #: The PostgreSQL channel on which a run's id is announced when it reaches a terminal state.
@@ -263,7 +263,7 @@ class TxBase:
     # -- steps ------------------------------------------------------------------------------
 
     def steps_of(self, run_id: str) -> list[StepRow]:
-        return [prefixed(StepRow, row, "") for row in rows(self.conn, STEPS_OF, {"b_run_id": run_id})]
+        return [as_row(StepRow, row) for row in rows(self.conn, STEPS_OF, {"b_run_id": run_id})]
 
     def mark_step_running(self, step: StepRow, locked_by: str) -> StepRow | None:
         """not_started | pending → running with ``attempt + 1`` and ``complete_by = now + timeout``.
@@ -272,7 +272,7 @@ class TxBase:
         or None if another actor moved it first."""
         found = rows(self.conn, MARK_STEP_RUNNING, {"b_id": step.id, "b_state": step.state, "b_attempt": step.attempt,
                                                     "b_locked_by": locked_by})
-        return self.dispatched(prefixed(StepRow, found[0], "") if found else None, locked_by)
+        return self.dispatched(as_row(StepRow, found[0]) if found else None, locked_by)
 
     def mark_next_running(self, run_id: str, position: int, locked_by: str) -> StepRow | None:
         """The workflow step at ``position``, not_started | pending → running, without reading the

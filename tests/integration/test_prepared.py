@@ -17,7 +17,10 @@ from sqlalchemy.exc import DBAPIError
 
 from sas_app import SasApp, Settings, migrate
 from sas_app.store import Store
-from sas_app.store.prepared import PREPARE
+from sas_app.store.hot_path import START_NEW_RUN
+from sas_app.store.prepared import PREPARE, rows
+from sas_app.store.recordset import rows_parameter
+from sas_app.store.transitions import INSERT_EVENTS_JSON, MARK_NEXT_RUNNING
 from tests.support import Pump
 from tests.testapp import install_test_workflows
 
@@ -139,6 +142,33 @@ def test_the_hot_path_on_a_dropped_connection_fails_one_transaction_and_the_next
         assert app.store.find_run("three", "dropped") is None
     finally:
         app.store.dispose()
+
+
+def test_the_cursor_path_keeps_what_sqlalchemys_execution_promises(db_url):
+    """rows() skips SQLAlchemy's execution, not its promises: a missing parameter is refused before
+    anything is sent, a statement SQLAlchemy rewrites at execution (an expanding IN) still runs
+    through it, and on a connection with no transaction begun the write is committed by commit()."""
+    migrate(db_url)
+    store = Store(db_url)
+    on_cursor: list[bool] = []  # per statement sent: run on the cursor (no execution context)?
+    event.listen(store.engine, "before_cursor_execute",
+                 lambda conn, cursor, statement, parameters, context, many: on_cursor.append(context is None))
+    try:
+        with store.begin() as tx, pytest.raises(ValueError, match="b_locked_by"):
+            rows(tx.conn, START_NEW_RUN, {"b_run_id": "no-such-run"})
+        assert on_cursor == []
+        with store.begin() as tx:  # state IN (...) is expanded by SQLAlchemy: not on the cursor
+            assert rows(tx.conn, MARK_NEXT_RUNNING, {"b_run_id": "x", "b_position": 0, "b_locked_by": "t"}) == []
+        assert on_cursor == [False]
+        on_cursor.clear()
+        with store.engine.connect() as conn:
+            rows(conn, INSERT_EVENTS_JSON, rows_parameter([{"run_id": "r-1", "position": None, "kind": "test",
+                                                             "from_state": None, "to_state": None, "attempt": None,
+                                                             "actor": "t", "detail": None}]))
+            conn.commit()
+        assert on_cursor == [True] and [e.kind for e in store.get_events("r-1")] == ["test"]
+    finally:
+        store.dispose()
 
 
 def test_the_setting_reads_from_the_environment():
