@@ -7,7 +7,9 @@ workflow whose steps do no remote work, on two worker processes of C slots each:
 * the same three no-op tasks as a plain Celery ``chain`` on the same broker;
 * DBOS Transact, three ``@DBOS.step``s per workflow started through a DBOS queue (2·C workers).
 
-Prints a table and writes ``bench/results/throughput-<date>.json``: the median of the repetitions
+The contenders take turns, one repetition each (sas_app, the chain, DBOS, then again), on stacks
+started once, so that a slow spell of the machine falls on all of them alike. Prints a table and
+writes ``bench/results/throughput-<date>.json``: the median of the repetitions
 with min-max, the ratios sas/celery and sas/dbos, the machine and the versions, and where the CPU
 went per step for sas_app and the chain (:mod:`bench.cpu`: each worker's main process and pool,
 beat, PostgreSQL, the broker, the submitting process). Usage:
@@ -25,7 +27,8 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import date
 from importlib.metadata import version
 from pathlib import Path
@@ -106,7 +109,9 @@ def fresh_database(admin_url: str, name: str) -> str:
     return admin_url.rsplit("/", 1)[0] + f"/{name}"
 
 
-def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) -> list[dict[str, Any]]:
+@contextmanager
+def sas_contender(args: argparse.Namespace, db_url: str, broker: str, logs: Path) -> Iterator[Callable[[int], dict]]:
+    """sas_app's stack, started once; yields one repetition's run, to be called with its number."""
     env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": broker,
            "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": str(args.task_events).lower(),
            "SAS_PREPARED_STATEMENTS": str(not args.pgbouncer).lower(), "PYTHONPATH": str(REPO)}
@@ -125,8 +130,8 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
         meter = CpuMeter({**workers(agent=agent.pid, scheduler=scheduler.pid),
                           "beat": lambda: [procs.procs["beat"].pid], **servers(),
                           **({"pooler": named("pgbouncer")} if args.pgbouncer else {})})
-        results = []
-        for rep in range(args.repeat):
+
+        def repetition(rep: int) -> dict[str, Any]:
             idle = []
             for i in range(args.idle_runs):
                 view = sas.submit(args.workflow, {}, business_key=f"idle-{rep}-{i}").wait(60)
@@ -157,7 +162,7 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
                                                             .where(where))]
             elapsed = last - first
             after = traffic(sas.store, broker)
-            results.append({
+            result = {
                 "elapsed_s": elapsed, "steps_per_s": 3 * args.runs / elapsed, "runs_per_s": args.runs / elapsed,
                 "submit_per_s": args.runs / submitted,
                 "latency_idle_p50_ms": 1000 * percentile(idle, 50), "latency_idle_p99_ms": 1000 * percentile(idle, 99),
@@ -167,15 +172,19 @@ def bench_sas(args: argparse.Namespace, db_url: str, broker: str, logs: Path) ->
                 **meter.per_step(3 * args.runs),
                 **{f"{name}_per_step": round((after[name] - before) / (3 * args.runs), 2)
                    for name, before in counted.items()},
-            })
-            print(f"  sas_app rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
-        return results
+            }
+            print(f"  sas_app rep {rep + 1}: {result['steps_per_s']:.0f} steps/s", flush=True)
+            return result
+
+        yield repetition
     finally:
         procs.stop_all(grace=20)
         sas.store.dispose()
 
 
-def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict[str, Any]]:
+@contextmanager
+def celery_contender(args: argparse.Namespace, broker: str, logs: Path) -> Iterator[Callable[[int], dict]]:
+    """The Celery chain's workers, started once; yields one repetition's run."""
     from celery import chain
 
     from bench.app import chain_app, chain_done, chain_noop
@@ -195,8 +204,8 @@ def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict
         procs.start("chain-2", [*celery_cli, "-n", "chain2@%h"], ready=CELERY_READY)
         meter = CpuMeter({**workers(chain1=procs.procs["chain-1"].pid, chain2=procs.procs["chain-2"].pid),
                           **servers()})
-        results = []
-        for rep in range(args.repeat):
+
+        def repetition(rep: int) -> dict[str, Any]:
             key = f"bench:chain:{rep}"
             client.delete(key)
             meter.start()
@@ -213,36 +222,43 @@ def bench_celery(args: argparse.Namespace, broker: str, logs: Path) -> list[dict
             done = {int(k): float(v) for k, v in client.hgetall(key).items()}
             elapsed = max(done.values()) - started
             latencies = [done[i] - sent[i] for i in done]
-            results.append({"elapsed_s": elapsed, "steps_per_s": 3 * args.runs / elapsed,
-                            "runs_per_s": args.runs / elapsed,
-                            "latency_load_p50_ms": 1000 * percentile(latencies, 50),
-                            "latency_load_p99_ms": 1000 * percentile(latencies, 99),
-                            **meter.per_step(3 * args.runs)})
-            print(f"  celery chain rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
-        return results
+            result = {"elapsed_s": elapsed, "steps_per_s": 3 * args.runs / elapsed, "runs_per_s": args.runs / elapsed,
+                      "latency_load_p50_ms": 1000 * percentile(latencies, 50),
+                      "latency_load_p99_ms": 1000 * percentile(latencies, 99),
+                      **meter.per_step(3 * args.runs)}
+            print(f"  celery chain rep {rep + 1}: {result['steps_per_s']:.0f} steps/s", flush=True)
+            return result
+
+        yield repetition
     finally:
         procs.stop_all(grace=20)
         client.close()
 
 
-def bench_dbos(args: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
+def dbos_repetition(args: argparse.Namespace, logs: Path, rep: int) -> dict[str, Any]:
+    """One repetition of DBOS, a process of its own on a fresh database."""
     logs.mkdir(parents=True, exist_ok=True)
-    results = []
-    for rep in range(args.repeat):
-        db_url = fresh_database(args.postgres, "sas_bench_dbos").replace("postgresql+psycopg2://", "postgresql://")
-        done = subprocess.run([sys.executable, "-m", "bench.dbos_runner", "--database-url", db_url,
-                               "--runs", str(args.runs), "--concurrency", str(2 * args.concurrency)],
-                              capture_output=True, text=True, cwd=REPO, timeout=args.timeout + 120)
-        (logs / f"dbos-{rep}.log").write_text(done.stderr)
-        if done.returncode != 0:
-            raise RuntimeError(f"DBOS runner failed:\n{done.stderr[-2000:]}")
-        out = json.loads(done.stdout.strip().splitlines()[-1])
-        results.append({"elapsed_s": out["elapsed"], "steps_per_s": 3 * args.runs / out["elapsed"],
-                        "runs_per_s": args.runs / out["elapsed"],
-                        "latency_load_p50_ms": 1000 * percentile(out["latencies"], 50),
-                        "latency_load_p99_ms": 1000 * percentile(out["latencies"], 99)})
-        print(f"  dbos rep {rep + 1}: {results[-1]['steps_per_s']:.0f} steps/s", flush=True)
-    return results
+    db_url = fresh_database(args.postgres, "sas_bench_dbos").replace("postgresql+psycopg2://", "postgresql://")
+    done = subprocess.run([sys.executable, "-m", "bench.dbos_runner", "--database-url", db_url,
+                           "--runs", str(args.runs), "--concurrency", str(2 * args.concurrency)],
+                          capture_output=True, text=True, cwd=REPO, timeout=args.timeout + 120)
+    (logs / f"dbos-{rep}.log").write_text(done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"DBOS runner failed:\n{done.stderr[-2000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    result = {"elapsed_s": out["elapsed"], "steps_per_s": 3 * args.runs / out["elapsed"],
+              "runs_per_s": args.runs / out["elapsed"],
+              "latency_load_p50_ms": 1000 * percentile(out["latencies"], 50),
+              "latency_load_p99_ms": 1000 * percentile(out["latencies"], 99)}
+    print(f"  dbos rep {rep + 1}: {result['steps_per_s']:.0f} steps/s", flush=True)
+    return result
+
+
+def paired(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, float]:
+    """The median and min-max of each repetition's steps/s over the other contender's in that turn."""
+    ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(ours, theirs, strict=True)]
+    return {"median": round(statistics.median(ratios), 3), "min": round(min(ratios), 3),
+            "max": round(max(ratios), 3)}
 
 
 def summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -286,15 +302,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logs = Path(os.environ.get("BENCH_LOGS", "/tmp/sas-bench"))
     redis.Redis.from_url(args.redis).flushdb()
 
-    print(f"sas_app: {args.runs} runs x {args.repeat}", flush=True)
-    with ExitStack() as pooled:
+    # The contenders take turns, one repetition each, on stacks started once: this machine's speed
+    # drifts by a tenth within minutes, and all of one contender's repetitions, then all of the
+    # next's, once measured a slow spell for one and a quick one for the other.
+    print(f"{args.runs} runs x {args.repeat}, the contenders in turn", flush=True)
+    sas_reps: list[dict[str, Any]] = []
+    celery_reps: list[dict[str, Any]] = []
+    dbos_reps: list[dict[str, Any]] = []
+    with ExitStack() as stacks:
         sas_db = fresh_database(args.postgres, "sas_bench")
         if args.pgbouncer:
-            sas_db = through(sas_db, pooled.enter_context(pgbouncer(args.postgres)))
-        sas_reps = bench_sas(args, sas_db, args.redis, logs / "sas")
-    print(f"celery chain: {args.runs} runs x {args.repeat}", flush=True)
-    celery_reps = bench_celery(args, args.redis, logs / "celery")
-    dbos_reps = [] if args.skip_dbos else bench_dbos(args, logs / "dbos")
+            sas_db = through(sas_db, stacks.enter_context(pgbouncer(args.postgres)))
+        sas_rep = stacks.enter_context(sas_contender(args, sas_db, args.redis, logs / "sas"))
+        celery_rep = stacks.enter_context(celery_contender(args, args.redis, logs / "celery"))
+        for rep in range(args.repeat):
+            sas_reps.append(sas_rep(rep))
+            celery_reps.append(celery_rep(rep))
+            if not args.skip_dbos:
+                dbos_reps.append(dbos_repetition(args, logs / "dbos", rep))
 
     result: dict[str, Any] = {
         "date": date.today().isoformat(), "runs": args.runs, "repeat": args.repeat, "workflow": args.workflow,
@@ -306,8 +331,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     sas_rate = result["sas_app"]["steps_per_s"]["median"]
     result["ratio_sas_over_celery"] = round(sas_rate / result["celery_chain"]["steps_per_s"]["median"], 3)
+    # each repetition's ratio to the other contender's that took its turn beside it
+    result["paired_sas_over_celery"] = paired(sas_reps, celery_reps)
     if dbos_reps:
         result["ratio_sas_over_dbos"] = round(sas_rate / result["dbos"]["steps_per_s"]["median"], 3)
+        result["paired_sas_over_dbos"] = paired(sas_reps, dbos_reps)
     print_table(result)
     name = ("throughput" + ("-events" if args.task_events else "") + (f"-bulk{args.bulk}" if args.bulk else "")
             + ("-pgbouncer" if args.pgbouncer else ""))
@@ -341,6 +369,9 @@ def print_table(result: dict[str, Any]) -> None:
           f"messages published; submitted {s['submit_per_s']['median']:.0f} runs/s")
     print(f"ratio sas/celery {result['ratio_sas_over_celery']}"
           + (f", sas/dbos {result['ratio_sas_over_dbos']}" if "ratio_sas_over_dbos" in result else ""))
+    turns = [(name, result[f"paired_sas_over_{name}"]) for name in ("celery", "dbos")
+             if f"paired_sas_over_{name}" in result]
+    print("turn by turn: " + ", ".join(f"sas/{name} {r['median']} ({r['min']}-{r['max']})" for name, r in turns))
 
 
 if __name__ == "__main__":

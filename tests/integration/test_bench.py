@@ -34,6 +34,8 @@ def test_throughput_bench_runs_every_contender(tmp_path):
     result = run_bench("bench.throughput", "--runs", "40", "--repeat", "1", "--idle-runs", "2",
                        "--concurrency", "2", tmp_path=tmp_path)
     assert {"sas_app", "celery_chain", "dbos", "ratio_sas_over_celery", "ratio_sas_over_dbos"} <= set(result)
+    [ours], [chain] = result["repetitions"]["sas_app"], result["repetitions"]["celery_chain"]  # one turn each
+    assert result["paired_sas_over_celery"]["median"] == round(ours["steps_per_s"] / chain["steps_per_s"], 3)
     assert result["sas_app"]["steps_per_s"]["median"] > 0
     # where the CPU went, per step, each component of the stack and the submitter
     parts = {"agent_main", "agent_pool", "scheduler_main", "scheduler_pool", "beat", "postgres", "broker", "submitter"}
