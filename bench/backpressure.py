@@ -33,7 +33,7 @@ from sqlalchemy import func, select
 from bench.alert_quality import judge
 from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
 from sas_app import Submission
-from sas_app.processes import Processes
+from sas_app.processes import Processes, stopped_by_signals
 from sas_app.states import TERMINAL_RUN_STATES
 
 WARM = 20
@@ -164,4 +164,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    with stopped_by_signals():  # Ctrl-C or SIGTERM: the bench's own finally stops every process it started
+        main()

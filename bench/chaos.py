@@ -44,7 +44,6 @@ import os
 import platform
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -67,7 +66,7 @@ from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
 from bench.soak import Watch, judge, own_pid, parse_duration
 from bench.throughput import record
-from sas_app.processes import Processes, Ready, free_port, interrupts_ignored
+from sas_app.processes import Processes, Ready, free_port, interrupts_ignored, stopped_by_signals
 from sas_app.states import TERMINAL_RUN_STATES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -478,25 +477,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     chaos = Chaos(args)
-    def interrupt(*_: Any) -> None:
-        """The first Ctrl-C or SIGTERM stops the run; any after it is ignored from this instant on, so
-        that none can land before the clean-up begins and cut it short (processes left behind)."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     interrupted = False
-    try:
-        chaos.start()
-        result = chaos.run()
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the run stopped, nothing judged
-        interrupted = True
-    finally:
-        with interrupts_ignored():  # a Ctrl-C now must not cut the stopping short either
-            chaos.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stopped_by_signals():  # the first Ctrl-C or SIGTERM stops the run; any after it is ignored
+        try:
+            chaos.start()
+            result = chaos.run()
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every process of the run stopped, nothing judged
+            interrupted = True
+        finally:
+            with interrupts_ignored():  # a Ctrl-C now must not cut the stopping short either
+                chaos.stop()
     if interrupted:
         print(f"interrupted: every process of the run stopped; logs and state: {chaos.home}", flush=True)
         return 130

@@ -31,7 +31,7 @@ from sqlalchemy import func, select, text, update
 
 from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
 from sas_app import Submission
-from sas_app.processes import Processes
+from sas_app.processes import Processes, stopped_by_signals
 
 # finished runs of noop1, one step row each: what a store holds after a while
 FILL = """
@@ -135,4 +135,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    with stopped_by_signals():  # Ctrl-C or SIGTERM: the bench's own finally stops every process it started
+        main()

@@ -28,7 +28,7 @@ import redis
 from sqlalchemy import text
 
 from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
-from sas_app.processes import Processes
+from sas_app.processes import Processes, stopped_by_signals
 
 FILL = """
 INSERT INTO runs (id, workflow, business_key, payload, process_state, failure_count, priority, created_at, updated_at)
@@ -159,4 +159,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    with stopped_by_signals():  # Ctrl-C or SIGTERM: the bench's own finally stops every process it started
+        main()

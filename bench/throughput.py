@@ -40,7 +40,7 @@ from sqlalchemy import create_engine, func, select, text
 from bench.cpu import CpuMeter, Pids, children, named, worker
 from bench.pgbouncer import pgbouncer, through
 from sas_app import Submission
-from sas_app.processes import CELERY_READY, Processes
+from sas_app.processes import CELERY_READY, Processes, stopped_by_signals
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -375,4 +375,5 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with stopped_by_signals():  # Ctrl-C or SIGTERM: the bench's own finally stops every process it started
+        main()

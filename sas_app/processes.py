@@ -56,6 +56,26 @@ def wait_until(check: Callable[[], T], timeout: float, what: str, interval: floa
 
 
 @contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Within (the main thread's): the first Ctrl-C or SIGTERM raises ``KeyboardInterrupt``, so the
+    caller's clean-up runs and stops the processes it started — Python's own SIGTERM ends the
+    process with no clean-up, and its children live on (a bench's workers, killed with ``pkill``,
+    went on consuming from the test suite's Redis) — and any signal after it is ignored from that
+    instant on, so that none can cut the clean-up short. The handlers before are back on the way out."""
+    def interrupt(*_: object) -> None:
+        for sig in (signals.SIGINT, signals.SIGTERM):
+            signals.signal(sig, signals.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = {sig: signals.signal(sig, interrupt) for sig in (signals.SIGINT, signals.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signals.signal(sig, handler)
+
+
+@contextmanager
 def interrupts_ignored() -> Iterator[None]:
     """Ctrl-C and SIGTERM ignored meanwhile (in the main thread; elsewhere nothing changes): a
     clean-up they interrupted would leave processes behind."""

@@ -3,7 +3,10 @@ whatever ends a run, it leaves no process of its own behind."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import textwrap
 import threading
 
 import pytest
@@ -60,6 +63,38 @@ def test_starting_a_name_still_running_replaces_it_instead_of_orphaning_it(tmp_p
     finally:
         procs.stop_all(grace=0)
     assert live_processes_with(marker) == []
+
+
+def test_a_bench_killed_with_sigterm_stops_what_it_started_first(tmp_path):
+    """Found running the throughput bench: `pkill -f bench.throughput` ended its driver (Python's own
+    SIGTERM runs no clean-up) and its workers went on consuming from Redis, taking the test suite's
+    messages. Under stopped_by_signals a SIGTERM (and a second one right after it) runs the clean-up."""
+    marker = f"SAS_TEST_HARNESS={tmp_path}"
+    driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from sas_app.processes import Processes, stopped_by_signals
+        with stopped_by_signals():
+            procs = Processes(Path({str(tmp_path)!r}), {{"SAS_TEST_HARNESS": {str(tmp_path)!r}}})
+            try:
+                procs.start("worker", {SLEEPER!r})
+                print("started", flush=True)
+                time.sleep(120)
+            finally:
+                procs.stop_all(grace=0)
+        """)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with driver:
+        try:
+            assert driver.stdout is not None and driver.stdout.readline() == "started\n"
+            wait_for(lambda: len(live_processes_with(marker)) == 1, 10, "the bench's worker to run")
+            driver.send_signal(signal.SIGTERM)
+            driver.send_signal(signal.SIGTERM)
+            _, err = driver.communicate(timeout=20)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+    assert "KeyboardInterrupt" in err  # the clean-up ran, not Python's own end on SIGTERM
+    wait_for(lambda: live_processes_with(marker) == [], 10, "the bench's worker to be gone")
 
 
 def test_the_chaos_runs_servers_refuse_to_start_once_stopped(tmp_path):
