@@ -254,17 +254,19 @@ def dbos_repetition(args: argparse.Namespace, logs: Path, rep: int) -> dict[str,
     return result
 
 
+def spread(values: list[float], digits: int = 2) -> dict[str, float]:
+    """The median of ``values`` and their min-max, rounded."""
+    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits)}
+
+
 def paired(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, float]:
-    """The median and min-max of each repetition's steps/s over the other contender's in that turn."""
-    ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(ours, theirs, strict=True)]
-    return {"median": round(statistics.median(ratios), 3), "min": round(min(ratios), 3),
-            "max": round(max(ratios), 3)}
+    """The spread of each repetition's steps/s over the other contender's in that turn."""
+    return spread([a["steps_per_s"] / b["steps_per_s"] for a, b in zip(ours, theirs, strict=True)], 3)
 
 
 def summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    return {key: {"median": round(statistics.median(r[key] for r in reps), 2),
-                  "min": round(min(r[key] for r in reps), 2), "max": round(max(r[key] for r in reps), 2)}
-            for key in reps[0]}
+    return {key: spread([r[key] for r in reps]) for key in reps[0]}
 
 
 def machine() -> dict[str, Any]:
