@@ -10,10 +10,14 @@ the queue itself rather than its bare depth:
   ``depth`` dispatched are the ones whose messages still wait (the broker's message count); the
   others are being worked on, or their messages were lost (the Supervisor recovers those at their
   complete-by; no backlog is to blame).
-* **At what pace.** The agent's completions a second while it was completing (:func:`pace`): its
-  last fifty completions over the time between them, less idle spells and stalls, so that neither
-  an idle minute before a burst nor a broker's restart among them makes it look slow — unless it
-  has completed nothing for a while, when its pace decays.
+* **At what pace.** The pace at which the queue is being drained (:func:`draining`): the agent's
+  completions since its head's message was sent — the queue has not been empty since, so its
+  workers had work all along and this is what they can do, not how often work came (an agent
+  completing a step now and then before a burst is not slow) — over the time between them, less
+  stalls, so that a broker's restart among them does not make it look slow (:func:`pace`), unless
+  it has completed nothing for a while, when its pace decays. A backlog younger than
+  :data:`SETTLE_S` with fewer than three completions behind it is not judged yet: a burst just
+  sent, or workers just restarted, have not shown their pace.
 * **When each is taken.** Workers take the head first; a message found past its complete-by is
   dropped unworked, at no cost, so a step behind many doomed ones is not doomed with them.
 * **How sure.** A step is at risk when it would be taken past its complete-by even if the agent
@@ -40,6 +44,9 @@ STALL_S = 0.5
 #: risk. The pace is a recent average; the workers' real pace varies around it, and a forecast
 #: made at the average is wrong about half the steps it puts at the margin.
 SLACK = 0.25
+#: A backlog is not judged before it is this old (or half its head's timeout, if less), unless its
+#: workers have completed three steps since it began: what they can do is not known before.
+SETTLE_S = 2.0
 
 
 def pace(completed: Sequence[float], now: float, decays: bool = True) -> float:
@@ -60,6 +67,18 @@ def pace(completed: Sequence[float], now: float, decays: bool = True) -> float:
     if busy > 0 and (not decays or now - completed[0] <= max(2.0, 3.0 / busy)):
         return busy
     return len(completed) / max(now - completed[-1], 1.0)
+
+
+def draining(completed: Sequence[float], now: float, head: StepRow) -> float | None:
+    """The pace (:func:`pace`) at which the queue whose oldest waiting message is ``head``'s is
+    being drained, from its agent's recent completions (newest first): those since ``head``'s
+    message was sent, the queue never empty since. None while the backlog is too young to say
+    (see :data:`SETTLE_S`)."""
+    since = (head.complete_by or now) - head.timeout
+    drained = [at for at in completed if at >= since]
+    if len(drained) < 3 and now - since < min(SETTLE_S, head.timeout / 2):
+        return None
+    return pace(drained, now)
 
 
 @dataclass(frozen=True)

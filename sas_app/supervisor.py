@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts, at_risk_key, grouped
-from .backlog import Forecast, forecast, pace
+from .backlog import draining, forecast, pace
 from .recovery import past_deadline, recover_steps
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from .settings import Settings, instance_id
@@ -71,13 +71,13 @@ def _listed(run_ids: list[str], most: int = 10) -> str:
     return ", ".join(run_ids[:most]) + more
 
 
-def _forecast(tx: Tx, agent: str, depth: int, now: float, per_second: float) -> Forecast:
-    """What becomes of the ``depth`` messages waiting in ``agent``'s queue (:mod:`sas_app.backlog`)."""
+def _queued(tx: Tx, agent: str, depth: int) -> tuple[list[StepRow], int]:
+    """The steps whose messages likely wait in ``agent``'s queue of ``depth`` messages, its head
+    first (at most :data:`QUEUE_LOOKS_AT`), and how many messages wait behind them not looked at:
+    work still to do; past the running steps they are those of attempts already given up, dropped
+    unworked."""
     queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT) if depth else []
-    # messages not looked at are work still to do; past the running steps they are those of
-    # attempts already given up, dropped unworked
-    behind = depth - len(queued) if len(queued) == QUEUE_LOOKS_AT else 0
-    return forecast(queued, now, per_second, behind=behind)
+    return queued, depth - len(queued) if len(queued) == QUEUE_LOOKS_AT else 0
 
 
 class Supervisor:
@@ -205,26 +205,33 @@ class Supervisor:
         would be taken) — so that a backlog is not made deeper by retries that would only expire
         in it again (a retry storm).
 
-        Expired in a backlog means the Supervisor had warned, while the step waited, that its queue
-        would not reach it in time (its at-risk alert). Other expired steps — their worker died
-        with them, their message was lost — keep their back-off alone: with no backlog seen, the
-        agent's pace may be how often work comes to it, not how fast it can go."""
-        backlogged = tx.alerts_raised([at_risk_key(step.run_id, step.position) for step in expired]) \
+        Expired in a backlog means its message still waits in its agent's queue (it is among the
+        last dispatched the queue's depth counts), or the Supervisor had warned, while it waited,
+        that the queue would not reach it in time (its at-risk alert: its message may have been
+        dropped unworked since). Other expired steps — their worker died with them, their message
+        was lost — keep their back-off alone: with no backlog seen, the agent's pace may be how
+        often work comes to it, not how fast it can go."""
+        warned = tx.alerts_raised([at_risk_key(step.run_id, step.position) for step in expired]) \
             if expired else set()
         by_agent: dict[str, list[StepRow]] = {}
         for step in expired:
             # an undo is sent ahead of the queue: nothing to wait behind
-            if step.failure_count + 1 < step.max_failures and not step.is_undo \
-                    and at_risk_key(step.run_id, step.position) in backlogged:
+            if step.failure_count + 1 < step.max_failures and not step.is_undo:
                 by_agent.setdefault(step.agent, []).append(step)
         waits: dict[int, float] = {}
         now = tx.now()
-        for agent, group in by_agent.items():
+        for agent, candidates in by_agent.items():
+            depth = depths.get(agent, 0)
+            queued, behind = _queued(tx, agent, depth)
+            waiting = {step.id for step in queued}
+            group = [step for step in candidates
+                     if step.id in waiting or at_risk_key(step.run_id, step.position) in warned]
+            if not group:
+                continue
             per_second = pace(*tx.recent_completions(agent, self.settings.at_risk_window), decays=False)
             if per_second <= 0:  # no pace to go by: the back-off alone
                 continue
-            depth = depths.get(agent, 0)
-            clear_at = _forecast(tx, agent, depth, now, per_second).clear_at or now
+            clear_at = forecast(queued, now, per_second, behind).clear_at or now
             last_due = tx.paced_retries_due_last(agent)
             half = min(step.timeout for step in group) / 2
             for i, step in enumerate(group):
@@ -246,10 +253,13 @@ class Supervisor:
             now = tx.now()
             for agent, depth in depths.items():
                 queue = agent_queue(agent)
-                if depth == 0:
+                queued, behind = _queued(tx, agent, depth)
+                if not queued:
                     continue
-                per_second = pace(*tx.recent_completions(agent, s.at_risk_window))
-                risks = _forecast(tx, agent, depth, now, per_second).risks
+                per_second = draining(*tx.recent_completions(agent, s.at_risk_window), head=queued[0])
+                if per_second is None:  # a backlog too young to judge
+                    continue
+                risks = forecast(queued, now, per_second, behind).risks
                 names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
                 warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
                                   f"{risk.reason} on {queue}", AT_RISK)

@@ -8,7 +8,7 @@ from dataclasses import fields, replace
 import pytest
 from sqlalchemy import func, select
 
-from sas_app.backlog import forecast, pace
+from sas_app.backlog import draining, forecast, pace
 from sas_app.store.rows import StepRow
 from sas_app.store.tables import alerts
 from tests.support import pass_time
@@ -124,3 +124,33 @@ def test_an_agents_pace_is_its_busy_pace_unless_it_has_gone_quiet():
 
 def test_work_behind_the_steps_looked_at_still_takes_its_time():
     assert forecast(waiting(10, 0.0, 10.0), now=0.0, per_second=4.0, behind=5).clear_at == pytest.approx(3.0)
+
+
+def test_a_backlog_is_forecast_at_the_pace_its_workers_drain_it_not_at_how_often_work_came():
+    """The issue's operator: an agent that completed a step every few seconds gets a burst of 30
+    with 10 s each, and its workers take them at 20 a second. Before the burst its pace was how
+    often work came; judged by that, nearly every step of the burst looked doomed."""
+    before = [50.0 - 4 * i for i in range(10)]  # one every 4 s, until 50
+    burst = waiting(30, 60.0, 10.0)  # sent at 60
+    assert at_risk(burst, now=61.0, per_second=pace(before, 61.0))  # the old forecast cried wolf
+    # just sent, nothing completed since: not judged yet (nor after a worker's restart)
+    assert draining(before, 60.5, burst[0]) is None
+    assert draining(before, 61.9, burst[0]) is None
+    # two seconds in, what the workers did since the burst began is their pace: all 30 make it
+    drained = [61.9 - i * 0.05 for i in range(36)]  # 20 a second since 60.1
+    assert draining(drained + before, 62.0, burst[0]) == pytest.approx(20.0, rel=0.05)
+    assert at_risk(burst[18:], now=62.0, per_second=draining(drained + before, 62.0, burst[0])) == []
+
+
+def test_a_backlog_nobody_drains_is_judged_once_it_is_old_enough():
+    before = [50.0 - 4 * i for i in range(10)]
+    burst = waiting(30, 60.0, 10.0)
+    # three completions are enough to go by, however young the backlog
+    assert draining([60.3, 60.2, 60.1, *before], 60.4, burst[0]) == pytest.approx(10.0)
+    # workers gone: after two seconds with nothing completed, the queue is not draining, and its
+    # steps are at risk once they have used half their budget
+    assert draining(before, 62.0, burst[0]) == 0.0
+    assert [r.ahead for r in at_risk(burst, now=65.5, per_second=0.0)] == list(range(30))
+    # a step with a short budget is judged sooner: half its timeout
+    short = waiting(5, 60.0, 2.0)
+    assert draining(before, 60.9, short[0]) is None and draining(before, 61.1, short[0]) == 0.0

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from sas_app import Step, Workflow
+from sas_app.store.tables import alerts, steps
 from sas_app.store.tables import runs as runs_table
-from sas_app.store.tables import steps
 from tests.support import pass_time
 
 
@@ -68,6 +68,19 @@ def test_retries_into_a_queue_too_deep_to_take_them_wait_their_turn_in_the_store
     assert woken.retried == [] and len(set(woken.requeued) & held) <= 1  # one by one, not all at once
     pump.run()
     assert sum(sas.store.get_steps(r)[0].state == "pending" for r in held) >= len(held) - 1
+
+
+def test_a_retry_whose_message_still_waits_in_the_backlog_is_paced_whether_or_not_it_was_warned_of(sas, pump):
+    """Pacing goes by the queue, not by the alert: a step whose at-risk alert was not raised (its
+    backlog too young to judge when it was last looked at, or the warning's sweep lost) but whose
+    message still waits in its agent's queue when it expires is a retry into that backlog."""
+    backlog(sas, pump, 40)
+    with sas.store.begin() as tx:
+        assert tx.conn.execute(delete(alerts).where(alerts.c.kind == "at_risk")).rowcount > 30
+
+    report = sas.supervisor.sweep()
+
+    assert len(report.retried) + len(report.paced) == 40 and len(report.paced) >= 34
 
 
 def test_without_pacing_every_retry_goes_back_into_the_backlog_at_once(sas, pump):
