@@ -13,6 +13,11 @@
   workers reconnecting), or its worker was frozen (SIGSTOP) with the message in hand, missed its
   complete-by with no backlog to see. Those are counted apart (``missed_in_outages``), and the
   recall with them in it too.
+* **Per incident**: what an operator is told is one alert per queue and sweep (the steps it found
+  at risk, with their count). Such an alert cried wolf if none of its steps then missed; the share
+  that did not is the incidents' precision. A step's fate at the margin of a queue that works at
+  capacity is a coin toss (which of the steps that reach its head just in time get a worker), so
+  the steps' precision there is bounded by the share that miss; the incident's is not.
 """
 
 from __future__ import annotations
@@ -108,6 +113,12 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
         return {m for m in misses if (m[0], m[1]) in warned and warned[(m[0], m[1])] <= m[2]}
 
     warned_of = foreseen(backlog)
+    # one incident per queue and sweep: the sweep's alerts share its transaction's time
+    incidents: dict[tuple[str, float], bool] = {}
+    for a in alert_rows:
+        if a.kind == "at_risk":
+            key = (a.reason.rsplit(" on ", 1)[-1], round(float(a.at), 3))
+            incidents[key] = incidents.get(key, False) or (a.run_id, a.position, a.attempt) in missed
 
     return {
         # when the alerts that cried wolf were raised, and the complete-by of each unforeseen miss
@@ -118,6 +129,9 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
         "alerts": len(at_risk),
         "alerts_whose_step_missed": len(right),
         "precision": round(len(right) / len(at_risk), 3) if at_risk else None,
+        "incidents": len(incidents),
+        "incidents_with_a_miss": sum(incidents.values()),
+        "incident_precision": round(sum(incidents.values()) / len(incidents), 3) if incidents else None,
         "missed_waiting_in_queue": len(backlog),
         "missed_after_an_alert": len(warned_of),
         "recall": round(len(warned_of) / len(backlog), 3) if backlog else None,

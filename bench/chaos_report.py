@@ -73,7 +73,8 @@ def print_report(r: dict[str, Any]) -> None:
         f"{r['held_orders']['never_signalled']} never reviewed, {r['held_orders']['sent_twice']} reviewed twice; "
         + ", ".join(f"{k} {v}" for k, v in r["held_orders"]["outcomes"].items())
         + f"; broken promises {len(r['held_orders']['wrong'])}",
-        "at-risk alerts: {alerts} (told as {notifications}), right {alerts_whose_step_missed} (precision {precision}); "
+        "at-risk alerts: {alerts} (told as {notifications}), right {alerts_whose_step_missed} (precision {precision}), "
+        "incidents {incidents} with a step that missed {incidents_with_a_miss} (precision {incident_precision}); "
         "missed waiting in a "
         "queue {missed_waiting_in_queue}, foreseen {missed_after_an_alert} (recall {recall}); missed other ways "
         "{missed_other_ways}".format(**r["at_risk"]),

@@ -24,6 +24,11 @@ def expired(run_id: str, position: int, attempt: int, to_state: str = "pending")
                to_state=to_state, detail=detail)
 
 
+def at_risk(run_id: str, position: int, attempt: int, at: float, queue: str = "sas.agent.warehouse") -> Row:
+    return Row(kind="at_risk", run_id=run_id, position=position, attempt=attempt, at=at,
+               reason=f"step 'ship' is likely to miss its complete-by: ... on {queue}")
+
+
 def received(run_id: str, position: int, attempt: int, at: float) -> str:
     stamp = datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
     return f"[{stamp}: INFO/MainProcess] Task sas.agent.warehouse.ship[{run_id}-{position}-{attempt}] received\n"
@@ -39,9 +44,9 @@ def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misse
             detail={"reason": "worker_lost"}),                  # its worker died: not a complete-by missed
         dispatched(RUN_B, 1, 1, T0 + 5),                          # finished in time
     ]
-    alerts = [Row(kind="at_risk", run_id=RUN_A, position=1, attempt=1, at=T0 + 1),
-              Row(kind="at_risk", run_id=RUN_B, position=1, attempt=1, at=T0 + 3),   # cried wolf
-              Row(kind="at_risk", run_id=RUN_C, position=0, attempt=1, at=T0 + 2),   # right, though not a queue's miss
+    alerts = [at_risk(RUN_A, 1, 1, T0 + 1),
+              at_risk(RUN_B, 1, 1, T0 + 3),   # cried wolf
+              at_risk(RUN_C, 0, 1, T0 + 2),   # right, though not a queue's miss
               Row(kind="failed", run_id=RUN_B, position=0, attempt=2, at=T0 + 4)]    # another kind: not judged
     logs = {"agent0": received(RUN_A, 1, 1, T0 + 5.2) + received(RUN_B, 0, 2, T0 + 6) + received(RUN_B, 1, 1, T0 + 1),
             "agent1": received(RUN_C, 0, 1, T0 + 1) + received(RUN_C, 0, 1, T0 + 40)   # redelivered later: first counts
@@ -51,6 +56,7 @@ def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misse
     assert result.pop("wrong_at") == [T0 + 3] and result.pop("unforeseen_at") == [T0 + 5]
     assert result == {
         "alerts": 3, "alerts_whose_step_missed": 2, "precision": 0.667,
+        "incidents": 3, "incidents_with_a_miss": 2, "incident_precision": 0.667,
         "missed_waiting_in_queue": 2, "missed_after_an_alert": 1, "recall": 0.5,
         "missed_in_outages": 0, "recall_with_outages": 0.5, "missed_other_ways": 1,
     }
@@ -59,7 +65,7 @@ def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misse
 def test_an_alert_raised_for_a_later_attempt_did_not_foresee_an_earlier_miss():
     events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1), dispatched(RUN_A, 0, 2, T0 + 12),
               expired(RUN_A, 0, 2)]
-    alerts = [Row(kind="at_risk", run_id=RUN_A, position=0, attempt=2, at=T0 + 10)]
+    alerts = [at_risk(RUN_A, 0, 2, T0 + 10)]
     result = judge(alerts, events, {"agent0": received(RUN_A, 0, 1, T0 + 6) + received(RUN_A, 0, 2, T0 + 13)})
     assert (result["missed_waiting_in_queue"], result["missed_after_an_alert"], result["precision"]) == (2, 1, 1.0)
 
@@ -81,10 +87,27 @@ def test_misses_held_up_by_the_broker_down_or_a_frozen_worker_are_no_backlog_to_
             "agent1": received(RUN_B, 0, 1, T0 + 38.2),
             "agent2": received(RUN_C, 0, 1, T0 + 36)}
     outages = [Outage(T0 + 2, T0 + 9), Outage(T0 + 30, T0 + 38, worker="agent1")]
-    alerts = [Row(kind="at_risk", run_id=RUN_C, position=0, attempt=1, at=T0 + 31)]
+    alerts = [at_risk(RUN_C, 0, 1, T0 + 31)]
 
     result = judge(alerts, events, logs, outages=outages)
 
     counted = (result["missed_in_outages"], result["missed_waiting_in_queue"], result["missed_after_an_alert"])
     assert counted == (2, 3, 1)
     assert (result["recall"], result["recall_with_outages"]) == (0.333, 0.2)
+
+
+def test_an_incident_is_a_queues_alerts_of_one_sweep_and_cried_wolf_only_if_none_of_its_steps_missed():
+    """What the operator is told: one alert per queue and sweep. Of a backlog's steps at the margin,
+    which get a worker just in time is a coin toss; the incident was real if any of them missed."""
+    events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1),   # missed
+              dispatched(RUN_B, 0, 1, T0 + 5),                          # made it
+              dispatched(RUN_C, 0, 1, T0 + 5),                          # made it
+              dispatched(RUN_C, 1, 1, T0 + 9)]                          # made it
+    alerts = [at_risk(RUN_A, 0, 1, T0 + 1), at_risk(RUN_B, 0, 1, T0 + 1),              # one sweep, one queue
+              at_risk(RUN_C, 0, 1, T0 + 1, queue="sas.agent.payment"),                # the same sweep, another
+              at_risk(RUN_C, 1, 1, T0 + 2)]                                           # the next sweep
+
+    result = judge(alerts, events, {})
+
+    assert (result["alerts"], result["alerts_whose_step_missed"], result["precision"]) == (4, 1, 0.25)
+    assert (result["incidents"], result["incidents_with_a_miss"], result["incident_precision"]) == (3, 1, 0.333)
