@@ -9,10 +9,13 @@
   share whose step had an at-risk alert first. Attempts lost another way (a worker killed or frozen
   with the message in hand, a queue emptied, a hang) are not the at-risk alert's to foresee, nor
   are those held up by an **outage** (:class:`Outage`, from the chaos run's own timeline): an
-  attempt that would have been received in time but for the time the broker was down (and its
-  workers reconnecting), or its worker was frozen (SIGSTOP) with the message in hand, missed its
-  complete-by with no backlog to see. Those are counted apart (``missed_in_outages``), and the
-  recall with them in it too.
+  attempt that would have been received in time but for the time the broker or PostgreSQL was
+  down or refusing connections (and the workers reconnecting), its worker was frozen (SIGSTOP)
+  with the message in hand, or — counted at the share of the queue's workers each took away —
+  another worker was frozen, cut off from PostgreSQL, or killed or shut down until it was ready
+  again, missed its complete-by with no backlog to see: the queue's workers were fewer for a
+  while, which no forecast of its pace can know before. Those are counted apart
+  (``missed_in_outages``), and the recall with them in it too.
 * **Per incident**: what an operator is told is one alert per queue and sweep (the steps it found
   at risk, with their count). Such an alert cried wolf if none of its steps then missed; the share
   that did not is the incidents' precision. A step's fate at the margin of a queue that works at
@@ -41,13 +44,34 @@ Attempt = tuple[str, int, int]
 RECONNECT_S = 2.0
 
 
+#: alerts of one queue recorded less than this apart (seconds) are one sweep's: one incident
+INCIDENT_GAP_S = 0.5
+
+#: Celery's log line for a worker ready to take messages (after a start or a restart)
+READY = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] \S+ ready\.", re.MULTILINE)
+
+
 @dataclass(frozen=True)
 class Outage:
-    """When the broker was down (``worker`` None) or one worker frozen (its log's name), epoch seconds."""
+    """When the broker or the database was down for everyone (``worker`` None), or one worker
+    (its log's name) was away, epoch seconds; then ``share`` is the part of its queue's workers it
+    was, for the messages other workers received meanwhile (the one it held in hand waited for it
+    alone). ``settle``: how long after ``end`` the workers took messages again."""
 
     start: float
     end: float
     worker: str | None = None
+    share: float = 0.0
+    settle: float = RECONNECT_S
+
+
+def ready_times(log: str) -> list[float]:
+    """When a worker's log says it was ready (epoch seconds), in order."""
+    return [_stamp(at) for at in READY.findall(log)]
+
+
+def _stamp(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def missed_attempts(event_rows: Iterable[Any]) -> dict[Attempt, tuple[float, float] | None]:
@@ -74,7 +98,7 @@ def first_received(logs: Mapping[str, str]) -> dict[Attempt, tuple[float, str]]:
     first: dict[Attempt, tuple[float, str]] = {}
     for worker, text in logs.items():
         for stamp, run_id, position, attempt in RECEIVED.findall(text):
-            at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            at = _stamp(stamp)
             key = (run_id, int(position), int(attempt))
             if key not in first or at < first[key][0]:
                 first[key] = (at, worker)
@@ -82,14 +106,15 @@ def first_received(logs: Mapping[str, str]) -> dict[Attempt, tuple[float, str]]:
 
 
 def in_outage(sent: float, complete_by: float, received: tuple[float, str], outages: Sequence[Outage]) -> bool:
-    """Whether an outage made the attempt late: the broker down (and its workers reconnecting), or
-    its worker frozen, for long enough of its wait that without that time it would have been
-    received by its complete-by. One a backlog made late anyway is the backlog's."""
+    """Whether outages made the attempt late: the broker or the database down (and the workers
+    reconnecting), or its worker frozen, for long enough of its wait — or other workers away, for
+    their share of it — that without that time it would have been received by its complete-by.
+    One a backlog made late anyway is the backlog's."""
     at, worker = received
     lost = 0.0
     for o in outages:
-        if o.worker is None or o.worker == worker:
-            lost += max(0.0, min(at, o.end + RECONNECT_S) - max(sent, o.start))
+        overlap = max(0.0, min(at, o.end + o.settle) - max(sent, o.start))
+        lost += overlap if o.worker is None or o.worker == worker else overlap * o.share
     return lost > 0 and at - lost <= complete_by
 
 
@@ -113,12 +138,15 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
         return {m for m in misses if (m[0], m[1]) in warned and warned[(m[0], m[1])] <= m[2]}
 
     warned_of = foreseen(backlog)
-    # one incident per queue and sweep: the sweep's alerts share its transaction's time
-    incidents: dict[tuple[str, float], bool] = {}
-    for a in alert_rows:
-        if a.kind == "at_risk":
-            key = (a.reason.rsplit(" on ", 1)[-1], round(float(a.at), 3))
-            incidents[key] = incidents.get(key, False) or (a.run_id, a.position, a.attempt) in missed
+    # one incident per queue and sweep: a sweep records a queue's alerts one after another
+    incidents: list[bool] = []
+    last: tuple[str, float] | None = None
+    for a in sorted((a for a in alert_rows if a.kind == "at_risk"), key=lambda a: float(a.at)):
+        queue = a.reason.rsplit(" on ", 1)[-1]
+        if last is None or last[0] != queue or float(a.at) - last[1] > INCIDENT_GAP_S:
+            incidents.append(False)
+        incidents[-1] = incidents[-1] or (a.run_id, a.position, a.attempt) in missed
+        last = (queue, float(a.at))
 
     return {
         # when the alerts that cried wolf were raised, and the complete-by of each unforeseen miss
@@ -130,8 +158,8 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
         "alerts_whose_step_missed": len(right),
         "precision": round(len(right) / len(at_risk), 3) if at_risk else None,
         "incidents": len(incidents),
-        "incidents_with_a_miss": sum(incidents.values()),
-        "incident_precision": round(sum(incidents.values()) / len(incidents), 3) if incidents else None,
+        "incidents_with_a_miss": sum(incidents),
+        "incident_precision": round(sum(incidents) / len(incidents), 3) if incidents else None,
         "missed_waiting_in_queue": len(backlog),
         "missed_after_an_alert": len(warned_of),
         "recall": round(len(warned_of) / len(backlog), 3) if backlog else None,

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from bench.alert_quality import Outage
+from bench.alert_quality import Outage, ready_times
 from bench.proxy import Proxy
 from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
@@ -34,6 +34,8 @@ SWEEP_STALL_S, SLOW_SWEEPS_FOR_S = 3.0, 10.0
 PARTITION_S = 5.0
 #: how long a zombie stays stopped: past the charge's 3 s complete-by and any step's 5 s
 ZOMBIE_S = 8.0
+#: an agent worker restarted by a fault whose log never says it is ready again: away this long
+WORKER_BACK_S = 30.0
 
 def plan_chaos(each: int, window: float, rng: random.Random) -> list[tuple[float, str]]:
     """When each fault fires, seconds from the start: every kind ``each`` times, spread over the window."""
@@ -161,15 +163,30 @@ class Faults:
         raise ValueError(kind)
 
     def outages(self) -> list[Outage]:
-        """The timeline's broker outages (down, restarted) and frozen workers, on the wall clock,
-        for the at-risk alerts' judge: what they held up was no backlog to foresee."""
+        """The timeline's outages, on the wall clock, for the at-risk alerts' judge: what they held
+        up was no backlog to foresee. The broker down or restarted, PostgreSQL restarted or refusing
+        new connections: everyone's. An agent worker frozen, cut off from PostgreSQL, or killed or
+        shut down (until its log says it is ready again): its own, one of the queue's workers."""
         found = []
+        share = 1.0 / len(self.agent_names)
+        ready = {name: ready_times(self.fleet.log(name)) for name in self.agent_names}
+
+        def back(name: str, since: float) -> float:
+            return next((at for at in ready[name] if at > since), since + WORKER_BACK_S)
+
         for e in self.timeline:
-            start = self.started_at + e["at"]
-            if e["injected"] and e["kind"] in ("broker_outage", "restart_broker"):
+            start, kind = self.started_at + e["at"], e["kind"]
+            name = e["detail"].split()[0]
+            if not e["injected"]:
+                continue
+            if kind in ("broker_outage", "restart_broker", "restart_postgres", "refuse_connections"):
                 found.append(Outage(start, start + e["took_s"]))
-            elif e["injected"] and e["kind"] == "zombie":
-                found.append(Outage(start, start + ZOMBIE_S, worker=e["detail"].split()[0]))
+            elif kind == "zombie":
+                found.append(Outage(start, start + ZOMBIE_S, worker=name, share=share))
+            elif kind == "partition_worker":
+                found.append(Outage(start, start + PARTITION_S, worker=self.agent_names[0], share=share))
+            elif kind in ("kill_agent", "kill_after_call", "warm_shutdown"):
+                found.append(Outage(start, back(name, start), worker=name, share=share, settle=0.0))
         return found
 
     def bounce_broker(self, down: float) -> str:

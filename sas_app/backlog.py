@@ -13,19 +13,19 @@ the queue itself rather than its bare depth:
 * **At what pace.** The pace at which the queue is being drained (:func:`draining`): the agent's
   completions since its head's message was sent — the queue has not been empty since, so its
   workers had work all along and this is what they can do, not how often work came (an agent
-  completing a step now and then before a burst is not slow) — over the time between them, less
-  stalls, so that a broker's restart among them does not make it look slow (:func:`pace`), unless
-  it has completed nothing for a while, when its pace decays. A backlog younger than
-  :data:`SETTLE_S` with fewer than three completions behind it is not judged yet: a burst just
-  sent, or workers just restarted, have not shown their pace.
+  completing a step now and then before a burst is not slow) — and since its workers last
+  stalled (a broker's outage, workers frozen or restarting: once back they drain at their own
+  pace, and a forecast at the pace of the silence cried wolf after every outage). A drain younger
+  than :data:`SETTLE_S` with fewer than three completions is not judged yet: a burst just sent,
+  or workers just back, have not shown their pace.
 * **When each is taken.** Workers take the head first; a message found past its complete-by is
   dropped unworked, at no cost, so a step behind many doomed ones is not doomed with them.
 * **How sure.** A step is at risk when it would be taken past its complete-by even if the agent
   worked a quarter faster than its pace (:data:`SLACK`): one that only just misses is a coin toss,
   not worth an operator's attention.
 
-With no completion in the window the queue is not draining at all (its workers are down or stuck,
-or a burst has just begun): a waiting step is at risk once it has used half its budget.
+With no completion for a while the queue is not draining at all (its workers are down or stuck):
+a waiting step is at risk once it has used half its budget.
 """
 
 from __future__ import annotations
@@ -49,36 +49,50 @@ SLACK = 0.25
 SETTLE_S = 2.0
 
 
-def pace(completed: Sequence[float], now: float, decays: bool = True) -> float:
+def stall_after(gaps: Sequence[float]) -> float:
+    """A gap between two completions longer than this is a stall or an idle spell, not the pace:
+    :data:`STALL_S`, or ten times the median gap if longer."""
+    return max(STALL_S, 10 * sorted(gaps)[len(gaps) // 2]) if gaps else STALL_S
+
+
+def pace(completed: Sequence[float], now: float) -> float:
     """Completions a second of an agent whose last steps completed at ``completed`` (newest first,
-    from a recent window): over the time between them while it keeps completing, less any gap of
-    more than :data:`STALL_S` and ten times the median (an idle minute before a burst, a stall in
-    between while a broker restarted), so that neither makes it look slow; once it has gone quiet
-    for longer than a few of its own gaps, its completions over the span up to ``now``, so that a
-    stalled agent's pace falls the longer it stalls — unless
-    ``decays`` is false (what it can do, not what it does: an agent dropping a run of expired
-    messages completes nothing meanwhile, and is not slower for it)."""
+    from a recent window) while it was completing: over the time between them, less any stall
+    (:func:`stall_after`: an idle minute before a burst, a broker's restart in between), so that
+    neither makes it look slow — what it can do, not what it did (an agent dropping a run of
+    expired messages completes nothing meanwhile, and is not slower for it). With no gap to go by,
+    its completions over the span up to ``now``."""
     if not completed:
         return 0.0
     gaps = [a - b for a, b in pairwise(completed)]
-    stall = max(STALL_S, 10 * sorted(gaps)[len(gaps) // 2]) if gaps else 0.0
-    kept = [gap for gap in gaps if gap <= stall]
-    busy = len(kept) / sum(kept) if kept and sum(kept) > 0 else 0.0
-    if busy > 0 and (not decays or now - completed[0] <= max(2.0, 3.0 / busy)):
-        return busy
+    kept = [gap for gap in gaps if gap <= stall_after(gaps)]
+    if kept and sum(kept) > 0:
+        return len(kept) / sum(kept)
     return len(completed) / max(now - completed[-1], 1.0)
 
 
 def draining(completed: Sequence[float], now: float, head: StepRow) -> float | None:
-    """The pace (:func:`pace`) at which the queue whose oldest waiting message is ``head``'s is
-    being drained, from its agent's recent completions (newest first): those since ``head``'s
-    message was sent, the queue never empty since. None while the backlog is too young to say
-    (see :data:`SETTLE_S`)."""
+    """The pace at which the queue whose oldest waiting message is ``head``'s is being drained, from
+    its agent's recent completions (newest first): those since ``head``'s message was sent (the
+    queue never empty since) and since its workers last stalled — a broker's or a database's
+    outage, workers frozen or restarting: what they do once back is their pace, not the silence
+    (:func:`pace`, which leaves idle spells out). 0.0 while they have completed nothing for a
+    while (not draining); None while this drain is too young to say (:data:`SETTLE_S`)."""
     since = (head.complete_by or now) - head.timeout
     drained = [at for at in completed if at >= since]
+    gaps = [a - b for a, b in pairwise(drained)]
+    stall = stall_after(gaps)
+    stalled = next((i for i, gap in enumerate(gaps) if gap > stall), None)
+    if stalled is not None:  # this drain began with the first completion after the stall
+        drained = drained[:stalled + 1]
+        since = drained[-1]
     if len(drained) < 3 and now - since < min(SETTLE_S, head.timeout / 2):
         return None
-    return pace(drained, now)
+    per_second = pace(drained, now)
+    quiet = now - (drained[0] if drained else since)
+    if per_second <= 0 or quiet > max(SETTLE_S, 3.0 / per_second):
+        return 0.0
+    return per_second
 
 
 @dataclass(frozen=True)

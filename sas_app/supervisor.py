@@ -228,7 +228,7 @@ class Supervisor:
                      if step.id in waiting or at_risk_key(step.run_id, step.position) in warned]
             if not group:
                 continue
-            per_second = pace(*tx.recent_completions(agent, self.settings.at_risk_window), decays=False)
+            per_second = pace(*tx.recent_completions(agent, self.settings.at_risk_window))
             if per_second <= 0:  # no pace to go by: the back-off alone
                 continue
             clear_at = forecast(queued, now, per_second, behind).clear_at or now

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from types import SimpleNamespace as Row
 
-from bench.alert_quality import Outage, judge
+from bench.alert_quality import Outage, judge, ready_times
 
 RUN_A, RUN_B, RUN_C = "a" * 32, "b" * 32, "c" * 32
 T0 = datetime(2026, 11, 24, 22, 25, 40).timestamp()
@@ -111,3 +111,25 @@ def test_an_incident_is_a_queues_alerts_of_one_sweep_and_cried_wolf_only_if_none
 
     assert (result["alerts"], result["alerts_whose_step_missed"], result["precision"]) == (4, 1, 0.25)
     assert (result["incidents"], result["incidents_with_a_miss"], result["incident_precision"]) == (3, 1, 0.333)
+
+
+def test_a_worker_away_holds_up_the_others_messages_for_its_share_of_the_queues_workers():
+    """Two of three workers killed for 3 s: the queue drained at a third of its pace meanwhile, so
+    a message received 1.5 s past its complete-by lost 2 s to them (two thirds of 3 s) and would
+    have made it: the kills', not a backlog's. One received 2.5 s late would have missed anyway."""
+    events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1),
+              dispatched(RUN_B, 0, 1, T0 + 5), expired(RUN_B, 0, 1)]
+    logs = {"agent2": received(RUN_A, 0, 1, T0 + 6.5) + received(RUN_B, 0, 1, T0 + 7.5)}
+    outages = [Outage(T0 + 1, T0 + 4, worker="agent0", share=1 / 3, settle=0.0),
+               Outage(T0 + 1, T0 + 4, worker="agent1", share=1 / 3, settle=0.0)]
+
+    result = judge([], events, logs, outages=outages)
+
+    assert (result["missed_in_outages"], result["missed_waiting_in_queue"]) == (1, 1)
+
+
+def test_a_worker_restarted_is_away_until_its_log_says_it_is_ready():
+    log = ("[2026-11-24 22:25:40,100: INFO/MainProcess] celery@agent0 ready.\n"
+           "[2026-11-24 22:25:41,000: INFO/MainProcess] Task sas.agent.x[...] received\n"
+           "[2026-11-24 22:25:52,250: INFO/MainProcess] celery@agent0 ready.\n")
+    assert ready_times(log) == [T0 + 0.1, T0 + 12.25]

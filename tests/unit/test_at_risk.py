@@ -104,13 +104,13 @@ def test_a_message_sent_now_is_taken_once_the_work_ahead_of_it_is_done():
     assert forecast(doomed, now=0.0, per_second=0.0).clear_at is None  # not draining
 
 
-def test_an_agents_pace_is_its_busy_pace_unless_it_has_gone_quiet():
+def test_an_agents_pace_is_its_busy_pace():
     assert pace([], 100.0) == 0.0
     # 41 completions over the last 10 s of a minute that began idle: 4 a second, not 41 over 60 s
     busy = [100.0 - i * 0.25 for i in range(41)]
     assert pace(busy, 100.5) == pytest.approx(4.0)
-    # the same agent silent since: its pace decays with the silence
-    assert pace(busy, 110.0) == pytest.approx(41 / 20)
+    # silent since: what it can do (a queue not draining is draining()'s to say)
+    assert pace(busy, 110.0) == pytest.approx(4.0)
     assert pace([99.0], 100.0) == 1.0
     # a 7 s stall among them (the broker restarting) does not make it look slow
     stalled = [100.0 - i * 0.25 for i in range(20)] + [88.0 - i * 0.25 for i in range(30)]
@@ -154,3 +154,19 @@ def test_a_backlog_nobody_drains_is_judged_once_it_is_old_enough():
     # a step with a short budget is judged sooner: half its timeout
     short = waiting(5, 60.0, 2.0)
     assert draining(before, 60.9, short[0]) is None and draining(before, 61.1, short[0]) == 0.0
+
+
+def test_after_its_workers_stalled_a_queue_is_judged_by_what_they_do_once_back():
+    """A broker's outage (or workers frozen, restarting): the queue's workers completed nothing for
+    7 s. Once back they drain the backlog at their own pace; judged at the pace of the silence, every
+    step waiting looked seconds late, and they all made it."""
+    burst = waiting(40, 50.0, 10.0)  # sent at 50, before the outage
+    before = [53.0 - 0.05 * i for i in range(20)]  # 20 a second until 53, then 7 s of nothing
+    # the workers back at 60: two completions are not a pace yet
+    assert draining([60.3, 60.2, *before], 60.4, burst[0]) is None
+    # three, or two seconds after the first: theirs
+    back = [60.3 - 0.05 * i for i in range(6)]
+    assert draining(back + before, 60.4, burst[0]) == pytest.approx(20.0, rel=0.05)
+    # still silent since the outage: not draining (each waiting step at risk at half its budget),
+    # not a pace that falls the longer the silence
+    assert draining(before, 60.4, burst[0]) == 0.0
