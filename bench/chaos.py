@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pickle
 import platform
 import random
 import shutil
@@ -74,6 +75,8 @@ RESULTS = REPO / "bench" / "results"
 AGENT_QUEUES = "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.orders"
 #: where the orders that ask to be told how they end are told (through the outbox)
 REPLIES = "chaos.replies"
+#: the at-risk judge's inputs, kept in the home folder with --keep
+JUDGED = "at-risk-judged.pickle"
 #: a soak runs the plans of this many seeds one after another
 SOAK_SEEDS = 3
 #: a soak's memory and connections: the first and the last this many seconds compared (at most)
@@ -341,6 +344,17 @@ class Chaos(Faults):
                             for n in self.agent_names)
         leaks = self.secrets_in_logs()
 
+        outages = self.outages()
+        # what the at-risk judge read, for replaying the forecast on this run (bench.at_risk_replay)
+        with open(self.home / JUDGED, "wb") as out:
+            pickle.dump({"started_at": self.started_at, "outages": outages, "timeline": self.timeline,
+                         "agents": self.agent_names, "logs": {n: self.fleet.log(n) for n in self.agent_names},
+                         "alerts": [dict(a._mapping) for a in alert_rows],
+                         "events": [dict(e._mapping) for e in event_rows if e.kind == "transition"],
+                         "steps": [{"run_id": s.run_id, "position": s.position, "agent": s.agent, "name": s.name,
+                                    "compensates": s.compensates,
+                                    "timeout": s.timeout, "completed_at": s.completed_at} for s in step_rows]},
+                        out)
         result: dict[str, Any] = {
             "date": date.today().isoformat(),
             "command": "python -m bench.chaos " + " ".join(sys.argv[1:]),
@@ -383,7 +397,7 @@ class Chaos(Faults):
             "held_orders": self.held.check(),
             "agent_children_lost": children_lost,
             "at_risk": {**alert_quality.judge(alert_rows, event_rows, {n: self.fleet.log(n) for n in self.agent_names},
-                                              since=self.started_at, outages=self.outages()),
+                                              since=self.started_at, outages=outages),
                         # what an operator was told: one alert per queue and sweep (the Supervisors run
                         # on the Scheduler worker)
                         "notifications": self.fleet.log("scheduler").count("ALERT at_risk")},
@@ -463,7 +477,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="the broker the run starts, restarts and empties (default redis)")
     parser.add_argument("--home", default=None, help="folder for servers, logs and ledgers (default: a new temp dir)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where chaos-<date>.json goes")
-    parser.add_argument("--keep", action="store_true", help="keep the home folder even when every invariant holds")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the home folder even when every invariant holds, with what the at-risk judge "
+                             f"read ({JUDGED}: python -m bench.at_risk_replay HOME replays the forecast on it)")
     args = parser.parse_args(argv)
     if args.each is None:
         args.each = 30 if args.soak else 2

@@ -1,0 +1,182 @@
+"""The Supervisor's at-risk forecast replayed on a chaos or soak run's record, to weigh a change of
+it against what then happened without running the stack again (a 30-minute soak per try).
+
+    python -m bench.chaos --soak 30m --rate 5 --keep --home /tmp/soak
+    python -m bench.at_risk_replay /tmp/soak
+
+A run kept with ``--keep`` leaves what its judge read (:data:`bench.chaos.JUDGED`): the steps'
+transitions, their completions, the agent workers' logs and the faults' outages. From them this
+rebuilds, once a sweep interval, what the Supervisor saw of each agent's queue — its depth (the
+messages sent and not yet received, from the workers' ``received`` lines), the running steps
+whose messages those likely are (the last dispatched, as ``Tx.queued_steps`` reads them) and the
+agent's recent completions — asks :mod:`sas_app.backlog` which of them are at risk, raises an
+alert once per step attempt, and judges those alerts as the run's own were judged
+(:func:`bench.alert_quality.judge`). The run's own alerts are judged beside them: the replay
+of the code the run ran should come close (its sweeps were not always on time; a killed
+Supervisor or a slow sweep skipped some).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from bench import alert_quality
+from bench.chaos import JUDGED
+from sas_app import backlog
+from sas_app.routing import agent_queue
+
+#: how often the Supervisor swept in the chaos run (SAS_SUPERVISOR_INTERVAL)
+SWEEP_S = 1.0
+#: the at-risk window and the completions a sweep reads (Settings.at_risk_window, recent_completions)
+WINDOW_S = 60.0
+MOST = 50
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A step attempt whose message was sent to its agent's queue: what the forecast reads of it
+    (as of a ``StepRow``), and when it was received and left running."""
+
+    run_id: str
+    position: int
+    attempt: int
+    name: str
+    timeout: float
+    complete_by: float
+    sent: float
+    received: float | None
+    ended: float
+
+
+#: which of an agent's waiting steps (head first) are at risk at ``now``, given its completions
+#: (newest first, within the window, at most MOST) and how many messages wait behind them
+Forecaster = Callable[[Sequence[Waiting], float, list[float], int], list[Waiting]]
+
+
+def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], behind: int) -> list[Waiting]:
+    """What sas_app.backlog says today (Supervisor._warn_at_risk)."""
+    per_second = backlog.draining(completed, now, head=queued[0])  # type: ignore[arg-type]
+    if per_second is None:
+        return []
+    return [r.step for r in backlog.forecast(queued, now, per_second, behind).risks]  # type: ignore[arg-type,misc]
+
+
+FORECASTERS: dict[str, Forecaster] = {"as of today": as_of_today}
+
+
+class Record:
+    """A kept run's record, indexed for asking what each queue held at any moment."""
+
+    def __init__(self, home: Path) -> None:
+        with open(home / JUDGED, "rb") as f:
+            self.data: dict[str, Any] = pickle.load(f)
+        d = self.data
+        self.events = [SimpleNamespace(**e) for e in d["events"]]
+        received = alert_quality.first_received(d["logs"])
+        steps = {(s["run_id"], s["position"]): s for s in d["steps"]}
+        complete_by: dict[tuple[str, int, int], float] = {}  # each attempt dispatched
+        ended: dict[tuple[str, int, int], float] = {}
+        for e in self.events:
+            if e.position is None:
+                continue
+            key = (e.run_id, e.position, e.attempt)
+            if e.to_state == "running" and e.detail and e.detail.get("complete_by") is not None:
+                complete_by[key] = float(e.detail["complete_by"])
+            elif e.from_state == "running" and key not in ended:
+                ended[key] = float(e.at)
+        self.by_agent: dict[str, list[Waiting]] = {}
+        for key, by in complete_by.items():
+            step = steps.get(key[:2])
+            if step is None or step.get("compensates") is not None:
+                continue
+            got = received.get(key)
+            self.by_agent.setdefault(step["agent"], []).append(Waiting(
+                *key, name=step["name"], timeout=float(step["timeout"]), complete_by=by,
+                sent=by - float(step["timeout"]), received=got[0] if got else None,
+                ended=ended.get(key, float("inf"))))
+        for waiting in self.by_agent.values():
+            waiting.sort(key=lambda w: w.sent)
+        self.sent_at = {a: [w.sent for w in ws] for a, ws in self.by_agent.items()}
+        self.received_at = {a: sorted(w.received for w in ws if w.received is not None)
+                            for a, ws in self.by_agent.items()}
+        self.sent_then_received = {a: sorted(w.sent for w in ws if w.received is not None)
+                                   for a, ws in self.by_agent.items()}
+        self.completed = {a: sorted(s["completed_at"] for s in d["steps"]
+                                    if s["agent"] == a and s["completed_at"] is not None)
+                          for a in self.by_agent}
+        self.start = min(w.sent for ws in self.by_agent.values() for w in ws)
+        self.end = max(w.sent for ws in self.by_agent.values() for w in ws) + 10
+
+    def queue(self, agent: str, now: float) -> list[Waiting]:
+        """The running steps whose messages likely wait in ``agent``'s queue at ``now``, head first:
+        as many of the last dispatched as messages were sent and not yet received."""
+        depth = (bisect_right(self.sent_then_received[agent], now)
+                 - bisect_right(self.received_at[agent], now))
+        if depth <= 0:
+            return []
+        waiting = self.by_agent[agent]
+        found: list[Waiting] = []
+        for i in range(bisect_right(self.sent_at[agent], now) - 1, -1, -1):
+            w = waiting[i]
+            if w.ended > now:
+                found.append(w)
+                if len(found) == depth:
+                    break
+            elif now - w.sent > 120:
+                break
+        return found[::-1]
+
+    def completions(self, agent: str, now: float) -> list[float]:
+        done = self.completed[agent]
+        hi = bisect_right(done, now)
+        lo = bisect_right(done, now - WINDOW_S)
+        return done[max(lo, hi - MOST):hi][::-1]
+
+
+def replay(record: Record, forecaster: Forecaster) -> list[SimpleNamespace]:
+    """The at-risk alerts ``forecaster`` would have raised, once a sweep, each step attempt once."""
+    alerts: dict[tuple[str, int, int], SimpleNamespace] = {}
+    now = record.start
+    while now < record.end:
+        for agent in record.by_agent:
+            queued = record.queue(agent, now)
+            if not queued:
+                continue
+            for step in forecaster(queued, now, record.completions(agent, now), 0):
+                key = (step.run_id, step.position, step.attempt)
+                if key not in alerts:
+                    alerts[key] = SimpleNamespace(kind="at_risk", run_id=key[0], position=key[1], attempt=key[2],
+                                                  at=now, reason=f"at risk on {agent_queue(agent)}")
+        now += SWEEP_S
+    return list(alerts.values())
+
+
+def judged(record: Record, alerts: list[Any]) -> dict[str, Any]:
+    d = record.data
+    verdict = alert_quality.judge(alerts, record.events, d["logs"], since=d["started_at"], outages=d["outages"])
+    return {k: verdict[k] for k in ("alerts", "precision", "recall", "missed_waiting_in_queue", "incidents",
+                                    "incident_precision", "recall_with_outages")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.at_risk_replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("home", type=Path, help="a chaos run's home folder, kept with --keep")
+    args = parser.parse_args(argv)
+    record = Record(args.home)
+    own = [SimpleNamespace(**a) for a in record.data["alerts"]]
+    print(f"the run's own alerts: {judged(record, own)}")
+    for name, forecaster in FORECASTERS.items():
+        print(f"{name}: {judged(record, replay(record, forecaster))}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

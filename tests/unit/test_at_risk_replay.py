@@ -1,0 +1,54 @@
+"""The at-risk forecast replayed on a kept chaos run's record: what each queue held at a moment is
+rebuilt from the dispatches and the workers' ``received`` lines, so that a change of the forecast
+is judged against what happened without running the stack again."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+from bench.at_risk_replay import Record, judged, replay
+from bench.chaos import JUDGED
+from tests.unit.test_alert_quality import T0, dispatched, expired, received
+
+
+def kept_run(home: Path, sent: int, received_first: int) -> Path:
+    """A run whose ``sent`` warehouse steps were dispatched 0.1 s apart from T0 with 5 s each; a
+    worker received the first ``received_first`` at T0 + 1 and the rest at T0 + 9, past their
+    complete-by (expired, their messages dropped unworked)."""
+    runs = [f"{i:032x}" for i in range(sent)]
+    events = [vars(dispatched(run, 0, 1, T0 + 5 + i * 0.1)) for i, run in enumerate(runs)]
+    events += [vars(expired(run, 0, 1)) | {"at": T0 + 5 + i * 0.1}
+               for i, run in enumerate(runs) if i >= received_first]
+    log = "".join(received(run, 0, 1, T0 + 1 if i < received_first else T0 + 9) for i, run in enumerate(runs))
+    steps = [{"run_id": run, "position": 0, "agent": "warehouse", "name": "ship", "timeout": 5.0,
+              "compensates": None, "completed_at": T0 + 1.5 if i < received_first else None}
+             for i, run in enumerate(runs)]
+    with open(home / JUDGED, "wb") as out:
+        pickle.dump({"started_at": T0, "outages": [], "timeline": [], "agents": ["agent0"], "logs": {"agent0": log},
+                     "alerts": [], "events": events, "steps": steps}, out)
+    return home
+
+
+def test_a_queue_holds_the_last_dispatched_of_its_running_steps_until_a_worker_receives_them(tmp_path):
+    record = Record(kept_run(tmp_path, sent=4, received_first=1))
+    assert [w.run_id[-1] for w in record.queue("warehouse", T0 + 0.5)] == ["0", "1", "2", "3"]
+    assert [w.run_id[-1] for w in record.queue("warehouse", T0 + 1.2)] == ["1", "2", "3"]  # head first
+    assert record.queue("warehouse", T0 - 1) == [] and record.queue("warehouse", T0 + 9.5) == []
+    assert record.completions("warehouse", T0 + 2) == [T0 + 1.5]
+
+
+def test_a_replay_raises_each_attempt_once_and_judges_it_as_the_run_was_judged(tmp_path):
+    record = Record(kept_run(tmp_path, sent=4, received_first=1))
+
+    def tail_of_the_queue(queued, now, completed, behind):  # a forecaster that calls the last step at risk
+        return list(queued[-1:])
+
+    alerts = replay(record, tail_of_the_queue)
+    # a sweep a second from the first dispatch: the first alone at T0, the last from T0 + 1 on,
+    # each once however many sweeps saw it there
+    assert [(a.run_id[-1], a.at - T0) for a in alerts] == [("0", 0.0), ("3", 1.0)]
+    assert alerts[0].reason.endswith("on sas.agent.warehouse")
+    assert judged(record, alerts)["precision"] == 0.5  # the first was received in time, the last expired
+    everything = replay(record, lambda queued, now, completed, behind: list(queued))
+    assert judged(record, everything)["precision"] == 0.75
