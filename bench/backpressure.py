@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from collections import Counter
 from datetime import date
@@ -34,9 +35,12 @@ from bench.alert_quality import judge
 from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
 from sas_app import Submission
 from sas_app.processes import Processes, stopped_by_signals
+from sas_app.routing import SWEEP
 from sas_app.states import TERMINAL_RUN_STATES
 
 WARM = 20
+#: the Scheduler worker's log line for a sweep done, with how long it took
+SWEPT = re.compile(re.escape(SWEEP) + r"\[[^\]]+\] succeeded in ([0-9.]+)s")
 
 
 def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]:
@@ -124,6 +128,9 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
         procs.stop_all(grace=10)
         sas.store.dispose()
 
+    # what reading the backlog (the at-risk warnings, the pacing of retries) costs a sweep
+    sweeps = [float(took) for took in SWEPT.findall(procs.log("scheduler"))]
+
     def per_second(key: str) -> list[float]:
         return [round((b[key] - a[key]) / max(b["t"] - a["t"], 0.1), 1) for a, b in pairwise(series)]
 
@@ -135,6 +142,8 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
         "completions_per_s_p50": percentile(per_second("completed"), 50),
         "recoveries_per_s_max": max(per_second("expired"), default=0.0),
         "at_risk": {k: v for k, v in at_risk.items() if k not in ("wrong_at", "unforeseen_at")},
+        "sweep_s": {"count": len(sweeps), "p50": percentile(sweeps, 50), "p99": percentile(sweeps, 99),
+                    "max": max(sweeps)} if sweeps else None,
         "series": series,
     }
 

@@ -259,7 +259,8 @@ class Supervisor:
                 per_second = draining(*tx.recent_completions(agent, s.at_risk_window), head=queued[0])
                 if per_second is None:  # a backlog too young to judge
                     continue
-                risks = forecast(queued, now, per_second, behind).risks
+                # judged at least two sweeps ahead: one of them sees the step before its complete-by
+                risks = forecast(queued, now, per_second, behind, lead=2 * s.supervisor_interval).risks
                 names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
                 warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
                                   f"{risk.reason} on {queue}", AT_RISK)

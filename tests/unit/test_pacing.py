@@ -30,6 +30,7 @@ def backlog(sas, pump, n: int) -> tuple[list[str], float]:
     for i in range(n):
         sas.submit("call", {}, business_key=f"new-{i}")
     pump.run(["sas.scheduler"])
+    pass_time(sas, sas.store.now() + 1, "1 s more: the last third of the first ones' budget")
     sas.supervisor.sweep()  # warns of the steps the queue will not reach in time
     pass_time(sas, max(sas.store.get_steps(r)[0].complete_by for r in runs), "the first ones' complete-by")
     return runs, min(sas.store.get_steps(r)[0].completed_at for r in warm)
