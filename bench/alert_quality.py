@@ -16,6 +16,11 @@
   again, missed its complete-by with no backlog to see: the queue's workers were fewer for a
   while, which no forecast of its pace can know before. Those are counted apart
   (``missed_in_outages``), and the recall with them in it too.
+* **At the margin**: how many of the wrong alerts' steps were received less than :data:`MARGIN_S`
+  before their complete-by, and of the unforeseen misses less than that after it. A queue that
+  works at capacity drops the messages that reach its head past their complete-by and works the
+  next; which ones make it there turns on which worker frees up when, and no forecast of single
+  steps is sure of it.
 * **Per incident**: what an operator is told is one alert per queue and sweep (the steps it found
   at risk, with their count). Such an alert cried wolf if none of its steps then missed; the share
   that did not is the incidents' precision. A step's fate at the margin of a queue that works at
@@ -46,6 +51,8 @@ RECONNECT_S = 2.0
 
 #: alerts of one queue recorded less than this apart (seconds) are one sweep's: one incident
 INCIDENT_GAP_S = 0.5
+#: a step received less than this before or after its complete-by (seconds) was at the margin
+MARGIN_S = 0.5
 
 #: Celery's log line for a worker ready to take messages (after a start or a restart)
 READY = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] \S+ ready\.", re.MULTILINE)
@@ -74,22 +81,23 @@ def _stamp(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
+def dispatches(event_rows: Iterable[Any]) -> dict[Attempt, tuple[float, float]]:
+    """When each step attempt was dispatched, and its complete-by."""
+    return {(e.run_id, e.position, e.attempt): (float(e.at), float(e.detail["complete_by"]))
+            for e in event_rows if e.kind == "transition" and e.position is not None and e.detail
+            and e.to_state == "running" and e.detail.get("complete_by") is not None}
+
+
 def missed_attempts(event_rows: Iterable[Any]) -> dict[Attempt, tuple[float, float] | None]:
     """Step attempts the Supervisor gave up because their complete-by passed, with when each was
     dispatched and its complete-by (None if no dispatch of it is recorded)."""
-    dispatched: dict[Attempt, tuple[float, float]] = {}
-    missed: dict[Attempt, tuple[float, float] | None] = {}
-    for e in event_rows:
-        if e.kind != "transition" or e.position is None or not e.detail:
-            continue
-        attempt = (e.run_id, e.position, e.attempt)
-        if e.to_state == "running" and e.detail.get("complete_by") is not None:
-            dispatched[attempt] = (float(e.at), float(e.detail["complete_by"]))
-        elif e.from_state == "running" and (
+    event_rows = list(event_rows)
+    dispatched = dispatches(event_rows)
+    return {(e.run_id, e.position, e.attempt): dispatched.get((e.run_id, e.position, e.attempt))
+            for e in event_rows if e.kind == "transition" and e.position is not None and e.detail
+            and e.from_state == "running" and (
                 (e.to_state == "pending" and e.detail.get("reason") == "expired")
-                or (e.to_state == "failed" and e.detail.get("error") == EXPIRED_ERROR)):
-            missed[attempt] = dispatched.get(attempt)
-    return missed
+                or (e.to_state == "failed" and e.detail.get("error") == EXPIRED_ERROR))}
 
 
 def first_received(logs: Mapping[str, str]) -> dict[Attempt, tuple[float, str]]:
@@ -123,8 +131,9 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
     """The at-risk alerts' precision and recall (None when there was nothing to judge), with
     their counts, and when the wrong ones and the unforeseen misses happened (seconds after
     ``since``)."""
-    alert_rows = list(alert_rows)
+    alert_rows, event_rows = list(alert_rows), list(event_rows)
     missed = missed_attempts(event_rows)
+    dispatched = dispatches(event_rows)
     received = first_received(logs)
     queued = {a: when for a, when in missed.items()
               if when is not None and a in received and received[a][0] > when[1]}
@@ -138,6 +147,11 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
         return {m for m in misses if (m[0], m[1]) in warned and warned[(m[0], m[1])] <= m[2]}
 
     warned_of = foreseen(backlog)
+    wrong = [a for a in at_risk if a not in missed]
+    # received in time, but only just / too late, but only just
+    just_in_time = [a for a in wrong if a in received and a in dispatched
+                    and 0 <= dispatched[a][1] - received[a][0] < MARGIN_S]
+    just_late = [m for m in backlog - warned_of if received[m][0] - queued[m][1] < MARGIN_S]
     # one incident per queue and sweep: a sweep records a queue's alerts one after another
     incidents: list[bool] = []
     last: tuple[str, float] | None = None
@@ -166,4 +180,6 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
         "missed_in_outages": len(held_up),
         "recall_with_outages": round(len(foreseen(set(queued))) / len(queued), 3) if queued else None,
         "missed_other_ways": len(missed) - len(queued),
+        "wrong_within_margin": len(just_in_time),
+        "unforeseen_within_margin": len(just_late),
     }

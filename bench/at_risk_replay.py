@@ -164,7 +164,8 @@ def judged(record: Record, alerts: list[Any]) -> dict[str, Any]:
     d = record.data
     verdict = alert_quality.judge(alerts, record.events, d["logs"], since=d["started_at"], outages=d["outages"])
     return {k: verdict[k] for k in ("alerts", "precision", "recall", "missed_waiting_in_queue", "incidents",
-                                    "incident_precision", "recall_with_outages")}
+                                    "incident_precision", "recall_with_outages", "wrong_within_margin",
+                                    "unforeseen_within_margin")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,7 +59,23 @@ def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misse
         "incidents": 3, "incidents_with_a_miss": 2, "incident_precision": 0.667,
         "missed_waiting_in_queue": 2, "missed_after_an_alert": 1, "recall": 0.5,
         "missed_in_outages": 0, "recall_with_outages": 0.5, "missed_other_ways": 1,
+        "wrong_within_margin": 0, "unforeseen_within_margin": 0,
     }
+
+
+def test_the_steps_that_made_it_or_missed_by_less_than_the_margin_are_counted():
+    """A queue at capacity: which steps reach its head just in time is a coin toss. The wrong
+    alerts and the unforeseen misses that were a fraction of a second from the other outcome are
+    told apart from those the forecast got plainly wrong."""
+    events = [dispatched(RUN_A, 0, 1, T0 + 5), dispatched(RUN_B, 0, 1, T0 + 5),      # both in time
+              dispatched(RUN_C, 0, 1, T0 + 5), expired(RUN_C, 0, 1),                 # missed by 0.3 s
+              dispatched(RUN_C, 1, 1, T0 + 5), expired(RUN_C, 1, 1)]                 # missed by 2 s
+    alerts = [at_risk(RUN_A, 0, 1, T0 + 3), at_risk(RUN_B, 0, 1, T0 + 3)]
+    logs = {"agent0": received(RUN_A, 0, 1, T0 + 4.8) + received(RUN_B, 0, 1, T0 + 3.5)
+            + received(RUN_C, 0, 1, T0 + 5.3) + received(RUN_C, 1, 1, T0 + 7)}
+    result = judge(alerts, events, logs)
+    assert (result["precision"], result["recall"]) == (0.0, 0.0)
+    assert (result["wrong_within_margin"], result["unforeseen_within_margin"]) == (1, 1)
 
 
 def test_an_alert_raised_for_a_later_attempt_did_not_foresee_an_earlier_miss():
