@@ -29,11 +29,8 @@ the queue itself rather than its bare depth:
   sees it): a forecast over more of it is too far ahead to trust. A queue's workers change within
   seconds (one restarting is back, one frozen thaws, and the queue drains half as fast again), and
   a drain just after an outage is measured over a second or two; in the chaos runs replayed
-  (``python -m bench.at_risk_replay``) the alerts raised earlier were the ones that cried wolf.
-  With the cost of a dropped message, replayed on three runs (two of 1,500 orders at 10 a second,
-  a 30-minute soak): precision 0.87 → 0.94, 0.85 → 0.93 and 0.47 → 0.77, recall 0.82 → 0.78
-  (418 steps missed in a backlog), 1.0 → 1.0 (19) and 0.3 → 0.3 (10, all within 0.1 s of making
-  it).
+  (``python -m bench.at_risk_replay``) the alerts raised earlier were the ones that cried wolf
+  (the README has the figures, before and after).
 
 With no completion for a while the queue is not draining at all (its workers are down or stuck):
 a waiting step is at risk once it is that near its complete-by.
