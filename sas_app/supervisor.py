@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
-from .alerts import AT_RISK, Alert, Alerts, at_risk_key, grouped
+from .alerts import AT_RISK, Alert, Alerts, grouped
 from .backlog import draining, forecast, pace
 from .recovery import past_deadline, recover_steps
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
@@ -206,13 +206,16 @@ class Supervisor:
         in it again (a retry storm).
 
         Expired in a backlog means its message still waits in its agent's queue (it is among the
-        last dispatched the queue's depth counts), or the Supervisor had warned, while it waited,
-        that the queue would not reach it in time (its at-risk alert: its message may have been
-        dropped unworked since). Other expired steps — their worker died with them, their message
-        was lost — keep their back-off alone: with no backlog seen, the agent's pace may be how
-        often work comes to it, not how fast it can go."""
-        warned = tx.alerts_raised([at_risk_key(step.run_id, step.position) for step in expired]) \
-            if expired else set()
+        last dispatched the queue's depth counts), or the queue is so deep that a message sent now
+        would be taken past half the step's timeout (its message was dropped unworked, or its
+        worker died with it: a retry sent now would expire again all the same), or the agent's
+        paced retries still wait their turn (one sent now would jump the line they keep: in
+        ``bench.backpressure`` 400 of 2,000 steps then took three or four attempts instead of
+        two). It goes by the queue, not by the at-risk alerts: those come only in a step's last
+        third, and a step whose message was dropped before a sweep warned of it went straight
+        back into the backlog. With no message waiting, an agent's expired steps keep their
+        back-off alone: with no backlog seen, its pace may be how often work comes to it, not how
+        fast it can go."""
         by_agent: dict[str, list[StepRow]] = {}
         for step in expired:
             # an undo is sent ahead of the queue: nothing to wait behind
@@ -223,16 +226,19 @@ class Supervisor:
         for agent, candidates in by_agent.items():
             depth = depths.get(agent, 0)
             queued, behind = _queued(tx, agent, depth)
-            waiting = {step.id for step in queued}
-            group = [step for step in candidates
-                     if step.id in waiting or at_risk_key(step.run_id, step.position) in warned]
-            if not group:
+            if not queued:
                 continue
             per_second = pace(*tx.recent_completions(agent, self.settings.at_risk_window))
             if per_second <= 0:  # no pace to go by: the back-off alone
                 continue
             clear_at = forecast(queued, now, per_second, behind).clear_at or now
             last_due = tx.paced_retries_due_last(agent)
+            waiting = {step.id for step in queued}
+            # its message waits; a message sent now would wait too long; or retries wait their turn
+            group = [step for step in candidates
+                     if step.id in waiting or clear_at - now > step.timeout / 2 or last_due is not None]
+            if not group:
+                continue
             half = min(step.timeout for step in group) / 2
             for i, step in enumerate(group):
                 after = last_due + (i + 1) / per_second if last_due is not None else now

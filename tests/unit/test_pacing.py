@@ -130,3 +130,30 @@ def test_only_paced_retries_hold_back_the_next_ones(sas, pump):
     sas.supervisor.sweep()
     due = sorted(sas.store.get_steps(r)[0].not_before for r in runs)
     assert due[-1] < now + 600
+
+
+def test_a_retry_into_a_queue_too_deep_to_take_it_in_time_is_paced_though_its_own_message_is_gone(sas, pump):
+    """Its message was dropped unworked, or its worker died with it, before any sweep warned of
+    it (an at-risk alert comes only in a step's last third): a retry sent now into a queue that
+    will not reach it in time would expire there all the same."""
+    sas.register(Workflow("call", [Step("call", "svc.work", timeout=10, max_failures=3)]))
+    for i in range(3):
+        sas.submit("call", {}, business_key=f"warm-{i}")
+    pump.run()  # the agent's pace
+    gone = [sas.submit("call", {}, business_key=f"gone-{i}").id for i in range(5)]
+    pump.run(["sas.scheduler"])
+    assert len(pump.take("sas.agent.svc")) == 5  # taken, and never answered
+    pass_time(sas, sas.store.now() + 6, "6 s")
+    for i in range(40):  # a backlog the agent will not drain within a timeout
+        sas.submit("call", {}, business_key=f"deep-{i}")
+    pump.run(["sas.scheduler"])
+    pass_time(sas, max(sas.store.get_steps(r)[0].complete_by for r in gone), "the first ones' complete-by")
+
+    report = sas.supervisor.sweep()
+
+    with sas.store.begin() as tx:  # none of them was warned of
+        assert tx.conn.execute(select(alerts.c.run_id).where(alerts.c.kind == "at_risk")).all() == []
+    # each waits its turn (the first few as a countdown, the rest in the store), none its bare back-off
+    waits = {run_id: wait for run_id, _, wait in report.retried + report.paced}
+    assert sorted(waits) == sorted(gone) and len(report.paced) >= 3
+    assert all(wait > sas.settings.retry_backoff for wait in waits.values())
