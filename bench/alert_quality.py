@@ -88,11 +88,11 @@ def dispatches(event_rows: Iterable[Any]) -> dict[Attempt, tuple[float, float]]:
             and e.to_state == "running" and e.detail.get("complete_by") is not None}
 
 
-def missed_attempts(event_rows: Iterable[Any]) -> dict[Attempt, tuple[float, float] | None]:
+def missed_attempts(event_rows: Iterable[Any], dispatched: Mapping[Attempt, tuple[float, float]],
+                    ) -> dict[Attempt, tuple[float, float] | None]:
     """Step attempts the Supervisor gave up because their complete-by passed, with when each was
-    dispatched and its complete-by (None if no dispatch of it is recorded)."""
-    event_rows = list(event_rows)
-    dispatched = dispatches(event_rows)
+    dispatched and its complete-by (from ``dispatched``, :func:`dispatches`; None if no dispatch of
+    it is recorded)."""
     return {(e.run_id, e.position, e.attempt): dispatched.get((e.run_id, e.position, e.attempt))
             for e in event_rows if e.kind == "transition" and e.position is not None and e.detail
             and e.from_state == "running" and (
@@ -132,8 +132,8 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
     their counts, and when the wrong ones and the unforeseen misses happened (seconds after
     ``since``)."""
     alert_rows, event_rows = list(alert_rows), list(event_rows)
-    missed = missed_attempts(event_rows)
     dispatched = dispatches(event_rows)
+    missed = missed_attempts(event_rows, dispatched)
     received = first_received(logs)
     queued = {a: when for a, when in missed.items()
               if when is not None and a in received and received[a][0] > when[1]}

@@ -83,18 +83,12 @@ class Record:
         self.events = [SimpleNamespace(**e) for e in d["events"]]
         received = alert_quality.first_received(d["logs"])
         steps = {(s["run_id"], s["position"]): s for s in d["steps"]}
-        complete_by: dict[tuple[str, int, int], float] = {}  # each attempt dispatched
-        ended: dict[tuple[str, int, int], float] = {}
+        ended: dict[tuple[str, int, int], float] = {}  # when each attempt first left running
         for e in self.events:
-            if e.position is None:
-                continue
-            key = (e.run_id, e.position, e.attempt)
-            if e.to_state == "running" and e.detail and e.detail.get("complete_by") is not None:
-                complete_by[key] = float(e.detail["complete_by"])
-            elif e.from_state == "running" and key not in ended:
-                ended[key] = float(e.at)
+            if e.position is not None and e.from_state == "running":
+                ended.setdefault((e.run_id, e.position, e.attempt), float(e.at))
         self.by_agent: dict[str, list[Waiting]] = {}
-        for key, by in complete_by.items():
+        for key, (_, by) in alert_quality.dispatches(self.events).items():
             step = steps.get(key[:2])
             if step is None or step.get("compensates") is not None:
                 continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from bench.alert_quality import MARGIN_S
 from bench.throughput import percentile as nearest_rank
 
 
@@ -77,8 +78,8 @@ def print_report(r: dict[str, Any]) -> None:
         "incidents {incidents} with a step that missed {incidents_with_a_miss} (precision {incident_precision}); "
         "missed waiting in a "
         "queue {missed_waiting_in_queue}, foreseen {missed_after_an_alert} (recall {recall}); missed other ways "
-        "{missed_other_ways}; at the margin (received within 0.5 s of the complete-by): {wrong_within_margin} "
-        "of the wrong, {unforeseen_within_margin} of the unforeseen".format(**r["at_risk"]),
+        "{missed_other_ways}; at the margin (received within {margin} s of the complete-by): {wrong_within_margin} "
+        "of the wrong, {unforeseen_within_margin} of the unforeseen".format(**r["at_risk"], margin=MARGIN_S),
         "poison orders: " + ", ".join(f"{p['key']} {p['state']} after {p['charge_attempts']} attempts"
                                       for p in r["poison"]),
         f"notifications (orders that asked to be told): {r['notifications']}, left in the outbox {r['outbox_unsent']}",
