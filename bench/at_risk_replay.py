@@ -13,7 +13,9 @@ agent's recent completions — asks :mod:`sas_app.backlog` which of them are at 
 alert once per step attempt, and judges those alerts as the run's own were judged
 (:func:`bench.alert_quality.judge`). The run's own alerts are judged beside them: the replay
 of the code the run ran should come close (its sweeps were not always on time; a killed
-Supervisor or a slow sweep skipped some).
+Supervisor or a slow sweep skipped some). Where a sweep falls within its second matters — a
+queue's pace read a tenth of a second before or after a worker comes back differs — so the
+replay is run at several phases of the sweep and averaged (``--phases``).
 """
 
 from __future__ import annotations
@@ -136,11 +138,20 @@ class Record:
         return done[max(lo, hi - MOST):hi][::-1]
 
 
-def replay(record: Record, forecaster: Forecaster) -> list[SimpleNamespace]:
-    """The at-risk alerts ``forecaster`` would have raised, once a sweep, each step attempt once."""
+def replay(record: Record, forecaster: Forecaster, phase: float = 0.0) -> list[SimpleNamespace]:
+    """The at-risk alerts ``forecaster`` would have raised, once a sweep (``phase`` seconds after
+    the first dispatch, and every :data:`SWEEP_S` after), each step attempt once. No sweep reads a
+    queue while the broker or the database is down: the Supervisor's read of a queue's depth then
+    finds nothing (or it cannot sweep at all), so the run raised no alert then either — replayed,
+    the messages sent before such an outage looked like a backlog, and every one of them missed:
+    alerts the run could not raise, right ones, and a precision above the run's."""
     alerts: dict[tuple[str, int, int], SimpleNamespace] = {}
-    now = record.start
+    down = [(o.start, o.end) for o in record.data["outages"] if o.worker is None]
+    now = record.start + phase
     while now < record.end:
+        if any(start <= now <= end for start, end in down):
+            now += SWEEP_S
+            continue
         for agent in record.by_agent:
             queued = record.queue(agent, now)
             if not queued:
@@ -162,15 +173,30 @@ def judged(record: Record, alerts: list[Any]) -> dict[str, Any]:
                                     "unforeseen_within_margin")}
 
 
+def mean_of(verdicts: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Each figure of ``verdicts`` (:func:`judged`) averaged over those that have it."""
+    mean: dict[str, float | None] = {}
+    for key in verdicts[0]:
+        known = [v[key] for v in verdicts if v[key] is not None]
+        mean[key] = round(sum(known) / len(known), 3) if known else None
+    return mean
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.at_risk_replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("home", type=Path, help="a chaos run's home folder, kept with --keep")
+    parser.add_argument("--phases", type=int, default=4,
+                        help="replay with sweeps this many fractions of a sweep interval apart, averaged: which "
+                             "moment a sweep happens to see a queue moves a run's figures by a few points (default 4)")
     args = parser.parse_args(argv)
     record = Record(args.home)
     own = [SimpleNamespace(**a) for a in record.data["alerts"]]
     print(f"the run's own alerts: {judged(record, own)}")
     for name, forecaster in FORECASTERS.items():
-        print(f"{name}: {judged(record, replay(record, forecaster))}", flush=True)
+        verdicts = [judged(record, replay(record, forecaster, phase=i * SWEEP_S / args.phases))
+                    for i in range(args.phases)]
+        print(f"{name}, mean of {args.phases} sweep phases: {mean_of(verdicts)}", flush=True)
+        print(f"  precision / recall by phase: {[(v['precision'], v['recall']) for v in verdicts]}")
     return 0
 
 

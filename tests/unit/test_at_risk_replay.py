@@ -7,12 +7,13 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from bench.at_risk_replay import Record, judged, replay
+from bench.alert_quality import Outage
+from bench.at_risk_replay import Record, judged, mean_of, replay
 from bench.chaos import JUDGED
 from tests.unit.test_alert_quality import T0, dispatched, expired, received
 
 
-def kept_run(home: Path, sent: int, received_first: int) -> Path:
+def kept_run(home: Path, sent: int, received_first: int, outages: list[Outage] | None = None) -> Path:
     """A run whose ``sent`` warehouse steps were dispatched 0.1 s apart from T0 with 5 s each; a
     worker received the first ``received_first`` at T0 + 1 and the rest at T0 + 9, past their
     complete-by (expired, their messages dropped unworked)."""
@@ -25,7 +26,7 @@ def kept_run(home: Path, sent: int, received_first: int) -> Path:
               "compensates": None, "completed_at": T0 + 1.5 if i < received_first else None}
              for i, run in enumerate(runs)]
     with open(home / JUDGED, "wb") as out:
-        pickle.dump({"started_at": T0, "outages": [], "timeline": [], "agents": ["agent0"], "logs": {"agent0": log},
+        pickle.dump({"started_at": T0, "outages": outages or [], "timeline": [], "agents": ["agent0"], "logs": {"agent0": log},
                      "alerts": [], "events": events, "steps": steps}, out)
     return home
 
@@ -52,3 +53,19 @@ def test_a_replay_raises_each_attempt_once_and_judges_it_as_the_run_was_judged(t
     assert judged(record, alerts)["precision"] == 0.5  # the first was received in time, the last expired
     everything = replay(record, lambda queued, now, completed, behind: list(queued))
     assert judged(record, everything)["precision"] == 0.75
+
+
+def test_no_sweep_reads_a_queue_while_the_broker_is_down_and_phases_move_the_sweeps(tmp_path):
+    # the broker down from T0 + 0.5 to T0 + 2: the Supervisor read no depth then, and raised nothing
+    record = Record(kept_run(tmp_path, sent=30, received_first=1, outages=[Outage(T0 + 0.5, T0 + 2)]))
+
+    def tail_of_the_queue(queued, now, completed, behind):
+        return list(queued[-1:])
+
+    alerts = replay(record, tail_of_the_queue)
+    # sweeps at T0 and T0 + 3 (those at T0 + 1 and T0 + 2 fell in the outage)
+    assert [round(a.at - T0, 1) for a in alerts] == [0.0, 3.0]
+    # a quarter of a second later, the sweeps are at T0 + 0.25, T0 + 2.25, ... (T0 + 1.25 in the outage)
+    assert [round(a.at - T0, 2) for a in replay(record, tail_of_the_queue, phase=0.25)][:3] == [0.25, 2.25, 3.25]
+    assert mean_of([{"precision": 0.5, "recall": None}, {"precision": 1.0, "recall": None}]) == {
+        "precision": 0.75, "recall": None}
