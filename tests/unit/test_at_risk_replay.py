@@ -26,8 +26,8 @@ def kept_run(home: Path, sent: int, received_first: int, outages: list[Outage] |
               "compensates": None, "completed_at": T0 + 1.5 if i < received_first else None}
              for i, run in enumerate(runs)]
     with open(home / JUDGED, "wb") as out:
-        pickle.dump({"started_at": T0, "outages": outages or [], "timeline": [], "agents": ["agent0"], "logs": {"agent0": log},
-                     "alerts": [], "events": events, "steps": steps}, out)
+        pickle.dump({"started_at": T0, "outages": outages or [], "timeline": [], "agents": ["agent0"],
+                     "logs": {"agent0": log}, "alerts": [], "events": events, "steps": steps}, out)
     return home
 
 
