@@ -10,7 +10,8 @@ rebuilds, once a sweep interval, what the Supervisor saw of each agent's queue �
 messages sent and not yet received, from the workers' ``received`` lines), the running steps
 whose messages those likely are (the last dispatched, as ``Tx.queued_steps`` reads them) and the
 agent's recent completions — asks :mod:`sas_app.backlog` which of them are at risk, raises an
-alert once per step attempt, and judges those alerts as the run's own were judged
+alert once per step (as the Supervisor does: a step warned of is not warned of again on a later
+attempt), and judges those alerts as the run's own were judged
 (:func:`bench.alert_quality.judge`). The run's own alerts are judged beside them: the replay
 of the code the run ran should come close (its sweeps were not always on time; a killed
 Supervisor or a slow sweep skipped some). Where a sweep falls within its second matters — a
@@ -140,12 +141,15 @@ class Record:
 
 def replay(record: Record, forecaster: Forecaster, phase: float = 0.0) -> list[SimpleNamespace]:
     """The at-risk alerts ``forecaster`` would have raised, once a sweep (``phase`` seconds after
-    the first dispatch, and every :data:`SWEEP_S` after), each step attempt once. No sweep reads a
+    the first dispatch, and every :data:`SWEEP_S` after), each step once — on the first attempt
+    found at risk, as the Supervisor's alerts are deduplicated (replayed once per attempt, a
+    step's later attempts, most of them missed after the first had, added right alerts the run
+    could not raise: a quarter more in a 1,500-order run). No sweep reads a
     queue while the broker or the database is down: the Supervisor's read of a queue's depth then
     finds nothing (or it cannot sweep at all), so the run raised no alert then either — replayed,
     the messages sent before such an outage looked like a backlog, and every one of them missed:
     alerts the run could not raise, right ones, and a precision above the run's."""
-    alerts: dict[tuple[str, int, int], SimpleNamespace] = {}
+    alerts: dict[tuple[str, int], SimpleNamespace] = {}
     down = [(o.start, o.end) for o in record.data["outages"] if o.worker is None]
     now = record.start + phase
     while now < record.end:
@@ -157,9 +161,9 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0) -> list[S
             if not queued:
                 continue
             for step in forecaster(queued, now, record.completions(agent, now), 0):
-                key = (step.run_id, step.position, step.attempt)
+                key = (step.run_id, step.position)
                 if key not in alerts:
-                    alerts[key] = SimpleNamespace(kind="at_risk", run_id=key[0], position=key[1], attempt=key[2],
+                    alerts[key] = SimpleNamespace(kind="at_risk", run_id=key[0], position=key[1], attempt=step.attempt,
                                                   at=now, reason=f"at risk on {agent_queue(agent)}")
         now += SWEEP_S
     return list(alerts.values())

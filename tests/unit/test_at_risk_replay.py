@@ -39,7 +39,7 @@ def test_a_queue_holds_the_last_dispatched_of_its_running_steps_until_a_worker_r
     assert record.completions("warehouse", T0 + 2) == [T0 + 1.5]
 
 
-def test_a_replay_raises_each_attempt_once_and_judges_it_as_the_run_was_judged(tmp_path):
+def test_a_replay_raises_each_step_once_and_judges_it_as_the_run_was_judged(tmp_path):
     record = Record(kept_run(tmp_path, sent=4, received_first=1))
 
     def tail_of_the_queue(queued, now, completed, behind):  # a forecaster that calls the last step at risk
@@ -69,3 +69,17 @@ def test_no_sweep_reads_a_queue_while_the_broker_is_down_and_phases_move_the_swe
     assert [round(a.at - T0, 2) for a in replay(record, tail_of_the_queue, phase=0.25)][:3] == [0.25, 2.25, 3.25]
     assert mean_of([{"precision": 0.5, "recall": None}, {"precision": 1.0, "recall": None}]) == {
         "precision": 0.75, "recall": None}
+
+
+def test_a_step_warned_of_is_not_warned_of_again_on_a_later_attempt(tmp_path):
+    # as the Supervisor's at-risk alerts are deduplicated: one a step, whatever its attempt
+    home = kept_run(tmp_path, sent=2, received_first=0)
+    with open(home / JUDGED, "rb") as f:
+        data = pickle.load(f)
+    retry = dispatched(f"{0:032x}", 0, 2, T0 + 12)  # the first step's second attempt, sent at T0 + 7
+    data["events"].append(vars(retry))
+    with open(home / JUDGED, "wb") as out:
+        pickle.dump(data, out)
+    record = Record(home)
+    alerts = replay(record, lambda queued, now, completed, behind: list(queued))
+    assert sorted((a.run_id[-1], a.attempt) for a in alerts) == [("0", 1), ("1", 1)]
