@@ -16,8 +16,10 @@ the queue itself rather than its bare depth:
   completing a step now and then before a burst is not slow) — and since its workers last
   stalled (a broker's outage, workers frozen or restarting: once back they drain at their own
   pace, and a forecast at the pace of the silence cried wolf after every outage). A drain younger
-  than :data:`SETTLE_S` with fewer than three completions is not judged yet: a burst just sent,
-  or workers just back, have not shown their pace.
+  than :data:`SETTLE_S` with fewer than three completions is not judged yet: a burst just sent
+  has not shown its workers' pace. Nor is one younger than that after a stall, however many it
+  completed: workers come back from an outage one by one, and the first completions are the
+  first workers' (in the chaos runs replayed, alerts raised then were the soaks' wrong ones).
 * **When each is taken.** Workers take the head first; a message found past its complete-by is
   dropped unworked, at a small cost (:data:`DROPPED_S`), so a step behind many doomed ones is not
   doomed with them — nor reached at once: behind 300 of them it waits a second or two more.
@@ -53,7 +55,8 @@ STALL_S = 0.5
 #: made at the average is wrong about half the steps it puts at the margin.
 SLACK = 0.25
 #: A backlog is not judged before it is this old (or half its head's timeout, if less), unless its
-#: workers have completed three steps since it began: what they can do is not known before.
+#: workers have completed three steps since it began: what they can do is not known before. After
+#: a stall, not before its drain is this old whatever it completed: its workers come back one by one.
 SETTLE_S = 2.0
 #: A step is judged once less than this share of its timeout is left before its complete-by.
 JUDGED_WITHIN = 1 / 3
@@ -92,17 +95,23 @@ def draining(completed: Sequence[float], now: float, head: StepRow) -> float | N
     its agent's recent completions (newest first): those since ``head``'s message was sent (the
     queue never empty since) and since its workers last stalled — a broker's or a database's
     outage, workers frozen or restarting: what they do once back is their pace, not the silence
-    (:func:`pace`, which leaves idle spells out). 0.0 while they have completed nothing for a
-    while (not draining); None while this drain is too young to say (:data:`SETTLE_S`)."""
+    (:func:`pace`, which leaves idle spells out), once all of them are back (:data:`SETTLE_S`).
+    0.0 while they have completed nothing for a while (not draining); None while this drain is
+    too young to say."""
     since = (head.complete_by or now) - head.timeout
     drained = [at for at in completed if at >= since]
     gaps = [a - b for a, b in pairwise(drained)]
     stall = stall_after(gaps)
     stalled = next((i for i, gap in enumerate(gaps) if gap > stall), None)
+    settle = min(SETTLE_S, head.timeout / 2)
     if stalled is not None:  # this drain began with the first completion after the stall
         drained = drained[:stalled + 1]
         since = drained[-1]
-    if len(drained) < 3 and now - since < min(SETTLE_S, head.timeout / 2):
+        # workers back from a stall come back one by one, each reconnecting to the broker and the
+        # database in its own time: the first completions are the first workers' pace, not theirs
+        if now - since < settle:
+            return None
+    if len(drained) < 3 and now - since < settle:
         return None
     per_second = pace(drained, now)
     quiet = now - (drained[0] if drained else since)

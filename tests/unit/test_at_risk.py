@@ -188,9 +188,12 @@ def test_after_its_workers_stalled_a_queue_is_judged_by_what_they_do_once_back()
     before = [53.0 - 0.05 * i for i in range(20)]  # 20 a second until 53, then 7 s of nothing
     # the workers back at 60: two completions are not a pace yet
     assert draining([60.3, 60.2, *before], 60.4, burst[0]) is None
-    # three, or two seconds after the first: theirs
+    # nor six: they come back one by one, and the first ones' pace is not theirs
     back = [60.3 - 0.05 * i for i in range(6)]
-    assert draining(back + before, 60.4, burst[0]) == pytest.approx(20.0, rel=0.05)
+    assert draining(back + before, 60.4, burst[0]) is None
+    # two seconds after the first, theirs
+    back = [62.0 - 0.05 * i for i in range(40)]  # 20 a second since 60.05
+    assert draining(back + before, 62.1, burst[0]) == pytest.approx(20.0, rel=0.05)
     # still silent since the outage: not draining (each waiting step at risk in the last third of
     # its budget), not a pace that falls the longer the silence
     assert draining(before, 60.4, burst[0]) == 0.0
