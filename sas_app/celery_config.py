@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from . import reconnect, redis_transport
+from . import filesystem_transport, reconnect, redis_transport
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP
 from .settings import Settings
 
@@ -77,7 +77,9 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
     if settings.embedded_broker:
         # kombu's filesystem transport: every process sharing SAS_HOME shares the queues. A
         # consumer takes a message by renaming its file into ``processed`` (atomic on one file
-        # system, so two workers never both take it); it polls every 50 ms when idle.
+        # system, so two workers never both take it); it polls every 50 ms when idle. Messages
+        # are written whole before they get their name (see sas_app.filesystem_transport).
+        conf["broker_transport"] = filesystem_transport.NAME
         folder = settings.home / "broker"
         for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
