@@ -25,6 +25,7 @@ from . import cli_operate, cli_serve
 from .cli_base import DEFAULT_APP, Context, console, fail, one_line, pass_ctx
 from .errors import SasError
 from .graph import Graph
+from .processes import hold_lifeline
 from .settings import redact_url
 from .states import RUN_STATES
 from .web.formatting import does, when
@@ -53,6 +54,7 @@ class SasGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context, spec: str) -> None:
     """sas_app: the Scheduler Agent Supervisor pattern on Celery."""
+    hold_lifeline()  # started by a harness (sas demo, a bench): gone with it, however it ends
     ctx.obj = Context(spec)
 
 

@@ -89,6 +89,36 @@ def interrupts_ignored() -> Iterator[None]:
             signals.signal(sig, handler)
 
 
+#: set by :class:`Processes` in the environment of each process it starts: its own pid
+LIFELINE = "SAS_LIFELINE"
+#: how often a process the harness started checks that the harness is still there (seconds)
+LIFELINE_CHECK_S = 0.5
+#: how long after asking itself to stop, its harness gone, such a process kills its process group
+LIFELINE_GRACE_S = 10.0
+
+
+def hold_lifeline(env: Mapping[str, str] = os.environ) -> None:
+    """In a process :class:`Processes` started (``sas`` commands call this first): stop once the
+    harness is gone. A harness killed outright (SIGKILL: a test's timeout, the OOM killer) cleans
+    nothing up, and what it started, each in a session of its own, lived on — a demo hung on a broken
+    message was killed by its test, and its services and beat were still running minutes later. A
+    daemon thread watches this process's parent; once it is not the harness any more (the process was
+    adopted), it asks this process to stop (SIGTERM: Celery's warm shutdown) and, if it has not
+    after :data:`LIFELINE_GRACE_S`, kills its process group, pool children and all."""
+    harness = env.get(LIFELINE, "")
+    if not harness.isdigit() or os.getppid() != int(harness):  # not started by a harness (or passed on)
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(harness):
+            time.sleep(LIFELINE_CHECK_S)
+        os.kill(os.getpid(), signals.SIGTERM)
+        time.sleep(LIFELINE_GRACE_S)
+        os.killpg(os.getpgid(0), signals.SIGKILL)
+
+    threading.Thread(target=watch, name="sas-lifeline", daemon=True).start()
+
+
 def answers(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1).is_success
@@ -151,7 +181,7 @@ class Processes:
                 self.argv[name], self.ready[name] = list(argv), ready
             if env is not None:
                 self.extra_env[name] = dict(env)
-            process_env = {**self.env, **self.extra_env.get(name, {})}
+            process_env = {**self.env, **self.extra_env.get(name, {}), LIFELINE: str(os.getpid())}
             ready = self.ready.get(name)
             if ready is not None and ready.file:
                 marker = self.ready_file(name)

@@ -171,6 +171,25 @@ def test_demo_stops_every_process_it_started_when_interrupted(tmp_path):
     assert "interrupted" in err.decode()
 
 
+def test_a_demo_killed_outright_leaves_no_process_of_its_own_behind(tmp_path):
+    # SIGKILL (a test's timeout, the OOM killer): the demo cleans nothing up; what it started goes
+    # on its own, each process once it sees the demo gone (SAS_LIFELINE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
+    env["SAS_HOME"] = str(tmp_path / "home")
+    demo = subprocess.Popen([SAS, "demo", "--orders", "2000"], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    home = Path(env["SAS_HOME"])
+    try:
+        wait_for(lambda: any(home.glob("demo-*/logs/agents.ready")), 60, "the demo's agent worker to be ready")
+        wait_for(lambda: len(_children_of(env["SAS_HOME"])) >= 9, 30, "the demo's processes and pool children")
+        demo.kill()
+        demo.wait(10)
+        wait_for(lambda: not _children_of(env["SAS_HOME"]), 30, "every process the demo started to be gone")
+    finally:
+        for pid in _children_of(env["SAS_HOME"]):  # the test's own clean-up, had the check failed
+            os.kill(pid, signal.SIGKILL)
+
+
 def _children_of(home: str) -> list[int]:
     """Live processes whose environment says they belong to this demo."""
     return live_processes_with(f"SAS_HOME={home}/demo-")
