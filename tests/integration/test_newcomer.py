@@ -150,16 +150,27 @@ def test_demo_on_the_production_stack_twice_loses_nothing_and_counts_its_own_ord
         assert summary["alerts"] >= 1 and summary["compensated"] >= 1  # the declined card, undone
 
 
-def test_demo_stops_every_process_it_started_when_interrupted(tmp_path):
+def _demo_under_way(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``sas demo`` with 2,000 orders, started in a session of its own and returned once its agent
+    worker is ready and its processes and pool children are up, with its SAS_HOME."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
     env["SAS_HOME"] = str(tmp_path / "home")
     demo = subprocess.Popen([SAS, "demo", "--orders", "2000"], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    home = Path(env["SAS_HOME"])
     try:
-        wait_for(lambda: any(home.glob("demo-*/logs/agents.ready")), 60, "the demo's agent worker to be ready")
+        wait_for(lambda: any(Path(env["SAS_HOME"]).glob("demo-*/logs/agents.ready")), 60,
+                 "the demo's agent worker to be ready")
         wait_for(lambda: len(_children_of(env["SAS_HOME"])) >= 9, 30, "the demo's processes and pool children")
+    except BaseException:
+        os.killpg(demo.pid, signal.SIGKILL)
+        demo.wait()
+        raise
+    return demo, env["SAS_HOME"]
 
+
+def test_demo_stops_every_process_it_started_when_interrupted(tmp_path):
+    demo, home = _demo_under_way(tmp_path)
+    try:
         demo.send_signal(signal.SIGINT)
         _, err = demo.communicate(timeout=60)
     finally:
@@ -167,26 +178,20 @@ def test_demo_stops_every_process_it_started_when_interrupted(tmp_path):
             os.killpg(demo.pid, signal.SIGKILL)
             demo.wait()
     assert demo.returncode != 0
-    wait_for(lambda: not _children_of(env["SAS_HOME"]), 30, "every demo process to be gone")
+    wait_for(lambda: not _children_of(home), 30, "every demo process to be gone")
     assert "interrupted" in err.decode()
 
 
 def test_a_demo_killed_outright_leaves_no_process_of_its_own_behind(tmp_path):
     # SIGKILL (a test's timeout, the OOM killer): the demo cleans nothing up; what it started goes
     # on its own, each process once it sees the demo gone (SAS_LIFELINE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
-    env["SAS_HOME"] = str(tmp_path / "home")
-    demo = subprocess.Popen([SAS, "demo", "--orders", "2000"], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    home = Path(env["SAS_HOME"])
+    demo, home = _demo_under_way(tmp_path)
     try:
-        wait_for(lambda: any(home.glob("demo-*/logs/agents.ready")), 60, "the demo's agent worker to be ready")
-        wait_for(lambda: len(_children_of(env["SAS_HOME"])) >= 9, 30, "the demo's processes and pool children")
         demo.kill()
-        demo.wait(10)
-        wait_for(lambda: not _children_of(env["SAS_HOME"]), 30, "every process the demo started to be gone")
+        demo.communicate(timeout=10)
+        wait_for(lambda: not _children_of(home), 30, "every process the demo started to be gone")
     finally:
-        for pid in _children_of(env["SAS_HOME"]):  # the test's own clean-up, had the check failed
+        for pid in _children_of(home):  # the test's own clean-up, had the check failed
             os.kill(pid, signal.SIGKILL)
 
 
