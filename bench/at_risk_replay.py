@@ -153,10 +153,8 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0) -> list[S
     down = [(o.start, o.end) for o in record.data["outages"] if o.worker is None]
     now = record.start + phase
     while now < record.end:
-        if any(start <= now <= end for start, end in down):
-            now += SWEEP_S
-            continue
-        for agent in record.by_agent:
+        swept = [] if any(start <= now <= end for start, end in down) else record.by_agent
+        for agent in swept:
             queued = record.queue(agent, now)
             if not queued:
                 continue

@@ -103,15 +103,13 @@ def draining(completed: Sequence[float], now: float, head: StepRow) -> float | N
     gaps = [a - b for a, b in pairwise(drained)]
     stall = stall_after(gaps)
     stalled = next((i for i, gap in enumerate(gaps) if gap > stall), None)
-    settle = min(SETTLE_S, head.timeout / 2)
     if stalled is not None:  # this drain began with the first completion after the stall
         drained = drained[:stalled + 1]
         since = drained[-1]
-        # workers back from a stall come back one by one, each reconnecting to the broker and the
-        # database in its own time: the first completions are the first workers' pace, not theirs
-        if now - since < settle:
-            return None
-    if len(drained) < 3 and now - since < settle:
+    # too young to say: a burst just sent with fewer than three completions, or workers back from a
+    # stall, however many they completed — they come back one by one, each reconnecting to the
+    # broker and the database in its own time, and the first completions are the first workers' pace
+    if now - since < min(SETTLE_S, head.timeout / 2) and (stalled is not None or len(drained) < 3):
         return None
     per_second = pace(drained, now)
     quiet = now - (drained[0] if drained else since)
