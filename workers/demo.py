@@ -68,7 +68,9 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
                                                     os.environ.get("PYTHONPATH")])),
     }
     sas = SasApp(Settings.from_env(env))
-    install(sas, charge_timeout=2.0)
+    # short complete-bys, so that the steps the agent worker's crash strands (Redis keeps a message
+    # in hand until its visibility timeout) are recovered within seconds, not ten of them
+    install(sas, charge_timeout=2.0, step_timeout=5.0)
     sas.migrate()
     procs = Processes(home, env)
     services = {name: Ready(url=f"http://127.0.0.1:{port}/health") for name, port in ports.items()}
