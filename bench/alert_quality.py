@@ -40,7 +40,7 @@ from sas_app.states import EXPIRED_ERROR
 
 #: Celery's log line for a message a worker received, with its task id (run, position, attempt)
 RECEIVED = re.compile(
-    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] Task \S+\[([0-9a-f]{32})-(\d+)-(\d+)\] received",
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] Task (\S+)\[([0-9a-f]{32})-(\d+)-(\d+)\] received",
     re.MULTILINE)
 
 Attempt = tuple[str, int, int]
@@ -53,6 +53,8 @@ RECONNECT_S = 2.0
 INCIDENT_GAP_S = 0.5
 #: a step received less than this before or after its complete-by (seconds) was at the margin
 MARGIN_S = 0.5
+#: one queue's backlog misses less than this apart (seconds, their complete-bys) are one backlog
+BACKLOG_GAP_S = 5.0
 
 #: Celery's log line for a worker ready to take messages (after a start or a restart)
 READY = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] \S+ ready\.", re.MULTILINE)
@@ -105,12 +107,36 @@ def first_received(logs: Mapping[str, str]) -> dict[Attempt, tuple[float, str]]:
     and which worker (its log's name)."""
     first: dict[Attempt, tuple[float, str]] = {}
     for worker, text in logs.items():
-        for stamp, run_id, position, attempt in RECEIVED.findall(text):
+        for stamp, _, run_id, position, attempt in RECEIVED.findall(text):
             at = _stamp(stamp)
             key = (run_id, int(position), int(attempt))
             if key not in first or at < first[key][0]:
                 first[key] = (at, worker)
     return first
+
+
+def received_on(logs: Mapping[str, str]) -> dict[Attempt, str]:
+    """The queue each step attempt's message was received from (its task's agent: the task
+    ``sas.agent.warehouse.ship`` is the queue ``sas.agent.warehouse``'s)."""
+    return {(run_id, int(position), int(attempt)): task.rsplit(".", 1)[0]
+            for text in logs.values() for _, task, run_id, position, attempt in RECEIVED.findall(text)}
+
+
+def backlogs(misses: Iterable[Attempt], queue_of: Mapping[Attempt, str],
+             due: Mapping[Attempt, float]) -> list[list[Attempt]]:
+    """``misses`` grouped into backlogs: one queue's misses whose complete-bys (``due``) are less
+    than :data:`BACKLOG_GAP_S` apart."""
+    groups: list[list[Attempt]] = []
+    last: dict[str, tuple[float, list[Attempt]]] = {}  # each queue's latest miss, and its backlog
+    for miss in sorted(misses, key=lambda m: due[m]):
+        queue = queue_of.get(miss, "")
+        before = last.get(queue)
+        group = before[1] if before is not None and due[miss] - before[0] < BACKLOG_GAP_S else []
+        if not group:
+            groups.append(group)
+        group.append(miss)
+        last[queue] = (due[miss], group)
+    return groups
 
 
 def in_outage(sent: float, complete_by: float, received: tuple[float, str], outages: Sequence[Outage]) -> bool:
@@ -147,6 +173,9 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
         return {m for m in misses if (m[0], m[1]) in warned and warned[(m[0], m[1])] <= m[2]}
 
     warned_of = foreseen(backlog)
+    # per backlog, what an operator hears of: told if any of its misses was warned of first
+    told = [any(m in warned_of for m in group)
+            for group in backlogs(backlog, received_on(logs), {m: queued[m][1] for m in backlog})]
     wrong = [a for a in at_risk if a not in missed]
     # received in time, but only just / too late, but only just
     just_in_time = [a for a in wrong if a in received and a in dispatched
@@ -177,6 +206,9 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
         "missed_waiting_in_queue": len(backlog),
         "missed_after_an_alert": len(warned_of),
         "recall": round(len(warned_of) / len(backlog), 3) if backlog else None,
+        "backlogs": len(told),
+        "backlogs_told": sum(told),
+        "backlog_recall": round(sum(told) / len(told), 3) if told else None,
         "missed_in_outages": len(held_up),
         "recall_with_outages": round(len(foreseen(set(queued))) / len(queued), 3) if queued else None,
         "missed_other_ways": len(missed) - len(queued),

@@ -170,8 +170,8 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0) -> list[S
 def judged(record: Record, alerts: list[Any]) -> dict[str, Any]:
     d = record.data
     verdict = alert_quality.judge(alerts, record.events, d["logs"], since=d["started_at"], outages=d["outages"])
-    return {k: verdict[k] for k in ("alerts", "precision", "recall", "missed_waiting_in_queue", "incidents",
-                                    "incident_precision", "recall_with_outages", "wrong_within_margin",
+    return {k: verdict[k] for k in ("alerts", "precision", "recall", "missed_waiting_in_queue", "backlog_recall",
+                                    "incidents", "incident_precision", "recall_with_outages", "wrong_within_margin",
                                     "unforeseen_within_margin")}
 
 

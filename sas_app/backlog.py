@@ -23,16 +23,20 @@ the queue itself rather than its bare depth:
 * **When each is taken.** Workers take the head first; a message found past its complete-by is
   dropped unworked, at a small cost (:data:`DROPPED_S`), so a step behind many doomed ones is not
   doomed with them — nor reached at once: behind 300 of them it waits a second or two more.
+* **How sure.** A step is at risk when it would be taken past its complete-by even if the agent
+  worked a quarter faster than its pace (:data:`SLACK`): one that only just misses is a coin toss.
+  Judged at the pace itself, a saturated queue's forecast caught a tenth more of its misses (its
+  errors lean late); but a soak's few backlogs after a fault were nearly all such coin tosses, and
+  fell the other way — an operator told of an incident that never came stops listening, while one
+  whose queue is overloaded hears of it from the steps that are surely late.
 * **How far ahead.** A step's fate is judged once the last third of its budget has begun
-  (:data:`JUDGED_WITHIN`; or one sweep before its complete-by, if that is sooner, so that a sweep
-  sees it), at the pace measured — no margin for a faster one. A forecast's error grows with how
-  far ahead it looks: a queue's workers change within seconds (one restarting is back, one frozen
-  thaws, another agent's hanging steps hold the pool processes they share): in a chaos run
-  replayed, the middle 80% of steps were taken within 0.19 s of their forecast when it looked
-  less than half a second ahead, within 0.71 s when it looked two seconds ahead — and later
-  more often than sooner. A margin (once: judged as if the agent worked a quarter faster)
-  bought precision with recall; judged nearer, the forecast needs none (``python -m
-  bench.at_risk_replay``; the README has the figures).
+  (:data:`JUDGED_WITHIN`; or a sweep before its complete-by, if that is sooner, so that a sweep
+  sees it): a forecast further ahead is less sure. A queue's workers change within seconds (one
+  restarting is back, one frozen thaws, another agent's hanging steps hold the pool processes they
+  share): in a chaos run replayed, the middle 80% of steps were taken within 0.19 s of their
+  forecast when it looked less than half a second ahead, within 0.71 s when it looked two seconds
+  ahead. Judged two sweeps ahead, the soaks' wrong alerts doubled (``python -m
+  bench.at_risk_replay``; the README has the figures, before and after).
 
 With no completion for a while the queue is not draining at all (its workers are down or stuck):
 a waiting step is at risk once it is that near its complete-by.
@@ -50,6 +54,10 @@ from .store.rows import StepRow
 #: is a stall or an idle spell, not the agent's pace. (Concurrent workers complete in bursts: the
 #: median gap alone can be a hundredth of the mean.)
 STALL_S = 0.5
+#: How much faster than its measured pace an agent is assumed to work before a step is called at
+#: risk. The pace is a recent average; the workers' real pace varies around it, and a forecast
+#: made at the average is wrong about half the steps it puts at the margin.
+SLACK = 0.25
 #: A backlog is not judged before it is this old (or half its head's timeout, if less), unless its
 #: workers have completed three steps since it began: what they can do is not known before. After
 #: a stall, not before its drain is this old whatever it completed: its workers come back one by one.
@@ -62,11 +70,6 @@ JUDGED_WITHIN = 1 / 3
 #: between them; counted as free, a step behind 300 doomed messages was forecast to be taken at
 #: once and was taken two seconds late.
 DROPPED_S = 0.005
-#: How much faster than its measured pace a queue is taken to drain when retries are paced
-#: (:func:`clear_at`): paced at the pace itself, retries expired again more often
-#: (``bench.backpressure --restart-agent``: 1.93-1.97 messages a step, at most 107 of 2,000 steps in
-#: three attempts; at the pace itself 2.08-2.09, and 267-335 in three or four).
-HASTE = 0.25
 
 
 def stall_after(gaps: Sequence[float]) -> float:
@@ -155,24 +158,19 @@ def forecast(queued: Sequence[StepRow], now: float, per_second: float, behind: i
     them, not looked at (each taken as work to do). A step is judged (:data:`JUDGED_WITHIN`) once
     it is a third of its timeout or ``lead`` seconds from its complete-by, whichever is more."""
     risks: list[Risk] = []
+    quick = per_second * (1 + SLACK)
     taken_at = now
     for ahead, step in enumerate(queued):
         complete_by = step.complete_by if step.complete_by is not None else now
         judged = now <= complete_by < now + max(step.timeout * JUDGED_WITHIN, lead)
-        if per_second <= 0:
+        if quick <= 0:
             if judged:
                 risks.append(Risk(step, ahead, None))
             continue
         if taken_at <= complete_by:  # worked
-            taken_at += 1.0 / per_second
+            taken_at += 1.0 / quick
             continue
         if judged:
             risks.append(Risk(step, ahead, taken_at))
         taken_at += DROPPED_S  # found past its complete-by: dropped
-    return Forecast(risks, taken_at + behind / per_second if per_second > 0 else None)
-
-
-def clear_at(queued: Sequence[StepRow], now: float, per_second: float, behind: int = 0) -> float | None:
-    """When a message sent now to the queue :func:`forecast` looks at would be taken, for pacing
-    retries: at a pace :data:`HASTE` above the one measured. None: the queue is not draining."""
-    return forecast(queued, now, per_second * (1 + HASTE), behind).clear_at
+    return Forecast(risks, taken_at + behind / quick if quick > 0 else None)

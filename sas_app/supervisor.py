@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts, grouped
-from .backlog import clear_at, draining, forecast, pace
+from .backlog import draining, forecast, pace
 from .recovery import past_deadline, recover_steps
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from .settings import Settings, instance_id
@@ -231,20 +231,20 @@ class Supervisor:
             per_second = pace(*tx.recent_completions(agent, self.settings.at_risk_window))
             if per_second <= 0:  # no pace to go by: the back-off alone
                 continue
-            clears = clear_at(queued, now, per_second, behind) or now
+            clear_at = forecast(queued, now, per_second, behind).clear_at or now
             last_due = tx.paced_retries_due_last(agent)
             waiting = {step.id for step in queued}
             # its message waits; a message sent now would wait too long; or retries wait their turn
             group = [step for step in candidates
-                     if step.id in waiting or clears - now > step.timeout / 2 or last_due is not None]
+                     if step.id in waiting or clear_at - now > step.timeout / 2 or last_due is not None]
             if not group:
                 continue
             half = min(step.timeout for step in group) / 2
             for i, step in enumerate(group):
                 after = last_due + (i + 1) / per_second if last_due is not None else now
-                waits[step.id] = max(clears + i / per_second - half, after) - now
+                waits[step.id] = max(clear_at + i / per_second - half, after) - now
             log.warning("%s: %d message(s) wait, a message sent now would be taken in %.0fs (%.1f a second): "
-                        "%d retries paced, the last in %.0fs", agent_queue(agent), depth, clears - now, per_second,
+                        "%d retries paced, the last in %.0fs", agent_queue(agent), depth, clear_at - now, per_second,
                         len(group), waits[group[-1].id])
         return waits
 

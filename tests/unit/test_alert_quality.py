@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from types import SimpleNamespace as Row
 
-from bench.alert_quality import Outage, judge, ready_times
+from bench.alert_quality import BACKLOG_GAP_S, Outage, judge, ready_times
 
 RUN_A, RUN_B, RUN_C = "a" * 32, "b" * 32, "c" * 32
 T0 = datetime(2026, 11, 24, 22, 25, 40).timestamp()
@@ -29,9 +29,9 @@ def at_risk(run_id: str, position: int, attempt: int, at: float, queue: str = "s
                reason=f"step 'ship' is likely to miss its complete-by: ... on {queue}")
 
 
-def received(run_id: str, position: int, attempt: int, at: float) -> str:
+def received(run_id: str, position: int, attempt: int, at: float, task: str = "sas.agent.warehouse.ship") -> str:
     stamp = datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
-    return f"[{stamp}: INFO/MainProcess] Task sas.agent.warehouse.ship[{run_id}-{position}-{attempt}] received\n"
+    return f"[{stamp}: INFO/MainProcess] Task {task}[{run_id}-{position}-{attempt}] received\n"
 
 
 def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misses_warned_first():
@@ -58,6 +58,7 @@ def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misse
         "alerts": 3, "alerts_whose_step_missed": 2, "precision": 0.667,
         "incidents": 3, "incidents_with_a_miss": 2, "incident_precision": 0.667,
         "missed_waiting_in_queue": 2, "missed_after_an_alert": 1, "recall": 0.5,
+        "backlogs": 1, "backlogs_told": 1, "backlog_recall": 1.0,
         "missed_in_outages": 0, "recall_with_outages": 0.5, "missed_other_ways": 1,
         "wrong_within_margin": 0, "unforeseen_within_margin": 0,
     }
@@ -86,9 +87,24 @@ def test_an_alert_raised_for_a_later_attempt_did_not_foresee_an_earlier_miss():
     assert (result["missed_waiting_in_queue"], result["missed_after_an_alert"], result["precision"]) == (2, 1, 1.0)
 
 
+def test_a_backlog_is_told_if_any_of_its_misses_was_warned_of_first():
+    """What an operator hears of is a queue's backlog, not each of its steps: one queue's misses
+    less than BACKLOG_GAP_S apart are one backlog, told if a step of it was warned of first."""
+    events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1),       # warehouse, warned
+              dispatched(RUN_A, 1, 1, T0 + 6), expired(RUN_A, 1, 1),       # the same backlog, not warned
+              dispatched(RUN_B, 0, 1, T0 + 6), expired(RUN_B, 0, 1),       # payment: a backlog of its own
+              dispatched(RUN_C, 0, 1, T0 + 6 + BACKLOG_GAP_S), expired(RUN_C, 0, 1)]  # warehouse, later: another
+    logs = {"agent0": received(RUN_A, 0, 1, T0 + 6) + received(RUN_A, 1, 1, T0 + 7)
+            + received(RUN_B, 0, 1, T0 + 7, task="sas.agent.payment.charge")
+            + received(RUN_C, 0, 1, T0 + 12 + BACKLOG_GAP_S)}
+    result = judge([at_risk(RUN_A, 0, 1, T0 + 4)], events, logs)
+    assert (result["missed_waiting_in_queue"], result["recall"]) == (4, 0.25)
+    assert (result["backlogs"], result["backlogs_told"], result["backlog_recall"]) == (3, 1, 0.333)
+
+
 def test_nothing_to_judge_is_none_not_a_perfect_score():
     result = judge([], [], {})
-    assert (result["precision"], result["recall"]) == (None, None)
+    assert (result["precision"], result["recall"], result["backlog_recall"]) == (None, None, None)
 
 
 def test_misses_held_up_by_the_broker_down_or_a_frozen_worker_are_no_backlog_to_foresee():
