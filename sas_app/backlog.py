@@ -35,7 +35,7 @@ the queue itself rather than its bare depth:
   restarting is back, one frozen thaws, another agent's hanging steps hold the pool processes they
   share): in a chaos run replayed, the middle 80% of steps were taken within 0.19 s of their
   forecast when it looked less than half a second ahead, within 0.71 s when it looked two seconds
-  ahead. Judged two sweeps ahead, the soaks' wrong alerts doubled (``python -m
+  ahead. Judged two sweeps ahead, a soak replayed raised four times the wrong alerts (``python -m
   bench.at_risk_replay``; the README has the figures, before and after).
 
 With no completion for a while the queue is not draining at all (its workers are down or stuck):
