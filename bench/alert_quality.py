@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sas_app.states import EXPIRED_ERROR
 
@@ -102,24 +102,27 @@ def missed_attempts(event_rows: Iterable[Any], dispatched: Mapping[Attempt, tupl
                 or (e.to_state == "failed" and e.detail.get("error") == EXPIRED_ERROR))}
 
 
-def first_received(logs: Mapping[str, str]) -> dict[Attempt, tuple[float, str]]:
-    """When a worker first received each step attempt's message (epoch seconds, the logs' clock),
-    and which worker (its log's name)."""
-    first: dict[Attempt, tuple[float, str]] = {}
+class Received(NamedTuple):
+    """A worker's first receipt of a step attempt's message."""
+
+    #: epoch seconds, the logs' clock
+    at: float
+    #: the worker (its log's name)
+    worker: str
+    #: the queue it was taken from (the task ``sas.agent.warehouse.ship`` is ``sas.agent.warehouse``'s)
+    queue: str
+
+
+def first_received(logs: Mapping[str, str]) -> dict[Attempt, Received]:
+    """When, by which worker and from which queue each step attempt's message was first received."""
+    first: dict[Attempt, Received] = {}
     for worker, text in logs.items():
-        for stamp, _, run_id, position, attempt in RECEIVED.findall(text):
+        for stamp, task, run_id, position, attempt in RECEIVED.findall(text):
             at = _stamp(stamp)
             key = (run_id, int(position), int(attempt))
-            if key not in first or at < first[key][0]:
-                first[key] = (at, worker)
+            if key not in first or at < first[key].at:
+                first[key] = Received(at, worker, task.rsplit(".", 1)[0])
     return first
-
-
-def received_on(logs: Mapping[str, str]) -> dict[Attempt, str]:
-    """The queue each step attempt's message was received from (its task's agent: the task
-    ``sas.agent.warehouse.ship`` is the queue ``sas.agent.warehouse``'s)."""
-    return {(run_id, int(position), int(attempt)): task.rsplit(".", 1)[0]
-            for text in logs.values() for _, task, run_id, position, attempt in RECEIVED.findall(text)}
 
 
 def backlogs(misses: Iterable[Attempt], queue_of: Mapping[Attempt, str],
@@ -127,24 +130,21 @@ def backlogs(misses: Iterable[Attempt], queue_of: Mapping[Attempt, str],
     """``misses`` grouped into backlogs: one queue's misses whose complete-bys (``due``) are less
     than :data:`BACKLOG_GAP_S` apart."""
     groups: list[list[Attempt]] = []
-    last: dict[str, tuple[float, list[Attempt]]] = {}  # each queue's latest miss, and its backlog
-    for miss in sorted(misses, key=lambda m: due[m]):
-        queue = queue_of.get(miss, "")
-        before = last.get(queue)
-        group = before[1] if before is not None and due[miss] - before[0] < BACKLOG_GAP_S else []
-        if not group:
-            groups.append(group)
-        group.append(miss)
-        last[queue] = (due[miss], group)
+    last: tuple[str, float] | None = None
+    for miss in sorted(misses, key=lambda m: (queue_of[m], due[m])):
+        if last is None or last[0] != queue_of[miss] or due[miss] - last[1] >= BACKLOG_GAP_S:
+            groups.append([])
+        groups[-1].append(miss)
+        last = (queue_of[miss], due[miss])
     return groups
 
 
-def in_outage(sent: float, complete_by: float, received: tuple[float, str], outages: Sequence[Outage]) -> bool:
+def in_outage(sent: float, complete_by: float, received: Received, outages: Sequence[Outage]) -> bool:
     """Whether outages made the attempt late: the broker or the database down (and the workers
     reconnecting), or its worker frozen, for long enough of its wait — or other workers away, for
     their share of it — that without that time it would have been received by its complete-by.
     One a backlog made late anyway is the backlog's."""
-    at, worker = received
+    at, worker = received.at, received.worker
     lost = 0.0
     for o in outages:
         overlap = max(0.0, min(at, o.end + o.settle) - max(sent, o.start))
@@ -162,7 +162,7 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
     missed = missed_attempts(event_rows, dispatched)
     received = first_received(logs)
     queued = {a: when for a, when in missed.items()
-              if when is not None and a in received and received[a][0] > when[1]}
+              if when is not None and a in received and received[a].at > when[1]}
     held_up = {a for a, (sent, by) in queued.items() if in_outage(sent, by, received[a], outages)}
     backlog = set(queued) - held_up
     at_risk = [(a.run_id, a.position, a.attempt) for a in alert_rows if a.kind == "at_risk"]
@@ -175,12 +175,12 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
     warned_of = foreseen(backlog)
     # per backlog, what an operator hears of: told if any of its misses was warned of first
     told = [any(m in warned_of for m in group)
-            for group in backlogs(backlog, received_on(logs), {m: queued[m][1] for m in backlog})]
+            for group in backlogs(backlog, {m: received[m].queue for m in backlog}, {m: queued[m][1] for m in backlog})]
     wrong = [a for a in at_risk if a not in missed]
     # received in time, but only just / too late, but only just
     just_in_time = [a for a in wrong if a in received and a in dispatched
-                    and 0 <= dispatched[a][1] - received[a][0] < MARGIN_S]
-    just_late = [m for m in backlog - warned_of if received[m][0] - queued[m][1] < MARGIN_S]
+                    and 0 <= dispatched[a][1] - received[a].at < MARGIN_S]
+    just_late = [m for m in backlog - warned_of if received[m].at - queued[m][1] < MARGIN_S]
     # one incident per queue and sweep: a sweep records a queue's alerts one after another
     incidents: list[bool] = []
     last: tuple[str, float] | None = None

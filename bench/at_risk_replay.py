@@ -98,7 +98,7 @@ class Record:
             got = received.get(key)
             self.by_agent.setdefault(step["agent"], []).append(Waiting(
                 *key, name=step["name"], timeout=float(step["timeout"]), complete_by=by,
-                sent=by - float(step["timeout"]), received=got[0] if got else None,
+                sent=by - float(step["timeout"]), received=got.at if got else None,
                 ended=ended.get(key, float("inf"))))
         for waiting in self.by_agent.values():
             waiting.sort(key=lambda w: w.sent)
