@@ -21,11 +21,14 @@
   works at capacity drops the messages that reach its head past their complete-by and works the
   next; which ones make it there turns on which worker frees up when, and no forecast of single
   steps is sure of it.
-* **Per incident**: what an operator is told is one alert per queue and sweep (the steps it found
-  at risk, with their count). Such an alert cried wolf if none of its steps then missed; the share
-  that did not is the incidents' precision. A step's fate at the margin of a queue that works at
-  capacity is a coin toss (which of the steps that reach its head just in time get a worker), so
-  the steps' precision there is bounded by the share that miss; the incident's is not.
+* **Per incident**: what an operator is told is one alert per queue and incident (the steps found
+  at risk, with their count; those found by the looks after the first, together, a sweep interval
+  on); here a queue's alerts recorded less than :data:`INCIDENT_GAP_S` apart are one incident (its
+  queue looked at again and again while its backlog lasts). An incident cried wolf if none of its
+  steps then missed; the share that did not is the incidents' precision. A step's fate at the
+  margin of a queue that works at capacity is a coin toss (which of the steps that reach its head
+  just in time get a worker), so the steps' precision there is bounded by the share that miss;
+  the incident's is not.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ Attempt = tuple[str, int, int]
 RECONNECT_S = 2.0
 
 
-#: alerts of one queue recorded less than this apart (seconds) are one sweep's: one incident
+#: alerts of one queue recorded less than this apart (seconds) are one incident
 INCIDENT_GAP_S = 0.5
 #: a step received less than this before or after its complete-by (seconds) was at the margin
 MARGIN_S = 0.5
@@ -181,7 +184,8 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
     just_in_time = [a for a in wrong if a in received and a in dispatched
                     and 0 <= dispatched[a][1] - received[a].at < MARGIN_S]
     just_late = [m for m in backlog - warned_of if received[m].at - queued[m][1] < MARGIN_S]
-    # one incident per queue and sweep: a sweep records a queue's alerts one after another
+    # one incident per queue while its alerts come less than INCIDENT_GAP_S apart (a look records a
+    # queue's alerts one after another, and looks at a backlog come several times a second)
     incidents: list[bool] = []
     last: tuple[str, float] | None = None
     for a in sorted((a for a in alert_rows if a.kind == "at_risk"), key=lambda a: float(a.at)):

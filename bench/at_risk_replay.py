@@ -6,17 +6,17 @@ it against what then happened without running the stack again (a 30-minute soak 
 
 A run kept with ``--keep`` leaves what its judge read (:data:`bench.chaos.JUDGED`): the steps'
 transitions, their completions, the agent workers' logs and the faults' outages. From them this
-rebuilds, once a sweep interval, what the Supervisor saw of each agent's queue — its depth (the
-messages sent and not yet received, from the workers' ``received`` lines), the running steps
-whose messages those likely are (the last dispatched, as ``Tx.queued_steps`` reads them) and the
-agent's recent completions — asks :mod:`sas_app.backlog` which of them are at risk, raises an
-alert once per step (as the Supervisor does: a step warned of is not warned of again on a later
-attempt), and judges those alerts as the run's own were judged
-(:func:`bench.alert_quality.judge`). The run's own alerts are judged beside them: the replay
-of the code the run ran should come close (its sweeps were not always on time; a killed
-Supervisor or a slow sweep skipped some). Where a sweep falls within its second matters — a
-queue's pace read a tenth of a second before or after a worker comes back differs — so the
-replay is run at several phases of the sweep and averaged (``--phases``).
+rebuilds, once a look's interval (``--every``, the run's SAS_AT_RISK_INTERVAL), what the Supervisor
+saw of each agent's queue — its depth (the messages sent and not yet received, from the workers'
+``received`` lines), the running steps whose messages those likely are (the last dispatched, as
+``Tx.queued_steps`` reads them) and the agent's recent completions — asks :mod:`sas_app.backlog`
+which of them are at risk, raises an alert once per step (as the Supervisor does: a step warned of
+is not warned of again on a later attempt), and judges those alerts as the run's own were judged
+(:func:`bench.alert_quality.judge`). The run's own alerts are judged beside them: the replay of the
+code the run ran should come close (its sweeps were not always on time; a killed Supervisor or a
+slow sweep skipped some). Where a sweep falls within its second matters — a queue's pace read a
+tenth of a second before or after a worker comes back differs — so the replay is run at several
+phases of the sweep and averaged (``--phases``).
 """
 
 from __future__ import annotations
@@ -32,13 +32,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench import alert_quality
-from bench.chaos import JUDGED
+from bench.chaos import AT_RISK_INTERVAL, JUDGED
 from sas_app import backlog
 from sas_app.routing import agent_queue
 
-#: how often the Supervisor swept in the chaos run (SAS_SUPERVISOR_INTERVAL)
-SWEEP_S = 1.0
-#: the at-risk window and the completions a sweep reads (Settings.at_risk_window, recent_completions)
+#: the at-risk window and the completions a look reads (Settings.at_risk_window, recent_completions)
 WINDOW_S = 60.0
 MOST = 50
 
@@ -60,16 +58,18 @@ class Waiting:
 
 
 #: which of an agent's waiting steps (head first) are at risk at ``now``, given its completions
-#: (newest first, within the window, at most MOST) and how many messages wait behind them
-Forecaster = Callable[[Sequence[Waiting], float, list[float], int], list[Waiting]]
+#: (newest first, within the window, at most MOST), how many messages wait behind them, how often
+#: the queue is looked at and since when the Supervisor has seen the queues
+Forecaster = Callable[[Sequence[Waiting], float, list[float], int, float, float], list[Waiting]]
 
 
-def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], behind: int) -> list[Waiting]:
-    """What sas_app.backlog says today (Supervisor._warn_at_risk)."""
-    per_second = backlog.draining(completed, now, head=queued[0])  # type: ignore[arg-type]
+def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], behind: int,
+                every: float, seen_since: float) -> list[Waiting]:
+    """What sas_app.backlog says today (Supervisor.watch)."""
+    per_second = backlog.draining(completed, now, head=queued[0], seen_since=seen_since)  # type: ignore[arg-type]
     if per_second is None:
         return []
-    risks = backlog.forecast(queued, now, per_second, behind, lead=SWEEP_S).risks  # type: ignore[arg-type]
+    risks = backlog.forecast(queued, now, per_second, behind, every=every).risks  # type: ignore[arg-type]
     return [r.step for r in risks]  # type: ignore[misc]
 
 
@@ -139,31 +139,34 @@ class Record:
         return done[max(lo, hi - MOST):hi][::-1]
 
 
-def replay(record: Record, forecaster: Forecaster, phase: float = 0.0) -> list[SimpleNamespace]:
-    """The at-risk alerts ``forecaster`` would have raised, once a sweep (``phase`` seconds after
-    the first dispatch, and every :data:`SWEEP_S` after), each step once — on the first attempt
+def replay(record: Record, forecaster: Forecaster, phase: float = 0.0,
+           every: float = AT_RISK_INTERVAL) -> list[SimpleNamespace]:
+    """The at-risk alerts ``forecaster`` would have raised, once a look (``phase`` seconds after
+    the first dispatch, and ``every`` seconds after), each step once — on the first attempt
     found at risk, as the Supervisor's alerts are deduplicated (replayed once per attempt, a
     step's later attempts, most of them missed after the first had, added right alerts the run
-    could not raise: a quarter more in a 1,500-order run). No sweep reads a
+    could not raise: a quarter more in a 1,500-order run). No look reads a
     queue while the broker or the database is down: the Supervisor's read of a queue's depth then
     finds nothing (or it cannot sweep at all), so the run raised no alert then either — replayed,
     the messages sent before such an outage looked like a backlog, and every one of them missed:
-    alerts the run could not raise, right ones, and a precision above the run's."""
+    alerts the run could not raise, right ones, and a precision above the run's. After one, the
+    Supervisor has seen the queues since its end."""
     alerts: dict[tuple[str, int], SimpleNamespace] = {}
     down = [(o.start, o.end) for o in record.data["outages"] if o.worker is None]
     now = record.start + phase
     while now < record.end:
         swept = [] if any(start <= now <= end for start, end in down) else record.by_agent
+        seen_since = max((end for _, end in down if end < now), default=record.start)
         for agent in swept:
             queued = record.queue(agent, now)
             if not queued:
                 continue
-            for step in forecaster(queued, now, record.completions(agent, now), 0):
+            for step in forecaster(queued, now, record.completions(agent, now), 0, every, seen_since):
                 key = (step.run_id, step.position)
                 if key not in alerts:
                     alerts[key] = SimpleNamespace(kind="at_risk", run_id=key[0], position=key[1], attempt=step.attempt,
                                                   at=now, reason=f"at risk on {agent_queue(agent)}")
-        now += SWEEP_S
+        now += every
     return list(alerts.values())
 
 
@@ -187,17 +190,20 @@ def mean_of(verdicts: Sequence[dict[str, Any]]) -> dict[str, float | None]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.at_risk_replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("home", type=Path, help="a chaos run's home folder, kept with --keep")
+    parser.add_argument("--every", type=float, default=AT_RISK_INTERVAL,
+                        help=f"seconds between looks at the queues (default {AT_RISK_INTERVAL}, the chaos run's)")
     parser.add_argument("--phases", type=int, default=4,
-                        help="replay with sweeps this many fractions of a sweep interval apart, averaged: which "
-                             "moment a sweep happens to see a queue moves a run's figures by a few points (default 4)")
+                        help="replay with looks this many fractions of their interval apart, averaged: which "
+                             "moment a look happens to see a queue moves a run's figures by a few points (default 4)")
     args = parser.parse_args(argv)
     record = Record(args.home)
     own = [SimpleNamespace(**a) for a in record.data["alerts"]]
     print(f"the run's own alerts: {judged(record, own)}")
     for name, forecaster in FORECASTERS.items():
-        verdicts = [judged(record, replay(record, forecaster, phase=i * SWEEP_S / args.phases))
+        verdicts = [judged(record, replay(record, forecaster, phase=i * args.every / args.phases, every=args.every))
                     for i in range(args.phases)]
-        print(f"{name}, mean of {args.phases} sweep phases: {mean_of(verdicts)}", flush=True)
+        print(f"{name}, looked at every {args.every:g} s, mean of {args.phases} phases: {mean_of(verdicts)}",
+              flush=True)
         print(f"  precision / recall by phase: {[(v['precision'], v['recall']) for v in verdicts]}")
     return 0
 

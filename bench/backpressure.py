@@ -48,7 +48,7 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
     redis.Redis.from_url(args.redis).flushdb()
     env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": args.redis,
            "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": "false", "SAS_SUPERVISOR_INTERVAL": "1",
-           "SAS_PACE_RETRIES": str(pace).lower(), "BENCH_SERVICE_S": str(args.service),
+           "SAS_AT_RISK_INTERVAL": "0.1", "SAS_PACE_RETRIES": str(pace).lower(), "BENCH_SERVICE_S": str(args.service),
            "BENCH_STEP_TIMEOUT": str(args.timeout), "PYTHONPATH": str(REPO)}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS",
                                            "BENCH_SERVICE_S", "BENCH_STEP_TIMEOUT")})

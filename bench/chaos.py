@@ -77,6 +77,9 @@ AGENT_QUEUES = "sas.agent.payment,sas.agent.fraud,sas.agent.warehouse,sas.agent.
 REPLIES = "chaos.replies"
 #: the at-risk judge's inputs, kept in the home folder with --keep
 JUDGED = "at-risk-judged.pickle"
+#: seconds between the Supervisor's looks at the agents' queues (SAS_AT_RISK_INTERVAL): a thirtieth
+#: of the shortest step timeout (the charge's 3 s)
+AT_RISK_INTERVAL = 0.1
 #: a soak runs the plans of this many seeds one after another
 SOAK_SEEDS = 3
 #: a soak's memory and connections: the first and the last this many seconds compared (at most)
@@ -141,6 +144,7 @@ class Chaos(Faults):
             "SAS_DATABASE_URL": s.database_url,
             "SAS_BROKER_URL": self.broker_url(),
             "SAS_SUPERVISOR_INTERVAL": "1",
+            "SAS_AT_RISK_INTERVAL": str(AT_RISK_INTERVAL),
             "SAS_PICKUP_TIMEOUT": "5",
             "SAS_RETRY_BACKOFF": "0.5",
             "SAS_RETRY_BACKOFF_MAX": "4",
@@ -362,7 +366,8 @@ class Chaos(Faults):
             "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
             "config": {"orders": self.args.orders, "rate_per_s": self.args.rate, "each": self.args.each,
                        "agent_workers": self.args.agents, "max_failures": self.args.max_failures,
-                       "supervisor_interval_s": 1, "charge_timeout_s": 3, "step_timeout_s": 5,
+                       "supervisor_interval_s": 1, "at_risk_interval_s": AT_RISK_INTERVAL,
+                       "charge_timeout_s": 3, "step_timeout_s": 5,
                        "broker": self.broker_url().replace(self.secrets()[0], "***"),
                        "postgres": self.servers.database_url.replace(self.servers.pg_password, "***")},
             "faults_injected": dict(sorted(self.injected.items())),
@@ -398,8 +403,8 @@ class Chaos(Faults):
             "agent_children_lost": children_lost,
             "at_risk": {**alert_quality.judge(alert_rows, event_rows, {n: self.fleet.log(n) for n in self.agent_names},
                                               since=self.started_at, outages=outages),
-                        # what an operator was told: one alert per queue and sweep (the Supervisors run
-                        # on the Scheduler worker)
+                        # what an operator was told: one alert per queue and incident, at most one a
+                        # sweep interval (the Supervisors run on the Scheduler worker)
                         "notifications": self.fleet.log("scheduler").count("ALERT at_risk")},
             # every notification relayed (the orders that asked to be told, each told at least that it ended)
             "notifications": len(notes),

@@ -23,20 +23,21 @@ the queue itself rather than its bare depth:
 * **When each is taken.** Workers take the head first; a message found past its complete-by is
   dropped unworked, at a small cost (:data:`DROPPED_S`), so a step behind many doomed ones is not
   doomed with them — nor reached at once: behind 300 of them it waits a second or two more.
-* **How sure.** A step is at risk when it would be taken past its complete-by even if the agent
-  worked a quarter faster than its pace (:data:`SLACK`): one that only just misses is a coin toss.
-  Judged at the pace itself, a saturated queue's forecast caught a tenth more of its misses (its
-  errors lean late); but a soak's few backlogs after a fault were nearly all such coin tosses, and
-  fell the other way — an operator told of an incident that never came stops listening, while one
-  whose queue is overloaded hears of it from the steps that are surely late.
-* **How far ahead.** A step's fate is judged once the last third of its budget has begun
-  (:data:`JUDGED_WITHIN`; or a sweep before its complete-by, if that is sooner, so that a sweep
-  sees it): a forecast further ahead is less sure. A queue's workers change within seconds (one
-  restarting is back, one frozen thaws, another agent's hanging steps hold the pool processes they
-  share): in a chaos run replayed, the middle 80% of steps were taken within 0.19 s of their
-  forecast when it looked less than half a second ahead, within 0.71 s when it looked two seconds
-  ahead. Judged two sweeps ahead, a soak replayed raised four times the wrong alerts (``python -m
-  bench.at_risk_replay``; the README has the figures, before and after).
+* **How sure, how far ahead.** A forecast further ahead is less sure: a queue's workers change
+  within seconds (one restarting is back, one frozen thaws, another agent's hanging steps hold the
+  pool processes they share). In a chaos run replayed, the middle 80% of steps were taken within
+  0.19 s of their forecast when it looked less than half a second ahead, within 0.71 s when it
+  looked two seconds ahead; and at the margin of a queue working at capacity, which steps just
+  make it turns on which worker frees up first. So a step is judged in two ways. Once the last
+  fifth of its budget has begun (:data:`JUDGED_WITHIN`), it is at risk if it would miss even were
+  its agent half again as fast as its pace (:data:`SURELY`): surely late, told early. In its last
+  looks (:data:`LAST_LOOKS`: its complete-by within two of the Supervisor's looks at its queue,
+  SAS_AT_RISK_INTERVAL apart, a fraction of a second), it is at risk if it would miss at the pace
+  itself, its head taken when a worker frees up (:data:`HEAD_WAIT`): a coin toss a second ahead,
+  seldom wrong that near. Judged once a sweep instead (a second apart in the chaos runs), one
+  forecast a second ahead had to decide the coin tosses, at the pace itself or with a margin,
+  and got a fifth of them wrong either way (``python -m bench.at_risk_replay``; the README has
+  the figures, before and after).
 
 With no completion for a while the queue is not draining at all (its workers are down or stuck):
 a waiting step is at risk once it is that near its complete-by.
@@ -47,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from math import inf
 
 from .store.rows import StepRow
 
@@ -54,16 +56,25 @@ from .store.rows import StepRow
 #: is a stall or an idle spell, not the agent's pace. (Concurrent workers complete in bursts: the
 #: median gap alone can be a hundredth of the mean.)
 STALL_S = 0.5
-#: How much faster than its measured pace an agent is assumed to work before a step is called at
-#: risk. The pace is a recent average; the workers' real pace varies around it, and a forecast
-#: made at the average is wrong about half the steps it puts at the margin.
+#: How much faster than its measured pace an agent is assumed to work when pacing retries (when a
+#: message sent now would be taken): sent a little early rather than late, so the queue never runs
+#: dry while they wait (paced at the pace itself, ``bench.backpressure`` re-expired more of them).
 SLACK = 0.25
+#: A step is at risk before its last looks only if it would miss even were its agent this much
+#: faster than its pace: the forecast further ahead is less sure, and a step that misses only at
+#: the pace itself is a coin toss there — decided at its last looks instead.
+SURELY = 0.5
+#: A step is judged at its pace itself once its complete-by comes within this many looks at its
+#: queue (SAS_AT_RISK_INTERVAL apart): a forecast a fraction of a second ahead is seldom wrong.
+LAST_LOOKS = 2
+#: The head of a busy queue is taken when a worker frees up: on average half a message's time from now.
+HEAD_WAIT = 0.5
 #: A backlog is not judged before it is this old (or half its head's timeout, if less), unless its
 #: workers have completed three steps since it began: what they can do is not known before. After
 #: a stall, not before its drain is this old whatever it completed: its workers come back one by one.
 SETTLE_S = 2.0
-#: A step is judged once less than this share of its timeout is left before its complete-by.
-JUDGED_WITHIN = 1 / 3
+#: A step is judged before its last looks once less than this share of its timeout is left.
+JUDGED_WITHIN = 1 / 5
 #: What a message found past its complete-by still costs its queue, in seconds: dropped unworked,
 #: it is still received, checked against the database's clock and acknowledged. Chaos runs on a
 #: 2-core machine dropped up to 476 a second with six worker processes, fewer with real work
@@ -94,14 +105,17 @@ def pace(completed: Sequence[float], now: float) -> float:
     return len(completed) / max(now - completed[-1], 1.0)
 
 
-def draining(completed: Sequence[float], now: float, head: StepRow) -> float | None:
+def draining(completed: Sequence[float], now: float, head: StepRow, seen_since: float = -inf) -> float | None:
     """The pace at which the queue whose oldest waiting message is ``head``'s is being drained, from
     its agent's recent completions (newest first): those since ``head``'s message was sent (the
     queue never empty since) and since its workers last stalled — a broker's or a database's
     outage, workers frozen or restarting: what they do once back is their pace, not the silence
     (:func:`pace`, which leaves idle spells out), once all of them are back (:data:`SETTLE_S`).
     0.0 while they have completed nothing for a while (not draining); None while this drain is
-    too young to say."""
+    too young to say — or, silent, while the one asking has seen the queues for less than that
+    (since ``seen_since``: it has just started, or the broker or the database was
+    down for it too, and the workers reconnect as it did; told not draining then, a soak's steps at
+    the head of their queue were taken in time)."""
     since = (head.complete_by or now) - head.timeout
     drained = [at for at in completed if at >= since]
     gaps = [a - b for a, b in pairwise(drained)]
@@ -118,7 +132,7 @@ def draining(completed: Sequence[float], now: float, head: StepRow) -> float | N
     per_second = pace(drained, now)
     quiet = now - (drained[0] if drained else since)
     if per_second <= 0 or quiet > max(SETTLE_S, 3.0 / per_second):
-        return 0.0
+        return None if now - seen_since < min(SETTLE_S, head.timeout / 2) else 0.0
     return per_second
 
 
@@ -151,26 +165,41 @@ class Forecast:
     clear_at: float | None = None
 
 
+def _taken(queued: Sequence[StepRow], start: float, per_second: float) -> tuple[list[float], float]:
+    """When a worker takes each of ``queued`` (head first) if the queue drains ``per_second``
+    messages a second from ``start`` (its head taken then), a message found past its complete-by
+    dropped for :data:`DROPPED_S`; and when a message behind them all would be."""
+    taken: list[float] = []
+    at = start
+    for step in queued:
+        taken.append(at)
+        at += 1.0 / per_second if step.complete_by is None or at <= step.complete_by else DROPPED_S
+    return taken, at
+
+
 def forecast(queued: Sequence[StepRow], now: float, per_second: float, behind: int = 0,
-             lead: float = 0.0) -> Forecast:
+             every: float = 0.0) -> Forecast:
     """What becomes of ``queued`` (the steps whose messages wait in one queue, its head first)
     when the queue drains ``per_second`` messages a second; ``behind`` more messages wait after
-    them, not looked at (each taken as work to do). A step is judged (:data:`JUDGED_WITHIN`) once
-    it is a third of its timeout or ``lead`` seconds from its complete-by, whichever is more."""
-    risks: list[Risk] = []
+    them, not looked at (each taken as work to do). The queue is looked at again ``every``
+    seconds: a step is at risk once the last fifth of its budget (or ``every``) is left if it would
+    miss even at half again that pace (:data:`SURELY`), and in its :data:`LAST_LOOKS` if it would
+    miss at that pace, its head taken half a message's time from now (:data:`HEAD_WAIT`)."""
+    if per_second <= 0:  # not draining: the steps in the last part of their budget
+        return Forecast([Risk(step, ahead, None) for ahead, step in enumerate(queued)
+                         if now <= (step.complete_by if step.complete_by is not None else now)
+                         < now + max(step.timeout * JUDGED_WITHIN, every)])
+    surely, _ = _taken(queued, now, per_second * (1 + SURELY))
+    likely, _ = _taken(queued, now + HEAD_WAIT / per_second, per_second)
     quick = per_second * (1 + SLACK)
-    taken_at = now
+    _, clear_at = _taken(queued, now, quick)
+    risks: list[Risk] = []
     for ahead, step in enumerate(queued):
         complete_by = step.complete_by if step.complete_by is not None else now
-        judged = now <= complete_by < now + max(step.timeout * JUDGED_WITHIN, lead)
-        if quick <= 0:
-            if judged:
-                risks.append(Risk(step, ahead, None))
+        left = complete_by - now
+        if left < 0:  # already past it: the sweep's, not a warning
             continue
-        if taken_at <= complete_by:  # worked
-            taken_at += 1.0 / quick
-            continue
-        if judged:
-            risks.append(Risk(step, ahead, taken_at))
-        taken_at += DROPPED_S  # found past its complete-by: dropped
-    return Forecast(risks, taken_at + behind / quick if quick > 0 else None)
+        sure = left < max(step.timeout * JUDGED_WITHIN, every) and surely[ahead] > complete_by
+        if sure or (left < LAST_LOOKS * every and likely[ahead] > complete_by):
+            risks.append(Risk(step, ahead, likely[ahead] if likely[ahead] > complete_by else surely[ahead]))
+    return Forecast(risks, clear_at + behind / quick)

@@ -84,6 +84,11 @@ class Settings:
     #: SAS_AT_RISK_WINDOW — seconds of recent completions used to judge whether an agent's queue
     #: will drain before a step's complete-by (the at-risk alert). Default 60.
     at_risk_window: float = 60.0
+    #: SAS_AT_RISK_INTERVAL — seconds between the Supervisor's looks at the busy agents' queues for
+    #: steps that will likely miss their complete-by (a beat task of its own, cheap while no message
+    #: waits). A step is judged at its pace in its last two looks: keep it under a fiftieth of the
+    #: shortest step timeout. Default 0.5.
+    at_risk_interval: float = 0.5
     #: SAS_PACE_RETRIES — when an agent's queue is too deep to take a new message within a step's
     #: timeout, the Supervisor holds the retries of that agent's expired steps until it has drained
     #: to half a timeout's worth, then lets them go at the pace the agent completes steps, instead of
@@ -129,8 +134,8 @@ class Settings:
             object.__setattr__(self, "database_url", f"sqlite:///{home / 'state.db'}")
         if not self.broker_url:
             object.__setattr__(self, "broker_url", "filesystem://")
-        for name in ("supervisor_interval", "pickup_timeout", "retry_backoff", "visibility_timeout", "clock_skew",
-                     "broker_consumer_timeout"):
+        for name in ("supervisor_interval", "at_risk_interval", "pickup_timeout", "retry_backoff",
+                     "visibility_timeout", "clock_skew", "broker_consumer_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
         for name in ("sweep_batch", "max_branches", "max_child_depth"):

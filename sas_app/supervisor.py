@@ -22,23 +22,27 @@ a slow broker never holds the rows a sweep has locked.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
+from math import inf
 from typing import TYPE_CHECKING
 
+from kombu.exceptions import ChannelError
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts, grouped
 from .backlog import draining, forecast, pace
 from .recovery import past_deadline, recover_steps
-from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
+from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, WATCH, Router, agent_queue, asking
 from .settings import Settings, instance_id
 from .states import Cause
 from .store import StepRow, Store, Tx
 
 if TYPE_CHECKING:
     from celery import Celery
+    from kombu.connection import Connection
 
 log = logging.getLogger("sas.supervisor")
 
@@ -56,7 +60,6 @@ class SweepReport:
     retried: list[tuple[str, int, float]] = field(default_factory=list)  # (run, position, backoff)
     paced: list[tuple[str, int, float]] = field(default_factory=list)  # retries held for room in their queue
     failed: list[str] = field(default_factory=list)  # runs whose step failed for good
-    at_risk: list[Alert] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     #: messages waiting on the Scheduler's queue when the sweep began (runs stalled meanwhile are
     #: not asked about again: see Supervisor.sweep)
@@ -91,25 +94,36 @@ class Supervisor:
         self.settings = settings
         self.alerts = alerts
         self.router = router
+        #: per queue, when this process last told of its steps at risk, and those found since, untold
+        self._told: dict[str, float] = {}
+        self._untold: dict[str, list[Alert]] = {}
+        #: since when this process has seen the queues (the store's clock); None while it has not:
+        #: it has just started, or the broker or the database did not answer it
+        self._seen_since: float | None = None
+        #: the broker connection the queues' depths are read on, and the process it was made in
+        self._reader: tuple[int, Connection | None] = (0, None)
 
         @celery.task(name=SWEEP, ignore_result=True, shared=False)
         def sweep() -> dict[str, int]:
             report = self.sweep()
             return {"retried": len(report.retried), "paced": len(report.paced), "failed": len(report.failed),
-                    "requeued": len(report.requeued), "at_risk": len(report.at_risk),
-                    "scheduler_behind": report.scheduler_behind}
+                    "requeued": len(report.requeued), "scheduler_behind": report.scheduler_behind}
+
+        @celery.task(name=WATCH, ignore_result=True, shared=False)
+        def watch() -> int:
+            return len(self.watch())
 
     def sweep_once(self) -> SweepReport:
         """One batch of the sweep, timed (what bench/sweep.py measures)."""
         report = SweepReport()
         started = time.perf_counter()
-        self._sweep_batch(report, self._depths())
+        self._sweep_batch(report, {agent: depth or 0 for agent, depth in self._depths().items()})
         report.seconds = time.perf_counter() - started
         return report
 
     def sweep(self) -> SweepReport:
-        """Up to :data:`MAX_BATCHES` batches (see the module's note), then the at-risk warnings and
-        the stranded notifications.
+        """Up to :data:`MAX_BATCHES` batches (see the module's note), then the stranded
+        notifications.
 
         A run or step left pending past its complete-by is asked about again only while the
         Scheduler's queue is empty: with messages waiting there, the Scheduler is behind, not deaf,
@@ -119,12 +133,11 @@ class Supervisor:
         nothing completed. A message that was lost is asked again once the queue has drained."""
         report = SweepReport()
         started = time.perf_counter()
-        depths = self._depths()
-        report.scheduler_behind = self._queue_depth(SCHEDULER_QUEUE)
+        depths = {agent: depth or 0 for agent, depth in self._depths().items()}
+        report.scheduler_behind = self._queue_depth(SCHEDULER_QUEUE) or 0
         for _ in range(MAX_BATCHES):
             if self._sweep_batch(report, depths) < self.settings.sweep_batch:
                 break
-        report.at_risk = self._warn_at_risk(depths)
         # Notifications whose relayer died after its commit: sent now, under their own ids.
         stranded = self.store.unsent(older_than=self.settings.pickup_timeout, limit=self.settings.sweep_batch)
         self.router.relay(stranded)
@@ -138,9 +151,9 @@ class Supervisor:
         report.seconds = time.perf_counter() - started
         return report
 
-    def _depths(self) -> dict[str, int]:
+    def _depths(self) -> dict[str, int | None]:
         """How many messages wait in the queue of each agent with a step running (the broker's
-        count; 0 where it does not answer), read outside any transaction."""
+        count; None where it does not answer), read outside any transaction."""
         with self.store.begin() as tx:
             agents = tx.busy_agents()
         return {agent: self._queue_depth(agent_queue(agent)) for agent in agents}
@@ -248,42 +261,97 @@ class Supervisor:
                         len(group), waits[group[-1].id])
         return waits
 
-    def _warn_at_risk(self, depths: dict[str, int]) -> list[Alert]:
+    def watch(self) -> list[Alert]:
         """Raise an at-risk alert (once per step) for each running step whose message will likely
         be taken from its agent's queue past its complete-by (:mod:`sas_app.backlog` says how that
-        is judged), told as one alert per queue."""
+        is judged), and tell them (:meth:`_tell`). Beat asks every SAS_AT_RISK_INTERVAL: a step
+        at the margin is judged in its last looks, a fraction of a second before its complete-by,
+        when the forecast is seldom wrong. A queue silent while this process could not see it (it
+        has just started, or the broker or the database did not answer it: they were down for the
+        workers too) is not called stuck before it has seen it a while. The recorded alerts are
+        the ones raised."""
+        blind = True  # until the broker and the database have answered
+        try:
+            read = self._depths()
+            unread = any(depth is None for depth in read.values())
+            depths = {agent: depth for agent, depth in read.items() if depth}
+            by_queue = self._judge(depths, unread) if depths else {}
+            blind = unread
+        finally:
+            if blind:
+                self._seen_since = None
+        self._tell(by_queue)
+        return [alert for alerts in by_queue.values() for alert in alerts]
+
+    def _judge(self, depths: dict[str, int], blind: bool) -> dict[str, list[Alert]]:
+        """The at-risk alerts recorded for the queues with messages waiting (``depths``: how
+        many), by queue, each step's once; ``blind``: some queue could not be read just now."""
         s = self.settings
-        raised: list[Alert] = []
         by_queue: dict[str, list[Alert]] = {}
         with self.store.begin() as tx:
             now = tx.now()
+            seen_since = now if self._seen_since is None else self._seen_since
+            if not blind:
+                self._seen_since = seen_since
             for agent, depth in depths.items():
                 queue = agent_queue(agent)
                 queued, behind = _queued(tx, agent, depth)
                 if not queued:
                     continue
-                per_second = draining(*tx.recent_completions(agent, s.at_risk_window), head=queued[0])
+                per_second = draining(*tx.recent_completions(agent, s.at_risk_window), head=queued[0],
+                                      seen_since=seen_since)
                 if per_second is None:  # a backlog too young to judge
                     continue
-                # judged at least a sweep ahead: a sweep on time sees the step before its complete-by
-                risks = forecast(queued, now, per_second, behind, lead=s.supervisor_interval).risks
+                risks = forecast(queued, now, per_second, behind, every=s.at_risk_interval).risks
                 names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
                 warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
                                   f"{risk.reason} on {queue}", AT_RISK)
                             for risk in risks if (step := risk.step).run_id in names]
                 told = tx.alerts_raised([w.dedup_key for w in warnings]) if warnings else set()
-                for warning in warnings:  # each step once: those told in an earlier sweep are not written again
+                for warning in warnings:  # each step once: those told in an earlier look are not written again
                     alert = None if warning.dedup_key in told else self.alerts.record(tx, warning, self.instance_id)
                     if alert is not None:
-                        raised.append(alert)
                         by_queue.setdefault(queue, []).append(alert)
-        for queue, group in by_queue.items():  # one alert per queue, the step nearest its head first
-            self.alerts.emit(grouped(group, f"waiting on {queue} are likely to miss their complete-by"))
-        return raised
+        return by_queue
 
-    def _queue_depth(self, queue: str) -> int:
+    def _tell(self, found: dict[str, list[Alert]]) -> None:
+        """Tell the steps ``found`` at risk as one alert per queue and incident: a queue's first at
+        once; those found in the looks after it (a backlog grows for seconds, looked at several
+        times a second) together, at most once a sweep interval, with their count — what this
+        process found and has not told yet, the step nearest its queue's head first. A process
+        that dies first leaves those recorded (the run's page, the ``alerts`` table), untold."""
+        for queue, alerts in found.items():
+            self._untold.setdefault(queue, []).extend(alerts)
+        now = time.monotonic()
+        for queue in list(self._untold):
+            if now - self._told.get(queue, -inf) >= self.settings.supervisor_interval:
+                group = self._untold.pop(queue)
+                self._told[queue] = now
+                self.alerts.emit(grouped(group, f"waiting on {queue} are likely to miss their complete-by"))
+
+    def _queue_depth(self, queue: str) -> int | None:
+        """How many messages wait in ``queue``; None if the broker did not answer. Read on one
+        connection this process keeps (the queues are looked at several times a second), tried
+        once: with the broker down a look is blind at once, not after seconds of retries."""
+        pid, conn = self._reader
         try:
-            with self.celery.connection_for_read() as conn:
-                return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
-        except Exception:  # a queue nobody declared yet, or a broker hiccup: nothing to judge by
+            if conn is None or pid != os.getpid():
+                conn = self.celery.connection_for_read()
+                self._reader = (os.getpid(), conn)
+            conn.ensure_connection(max_retries=0)
+            return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+        except ChannelError:  # a queue nobody declared yet: nothing waits in it (AMQP closed the channel)
+            self._drop_reader()
             return 0
+        except Exception:  # the broker down or a hiccup: nothing to judge by
+            self._drop_reader()
+            return None
+
+    def _drop_reader(self) -> None:
+        pid, conn = self._reader
+        self._reader = (0, None)
+        if conn is not None and pid == os.getpid():
+            try:
+                conn.release()  # type: ignore[no-untyped-call]
+            except Exception:  # already broken: nothing to close cleanly
+                log.debug("closing the queue-depth connection failed", exc_info=True)

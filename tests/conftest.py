@@ -69,6 +69,7 @@ def settings(db_url, tmp_path) -> Settings:
         retry_backoff=0.05,
         retry_backoff_max=0.2,
         supervisor_interval=0.2,
+        at_risk_interval=0.01,  # a thirtieth of the test workflows' 0.3 s steps
         task_events=False,
         # Replies travel as messages here, so tests can hold, repeat and reorder them; the
         # in-process path is what the integration tests' workers use.

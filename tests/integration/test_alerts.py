@@ -12,9 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from sqlalchemy import func, select
 
+from bench.proxy import Proxy
+from sas_app import SasApp, Settings, Step, Workflow
 from sas_app.store.tables import alerts
 from tests.integration.conftest import shop_app
-from tests.support import wait_for
+from tests.support import FakeClock, Pump, pass_time, wait_for
+from tests.testapp import install_test_workflows
 
 pytestmark = pytest.mark.integration
 
@@ -96,8 +99,8 @@ def test_a_step_whose_agent_queue_is_too_deep_is_flagged_at_risk_once(stack, sta
 
     # each order's reservation and fraud check wait side by side, on two agents' queues
     wait_for(lambda: at_risk() == 6, 10, "an at-risk alert for each waiting step")
-    for _ in range(3):  # more sweeps see the same steps at risk: nothing new is raised
-        assert shop.supervisor.sweep().at_risk == []
+    for _ in range(3):  # more looks see the same steps at risk: nothing new is raised
+        assert shop.supervisor.watch() == []
     assert at_risk() == 6
     stack.agents()
     assert [h.wait(30).process_state for h in handles] == ["processed"] * 3
@@ -106,3 +109,35 @@ def test_a_step_whose_agent_queue_is_too_deep_is_flagged_at_risk_once(stack, sta
         assert {e.detail["kind"] for e in events} == {"at_risk"}
         assert sorted(e.detail["step"] for e in events) == ["fraud_check", "reserve_stock"]
     shop.store.dispose()
+
+
+def test_a_silent_queue_is_not_called_stuck_by_a_supervisor_that_could_not_read_the_broker_lately(redis_url, tmp_path):
+    """The broker down for everyone: the queue's workers completed nothing, and reconnect as the
+    Supervisor does. Told not draining the moment it could read the broker again, a soak's steps at
+    the head of their queue were taken in time. Once it has seen the queue still silent a while, it is."""
+    redis_port, db = redis_url.rsplit(":", 1)[1].split("/")
+    proxy = Proxy(int(redis_port))  # the Supervisor's way to Redis, cut below
+    clock = FakeClock()
+    sas = SasApp(Settings(database_url=f"sqlite:///{tmp_path / 'state.db'}", home=tmp_path / "home",
+                          broker_url=f"redis://127.0.0.1:{proxy.port}/{db}", task_events=False,
+                          inline_replies=False), clock=clock)
+    sas.test_clock = clock
+    install_test_workflows(sas)
+    sas.register(Workflow("call", [Step("call", "svc.work", timeout=20, max_failures=3)]))
+    sas.migrate()
+    try:
+        runs = [sas.submit("call", {}, business_key=f"silent-{i}").id for i in range(3)]
+        Pump(sas).run(["sas.scheduler"])  # three messages wait for svc, whose workers are away
+        assert sas.supervisor.watch() == []  # seen from here
+        pass_time(sas, sas.store.get_steps(runs[0])[0].complete_by - 3.9, "the last fifth of the steps' budget")
+        proxy.cut(60)
+        assert sas.supervisor.watch() == []  # the broker does not answer: blind
+        proxy.cut(0)
+        assert sas.supervisor.watch() == []  # sees again; the workers are reconnecting too
+        pass_time(sas, clock.now + 1.0, "a second")
+        assert sas.supervisor.watch() == []
+        pass_time(sas, clock.now + 1.1, "two seconds seen")
+        assert sorted(a.run_id for a in sas.supervisor.watch()) == sorted(runs)  # still silent: not draining
+    finally:
+        proxy.close()
+        sas.store.dispose()

@@ -1,5 +1,6 @@
-"""At-risk warnings reach the operator as one alert per queue and sweep, not one per step: a
-backlog of many steps is one incident. Each step is still recorded with its own run, once."""
+"""At-risk warnings reach the operator as one alert per queue and incident, not one per step: a
+backlog of many steps, looked at several times a second, is one incident. Each step is still
+recorded with its own run, once."""
 
 from __future__ import annotations
 
@@ -14,17 +15,23 @@ from sas_app.store.tables import alerts
 from tests.support import pass_time
 
 
-def test_the_steps_of_one_queue_found_at_risk_by_a_sweep_are_told_as_one_alert(sas, pump):
-    told = []
-    sas.alerts.hook = told.append
-    runs = [sas.submit("three", {}, business_key=f"backlog-{i}").id for i in range(5)]
-    pump.run(["sas.scheduler"])  # each run's first step dispatched: five messages wait for svc
+def backlog_of(sas, pump, n: int, key: str) -> list:
+    """``n`` runs whose first step waits for svc, which takes none, into the last fifth of its budget."""
+    runs = [sas.submit("three", {}, business_key=f"{key}-{i}").id for i in range(n)]
+    pump.run(["sas.scheduler"])  # each run's first step dispatched: n messages wait for svc
     first = [sas.store.get_steps(run_id)[0] for run_id in runs]
     assert {s.state for s in first} == {"running"}
-    # no consumer has taken any, and the last third of their budget has begun: at risk
-    pass_time(sas, max(s.complete_by - s.timeout * 0.3 for s in first), "two-thirds of the steps' budget to pass")
+    sas.supervisor.watch()  # the Supervisor watching all along: from here it has seen the queue
+    pass_time(sas, max(s.complete_by - s.timeout * 0.15 for s in first), "four-fifths of the steps' budget to pass")
+    return runs
 
-    assert len(sas.supervisor.sweep().at_risk) == 5
+
+def test_the_steps_of_one_queue_found_at_risk_by_a_look_are_told_as_one_alert(sas, pump):
+    told = []
+    sas.alerts.hook = told.append
+    runs = backlog_of(sas, pump, 5, "backlog")  # no consumer has taken any: at risk
+
+    assert len(sas.supervisor.watch()) == 5
     assert len(told) == 1
     alert = told[0]
     assert (alert.kind, alert.count, alert.workflow) == ("at_risk", 5, "three")
@@ -34,11 +41,28 @@ def test_the_steps_of_one_queue_found_at_risk_by_a_sweep_are_told_as_one_alert(s
     with sas.store.engine.connect() as conn:  # each step's own record, once
         assert conn.execute(select(func.count()).select_from(alerts).where(alerts.c.kind == "at_risk")).scalar() == 5
 
-    assert sas.supervisor.sweep().at_risk == [] and len(told) == 1  # the same steps: nothing new
+    assert sas.supervisor.watch() == [] and len(told) == 1  # the same steps: nothing new
 
 
-def at_risk(queued: list[StepRow], now: float, per_second: float, lead: float = 0.0) -> list:
-    return forecast(queued, now, per_second, lead=lead).risks
+def test_a_queue_looked_at_again_and_again_is_told_of_at_most_once_a_sweep_interval(sas, pump):
+    """A backlog grows for seconds and its queue is looked at several times a second: the steps
+    found in the looks after the first are told together, with their count, a sweep interval on."""
+    told = []
+    sas.alerts.hook = told.append
+    sas.supervisor.settings = replace(sas.supervisor.settings, supervisor_interval=3600.0)
+    backlog_of(sas, pump, 2, "first")
+    assert len(sas.supervisor.watch()) == 2 and len(told) == 1  # the first of the incident at once
+    later = backlog_of(sas, pump, 3, "later")
+    assert len(sas.supervisor.watch()) == 3 and len(told) == 1  # recorded, not told yet
+
+    sas.supervisor.settings = replace(sas.supervisor.settings, supervisor_interval=0.001)
+    assert sas.supervisor.watch() == []  # nothing new, but an interval on: the three told now
+    assert len(told) == 2 and told[1].count == 3 and sorted(told[1].runs) == sorted(later)
+    assert sas.supervisor.watch() == [] and len(told) == 2
+
+
+def at_risk(queued: list[StepRow], now: float, per_second: float, every: float = 0.0) -> list:
+    return forecast(queued, now, per_second, every=every).risks
 
 
 def waiting(n: int, dispatched: float, timeout: float, every: float = 0.0) -> list[StepRow]:
@@ -48,31 +72,39 @@ def waiting(n: int, dispatched: float, timeout: float, every: float = 0.0) -> li
                     complete_by=dispatched + i * every + timeout) for i in range(n)]
 
 
-def test_a_step_is_at_risk_only_if_the_messages_ahead_of_it_outlast_its_budget():
-    # 15 messages dispatched 7 s ago with 10 s each, drained at 5 a second: the next three seconds'
-    # worth make it, so all 15 do
-    assert at_risk(waiting(15, -7.0, 10.0), now=0.0, per_second=5.0) == []
-    # 100 of them: those that would miss even at a quarter more than that pace (18.75 in 3 s)
-    risks = at_risk(waiting(100, -7.0, 10.0), now=0.0, per_second=5.0)
-    assert [r.ahead for r in risks] == list(range(19, 100))
-    assert risks[0].taken_at is not None and risks[0].taken_at > risks[0].step.complete_by
-    assert risks[0].reason.startswith("step 'ship' is likely to miss its complete-by: taken about 0.0s past it, "
-                                      "19 message(s) ahead of it")
+def test_a_step_is_at_risk_early_only_if_it_would_miss_even_at_half_again_its_agents_pace():
+    # 1.5 s left each, drained at 5 a second: even at 7.5 a second the 13th and those behind it miss
+    assert at_risk(waiting(10, -8.5, 10.0), now=0.0, per_second=5.0) == []
+    risks = at_risk(waiting(100, -8.5, 10.0), now=0.0, per_second=5.0)
+    assert [r.ahead for r in risks] == list(range(12, 100))
+    # told at the pace itself: the head taken when a worker frees up, 8 worked, the rest dropped
+    assert risks[0].taken_at == pytest.approx(0.1 + 8 * 0.2 + 4 * DROPPED_S)
+    assert risks[0].reason.startswith("step 'ship' is likely to miss its complete-by: taken about 0.2s past it, "
+                                      "12 message(s) ahead of it")
 
 
-def test_a_step_is_judged_once_the_last_third_of_its_budget_has_begun():
+def test_a_step_that_would_miss_only_at_its_agents_pace_is_judged_in_its_last_looks():
+    """Its fate is a coin toss a second ahead (which worker frees up when): a queue looked at every
+    tenth of a second judges it in the last fifth of a second, when the forecast is seldom wrong."""
+    steps = waiting(10, -8.5, 10.0)  # 1.5 s left: at 5 a second the 9th and 10th miss, at 7.5 none
+    assert at_risk(steps, now=0.0, per_second=5.0, every=0.1) == []
+    # looked at once a second, this is its last look but one
+    assert [r.ahead for r in at_risk(steps, now=0.0, per_second=5.0, every=1.0)] == [8, 9]
+
+
+def test_a_step_is_judged_once_the_last_fifth_of_its_budget_has_begun():
     """Further ahead the forecast cried wolf: within seconds a queue's workers change (one
     restarting is back, one frozen thaws) and drain it half as fast again."""
-    steps = waiting(100, 0.0, 9.0)  # complete-by 9; at 1 a second all but a few are doomed
+    steps = waiting(100, 0.0, 10.0)  # complete-by 10; at 1 a second all but a few are doomed
     assert at_risk(steps, now=0.0, per_second=1.0) == []
-    assert at_risk(steps, now=5.9, per_second=1.0) == []  # 3.1 s left: more than a third
-    assert [r.ahead for r in at_risk(steps, now=6.1, per_second=1.0)] == list(range(4, 100))
-    # sweeps further apart than a third of its budget: judged a sweep ahead, or none would see it
-    assert [r.ahead for r in at_risk(steps, now=0.0, per_second=1.0, lead=10.0)][:2] == [12, 13]
+    assert at_risk(steps, now=7.9, per_second=1.0) == []  # 2.1 s left: more than a fifth
+    assert [r.ahead for r in at_risk(steps, now=8.1, per_second=1.0)] == list(range(3, 100))
+    # looked at less often than that: judged in its last looks, at its pace
+    assert [r.ahead for r in at_risk(steps, now=0.0, per_second=1.0, every=10.0)][:2] == [10, 11]
 
 
 def test_a_message_found_past_its_complete_by_costs_little_so_the_ones_behind_it_can_make_theirs():
-    doomed = waiting(20, -9.5, 10.0)          # 0.5 s left each: at 2 a second, one more makes it
+    doomed = waiting(20, -9.5, 10.0)          # 0.5 s left each: at 3 a second, one more makes it
     fresh = waiting(10, 0.0, 10.0)            # behind them: 10 s left, 5 s of work
     risks = at_risk(doomed + fresh, now=0.0, per_second=2.0)
     assert [r.step.run_id for r in risks] == [s.run_id for s in doomed[2:]]
@@ -81,30 +113,24 @@ def test_a_message_found_past_its_complete_by_costs_little_so_the_ones_behind_it
 def test_a_step_behind_hundreds_of_doomed_messages_is_not_reached_at_once():
     """Dropping a message still costs its worker a few milliseconds: counted as free, a step
     behind 300 doomed ones was forecast to be taken at once, and was taken two seconds late."""
-    doomed = waiting(400, -9.5, 10.0)         # 0.5 s left each: at 20 a second, 13 are worked in time
+    doomed = waiting(400, -9.5, 10.0)         # 0.5 s left each: at 20 a second, 10 are worked in time
     behind = waiting(1, -8.5, 10.0)           # 1.5 s left, behind them all
     risks = at_risk(doomed + behind, now=0.0, per_second=20.0)
     assert risks[-1].step is behind[0] and risks[-1].ahead == 400
-    assert risks[-1].taken_at == pytest.approx(0.52 + 387 * DROPPED_S)  # 2.5 s: 1 s past its complete-by
+    assert risks[-1].taken_at == pytest.approx(0.525 + 390 * DROPPED_S)  # 2.5 s: 1 s past its complete-by
     assert behind[0] not in [r.step for r in at_risk(doomed[:100] + behind, now=0.0, per_second=20.0)]
 
 
-def test_a_step_at_the_margin_is_a_coin_toss_and_stays_quiet():
-    # 3 s left: at 5 a second the 16th and 17th messages are taken just past their complete-by; a
-    # little faster and they make it
-    assert at_risk(waiting(17, -7.0, 10.0), now=0.0, per_second=5.0) == []
-
-
 def test_a_step_already_past_its_complete_by_is_the_sweeps_not_a_warning():
-    assert at_risk(waiting(5, -20.0, 10.0), now=0.0, per_second=1.0) == []
+    assert at_risk(waiting(5, -20.0, 10.0), now=0.0, per_second=1.0, every=1.0) == []
 
 
-def test_a_queue_that_does_not_drain_makes_its_steps_at_risk_in_the_last_third_of_their_budget():
+def test_a_queue_that_does_not_drain_makes_its_steps_at_risk_in_the_last_fifth_of_their_budget():
     steps = waiting(3, 0.0, 10.0, every=3.0)  # complete-by 10, 13 and 16
-    assert at_risk(steps, now=6.5, per_second=0.0) == []
-    assert [r.step.run_id for r in at_risk(steps, now=7.0, per_second=0.0)] == ["run-0"]
-    assert [r.step.run_id for r in at_risk(steps, now=9.9, per_second=0.0)] == ["run-0", "run-1"]
-    assert at_risk(steps, now=9.9, per_second=0.0)[0].taken_at is None
+    assert at_risk(steps, now=7.9, per_second=0.0) == []
+    assert [r.step.run_id for r in at_risk(steps, now=8.1, per_second=0.0)] == ["run-0"]
+    assert [r.step.run_id for r in at_risk(steps, now=11.5, per_second=0.0)] == ["run-1"]
+    assert at_risk(steps, now=11.5, per_second=0.0)[0].taken_at is None
 
 
 def test_the_steps_counted_as_waiting_are_the_last_dispatched_head_first(sas, pump):
@@ -156,14 +182,14 @@ def test_a_backlog_is_forecast_at_the_pace_its_workers_drain_it_not_at_how_often
     often work came; judged by that, nearly every step of the burst looked doomed."""
     before = [50.0 - 4 * i for i in range(10)]  # one every 4 s, until 50
     burst = waiting(30, 60.0, 10.0)  # sent at 60
-    assert at_risk(burst, now=67.0, per_second=pace(before, 61.0))  # the old forecast cried wolf
+    assert at_risk(burst, now=68.5, per_second=pace(before, 61.0))  # the old forecast cried wolf
     # just sent, nothing completed since: not judged yet (nor after a worker's restart)
     assert draining(before, 60.5, burst[0]) is None
     assert draining(before, 61.9, burst[0]) is None
     # two seconds in, what the workers did since the burst began is their pace: all 30 make it
     drained = [61.9 - i * 0.05 for i in range(36)]  # 20 a second since 60.1
     assert draining(drained + before, 62.0, burst[0]) == pytest.approx(20.0, rel=0.05)
-    assert at_risk(burst[18:], now=67.0, per_second=draining(drained + before, 62.0, burst[0])) == []
+    assert at_risk(burst[18:], now=68.5, per_second=draining(drained + before, 62.0, burst[0]), every=0.1) == []
 
 
 def test_a_backlog_nobody_drains_is_judged_once_it_is_old_enough():
@@ -172,9 +198,9 @@ def test_a_backlog_nobody_drains_is_judged_once_it_is_old_enough():
     # three completions are enough to go by, however young the backlog
     assert draining([60.3, 60.2, 60.1, *before], 60.4, burst[0]) == pytest.approx(10.0)
     # workers gone: after two seconds with nothing completed, the queue is not draining, and its
-    # steps are at risk once the last third of their budget has begun
+    # steps are at risk once the last fifth of their budget has begun
     assert draining(before, 62.0, burst[0]) == 0.0
-    assert [r.ahead for r in at_risk(burst, now=67.0, per_second=0.0)] == list(range(30))
+    assert [r.ahead for r in at_risk(burst, now=68.5, per_second=0.0)] == list(range(30))
     # a step with a short budget is judged sooner: half its timeout
     short = waiting(5, 60.0, 2.0)
     assert draining(before, 60.9, short[0]) is None and draining(before, 61.1, short[0]) == 0.0
@@ -194,6 +220,14 @@ def test_after_its_workers_stalled_a_queue_is_judged_by_what_they_do_once_back()
     # two seconds after the first, theirs
     back = [62.0 - 0.05 * i for i in range(40)]  # 20 a second since 60.05
     assert draining(back + before, 62.1, burst[0]) == pytest.approx(20.0, rel=0.05)
-    # still silent since the outage: not draining (each waiting step at risk in the last third of
+    # still silent since the outage: not draining (each waiting step at risk in the last fifth of
     # its budget), not a pace that falls the longer the silence
     assert draining(before, 60.4, burst[0]) == 0.0
+
+
+def test_a_queue_that_fell_silent_is_not_draining_once_it_has_been_seen_long_enough():
+    head = waiting(1, 0.0, 10.0)[0]
+    before = [5.0 - 0.1 * i for i in range(20)]  # 10 a second until 5, then nothing
+    assert draining(before, 9.0, head) == 0.0
+    assert draining(before, 9.0, head, seen_since=7.5) is None  # seen for 1.5 s only
+    assert draining(before, 9.0, head, seen_since=6.9) == 0.0

@@ -26,12 +26,13 @@ def backlog(sas, pump, n: int) -> tuple[list[str], float]:
     pump.run()
     runs = [sas.submit("call", {}, business_key=f"old-{i}").id for i in range(n)]
     pump.run(["sas.scheduler"])
+    sas.supervisor.watch()  # the Supervisor watching all along: from here it has seen the queue
     pass_time(sas, sas.store.now() + 6, "6 s")
     for i in range(n):
         sas.submit("call", {}, business_key=f"new-{i}")
     pump.run(["sas.scheduler"])
-    pass_time(sas, sas.store.now() + 1, "1 s more: the last third of the first ones' budget")
-    sas.supervisor.sweep()  # warns of the steps the queue will not reach in time
+    pass_time(sas, sas.store.now() + 2.5, "2.5 s more: the last fifth of the first ones' budget")
+    sas.supervisor.watch()  # warns of the steps the queue will not reach in time
     pass_time(sas, max(sas.store.get_steps(r)[0].complete_by for r in runs), "the first ones' complete-by")
     return runs, min(sas.store.get_steps(r)[0].completed_at for r in warm)
 
@@ -134,7 +135,7 @@ def test_only_paced_retries_hold_back_the_next_ones(sas, pump):
 
 def test_a_retry_into_a_queue_too_deep_to_take_it_in_time_is_paced_though_its_own_message_is_gone(sas, pump):
     """Its message was dropped unworked, or its worker died with it, before any sweep warned of
-    it (an at-risk alert comes only in a step's last third): a retry sent now into a queue that
+    it (an at-risk alert comes only in a step's last fifth): a retry sent now into a queue that
     will not reach it in time would expire there all the same."""
     sas.register(Workflow("call", [Step("call", "svc.work", timeout=10, max_failures=3)]))
     for i in range(3):

@@ -30,6 +30,8 @@ def test_settings_come_from_the_environment_with_clear_errors():
         Settings.from_env({"SAS_SWEEP_BATCH": "many"})
     with pytest.raises(ValueError, match="supervisor_interval must be positive"):
         Settings.from_env({"SAS_SUPERVISOR_INTERVAL": "0"})
+    with pytest.raises(ValueError, match="at_risk_interval must be positive"):
+        Settings.from_env({"SAS_AT_RISK_INTERVAL": "-1"})
     limits = Settings.from_env({"SAS_AGENT_RATE_LIMITS": "payment=20/s, warehouse=5/m"})
     assert (limits.rate_limit("payment"), limits.rate_limit("warehouse"), limits.rate_limit("other")) == \
         ("20/s", "5/m", None)
@@ -45,6 +47,10 @@ def test_celery_gets_the_reliability_defaults(sas):
     agent_task = sas.celery.tasks["sas.agent.svc.work"]
     assert agent_task.acks_late and agent_task.reject_on_worker_lost
     assert conf.beat_schedule["sas.supervisor.sweep"]["options"]["queue"] == "sas.supervisor"
+    # the at-risk look, on its own (quicker) beat
+    watch = conf.beat_schedule["sas.supervisor.watch"]
+    assert watch["options"]["queue"] == "sas.supervisor"
+    assert watch["schedule"].total_seconds() == sas.settings.at_risk_interval
 
 
 def test_fault_points_fire_only_when_armed_and_once_when_asked(tmp_path):
