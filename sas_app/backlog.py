@@ -30,9 +30,9 @@ the queue itself rather than its bare depth:
   looked two seconds ahead; and at the margin of a queue working at capacity, which steps just
   make it turns on which worker frees up first. So a step is judged in two ways. Once the last
   fifth of its budget has begun (:data:`JUDGED_WITHIN`), it is at risk if it would miss even were
-  its agent half again as fast as its pace (:data:`SURELY`): surely late, told early. In its last
-  looks (:data:`LAST_LOOKS`: its complete-by within two of the Supervisor's looks at its queue,
-  SAS_AT_RISK_INTERVAL apart, a fraction of a second), it is at risk if it would miss at the pace
+  its agent twice as fast as its pace (:data:`SURELY`): surely late, told early. In its last look
+  (:data:`LAST_LOOKS`: its complete-by before the Supervisor's next look at its queue,
+  SAS_AT_RISK_INTERVAL away, a fraction of a second), it is at risk if it would miss at the pace
   itself, its head taken when a worker frees up (:data:`HEAD_WAIT`): a coin toss a second ahead,
   seldom wrong that near. Judged once a sweep instead (a second apart in the chaos runs), one
   forecast a second ahead had to decide the coin tosses, at the pace itself or with a margin,
@@ -61,14 +61,20 @@ STALL_S = 0.5
 #: dry while they wait (paced at the pace itself, ``bench.backpressure`` re-expired more of them).
 SLACK = 0.25
 #: A step is at risk before its last looks only if it would miss even were its agent this much
-#: faster than its pace: the forecast further ahead is less sure, and a step that misses only at
-#: the pace itself is a coin toss there — decided at its last looks instead.
-SURELY = 0.5
+#: faster than its pace (twice as fast): the forecast further ahead is less sure — a queue's pace
+#: read just after an outage or a worker's restart can be half what its workers do a second later
+#: — and a step that misses only at the pace itself is a coin toss there, decided at its last
+#: looks instead (replayed, half again as fast cried wolf a quarter more, and foresaw no more misses).
+SURELY = 1.0
 #: A step is judged at its pace itself once its complete-by comes within this many looks at its
-#: queue (SAS_AT_RISK_INTERVAL apart): a forecast a fraction of a second ahead is seldom wrong.
-LAST_LOOKS = 2
-#: The head of a busy queue is taken when a worker frees up: on average half a message's time from now.
-HEAD_WAIT = 0.5
+#: queue (SAS_AT_RISK_INTERVAL apart): its last, when a forecast a fraction of a second ahead is
+#: seldom wrong (judged in its last two, a tenth more of the wrong alerts, no more misses foreseen).
+LAST_LOOKS = 1
+#: The head of a busy queue is taken when a worker frees up, this many messages' time from now: in
+#: the chaos runs replayed, steps at the head with a tenth of a second left were taken just late,
+#: not at once (the pace counts dropped messages, each a few milliseconds; a worker frees up when
+#: its step is done). Half a message's time foresaw five of six backlog misses, three nineteen of twenty.
+HEAD_WAIT = 3.0
 #: A backlog is not judged before it is this old (or half its head's timeout, if less), unless its
 #: workers have completed three steps since it began: what they can do is not known before. After
 #: a stall, not before its drain is this old whatever it completed: its workers come back one by one.
@@ -183,8 +189,8 @@ def forecast(queued: Sequence[StepRow], now: float, per_second: float, behind: i
     when the queue drains ``per_second`` messages a second; ``behind`` more messages wait after
     them, not looked at (each taken as work to do). The queue is looked at again ``every``
     seconds: a step is at risk once the last fifth of its budget (or ``every``) is left if it would
-    miss even at half again that pace (:data:`SURELY`), and in its :data:`LAST_LOOKS` if it would
-    miss at that pace, its head taken half a message's time from now (:data:`HEAD_WAIT`)."""
+    miss even at twice that pace (:data:`SURELY`), and in its last look (:data:`LAST_LOOKS`) if it
+    would miss at that pace, its head taken a few messages' time from now (:data:`HEAD_WAIT`)."""
     if per_second <= 0:  # not draining: the steps in the last part of their budget
         return Forecast([Risk(step, ahead, None) for ahead, step in enumerate(queued)
                          if now <= (step.complete_by if step.complete_by is not None else now)
