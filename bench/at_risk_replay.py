@@ -13,10 +13,10 @@ saw of each agent's queue — its depth (the messages sent and not yet received,
 which of them are at risk, raises an alert once per step (as the Supervisor does: a step warned of
 is not warned of again on a later attempt), and judges those alerts as the run's own were judged
 (:func:`bench.alert_quality.judge`). The run's own alerts are judged beside them: the replay of the
-code the run ran should come close (its sweeps were not always on time; a killed Supervisor or a
-slow sweep skipped some). Where a sweep falls within its second matters — a queue's pace read a
-tenth of a second before or after a worker comes back differs — so the replay is run at several
-phases of the sweep and averaged (``--phases``).
+code the run ran should come close (its looks were not always on time; a killed Supervisor or a
+slow look skipped some). Where a look falls within its interval matters — a queue's pace read a
+moment before or after a worker comes back differs — so the replay is run at several phases of
+the interval and averaged (``--phases``).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0,
     step's later attempts, most of them missed after the first had, added right alerts the run
     could not raise: a quarter more in a 1,500-order run). No look reads a
     queue while the broker or the database is down: the Supervisor's read of a queue's depth then
-    finds nothing (or it cannot sweep at all), so the run raised no alert then either — replayed,
+    finds nothing (or it cannot look at all), so the run raised no alert then either — replayed,
     the messages sent before such an outage looked like a backlog, and every one of them missed:
     alerts the run could not raise, right ones, and a precision above the run's. After one, the
     Supervisor has seen the queues since its end."""
