@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from math import inf
@@ -100,8 +101,9 @@ class Supervisor:
         #: since when this process has seen the queues (the store's clock); None while it has not:
         #: it has just started, or the broker or the database did not answer it
         self._seen_since: float | None = None
-        #: the broker connection the queues' depths are read on, and the process it was made in
-        self._reader: tuple[int, Connection | None] = (0, None)
+        #: per thread (a worker's pool may be threads), the broker connection the queues' depths
+        #: are read on and the process it was made in (``reader``)
+        self._local = threading.local()
 
         @celery.task(name=SWEEP, ignore_result=True, shared=False)
         def sweep() -> dict[str, int]:
@@ -265,7 +267,7 @@ class Supervisor:
         """Raise an at-risk alert (once per step) for each running step whose message will likely
         be taken from its agent's queue past its complete-by (:mod:`sas_app.backlog` says how that
         is judged), and tell them (:meth:`_tell`). Beat asks every SAS_AT_RISK_INTERVAL: a step
-        at the margin is judged in its last looks, a fraction of a second before its complete-by,
+        at the margin is judged in its last look, a fraction of a second before its complete-by,
         when the forecast is seldom wrong. A queue silent while this process could not see it (it
         has just started, or the broker or the database did not answer it: they were down for the
         workers too) is not called stuck before it has seen it a while. The recorded alerts are
@@ -325,19 +327,20 @@ class Supervisor:
         now = time.monotonic()
         for queue in list(self._untold):
             if now - self._told.get(queue, -inf) >= self.settings.supervisor_interval:
-                group = self._untold.pop(queue)
+                group = self._untold.pop(queue, [])  # (empty if another thread of a threads pool told it)
                 self._told[queue] = now
-                self.alerts.emit(grouped(group, f"waiting on {queue} are likely to miss their complete-by"))
+                if group:
+                    self.alerts.emit(grouped(group, f"waiting on {queue} are likely to miss their complete-by"))
 
     def _queue_depth(self, queue: str) -> int | None:
         """How many messages wait in ``queue``; None if the broker did not answer. Read on one
         connection this process keeps (the queues are looked at several times a second), tried
         once: with the broker down a look is blind at once, not after seconds of retries."""
-        pid, conn = self._reader
+        pid, conn = self._reader()
         try:
             if conn is None or pid != os.getpid():
                 conn = self.celery.connection_for_read()
-                self._reader = (os.getpid(), conn)
+                self._local.reader = (os.getpid(), conn)
             conn.ensure_connection(max_retries=0)
             return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
         except ChannelError:  # a queue nobody declared yet: nothing waits in it (AMQP closed the channel)
@@ -347,9 +350,12 @@ class Supervisor:
             self._drop_reader()
             return None
 
+    def _reader(self) -> tuple[int, Connection | None]:
+        return getattr(self._local, "reader", (0, None))
+
     def _drop_reader(self) -> None:
-        pid, conn = self._reader
-        self._reader = (0, None)
+        pid, conn = self._reader()
+        self._local.reader = (0, None)
         if conn is not None and pid == os.getpid():
             try:
                 conn.release()  # type: ignore[no-untyped-call]
