@@ -60,11 +60,11 @@ STALL_S = 0.5
 #: message sent now would be taken): sent a little early rather than late, so the queue never runs
 #: dry while they wait (paced at the pace itself, ``bench.backpressure`` re-expired more of them).
 SLACK = 0.25
-#: A step is at risk before its last looks only if it would miss even were its agent this much
+#: A step is at risk before its last look only if it would miss even were its agent this much
 #: faster than its pace (twice as fast): the forecast further ahead is less sure — a queue's pace
 #: read just after an outage or a worker's restart can be half what its workers do a second later
 #: — and a step that misses only at the pace itself is a coin toss there, decided at its last
-#: looks instead (replayed, half again as fast cried wolf a quarter more, and foresaw no more misses).
+#: look instead (replayed, half again as fast cried wolf a quarter more, and foresaw no more misses).
 SURELY = 1.0
 #: A step is judged at its pace itself once its complete-by comes within this many looks at its
 #: queue (SAS_AT_RISK_INTERVAL apart): its last, when a forecast a fraction of a second ahead is

@@ -86,7 +86,7 @@ class Settings:
     at_risk_window: float = 60.0
     #: SAS_AT_RISK_INTERVAL — seconds between the Supervisor's looks at the busy agents' queues for
     #: steps that will likely miss their complete-by (a beat task of its own, cheap while no message
-    #: waits). A step is judged at its pace in its last two looks: keep it under a fiftieth of the
+    #: waits). A step at the margin is judged in its last look: keep it under a thirtieth of the
     #: shortest step timeout. Default 0.5.
     at_risk_interval: float = 0.5
     #: SAS_PACE_RETRIES — when an agent's queue is too deep to take a new message within a step's

@@ -1,4 +1,6 @@
-"""The Supervisor: a Celery beat task (``sas.supervisor.sweep`` on ``sas.supervisor``).
+"""The Supervisor: two Celery beat tasks on ``sas.supervisor`` — the sweep (``sas.supervisor.sweep``,
+every SAS_SUPERVISOR_INTERVAL) and the at-risk watch (``sas.supervisor.watch``, every
+SAS_AT_RISK_INTERVAL: :meth:`Supervisor.watch`).
 
 It only decides and asks; the Scheduler and the agents do the work. Each sweep, in one transaction:
 
@@ -34,7 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts, grouped
-from .backlog import draining, forecast, pace
+from .backlog import SETTLE_S, draining, forecast, pace
 from .recovery import past_deadline, recover_steps
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, WATCH, Router, agent_queue, asking
 from .settings import Settings, instance_id
@@ -54,6 +56,8 @@ MAX_BATCHES = 20
 #: head first (those behind them are counted as work still to do): which steps a backlog makes
 #: late, and when a retry sent now would be taken, depend on all of them.
 QUEUE_LOOKS_AT = 5000
+#: A read of a queue's depth that takes longer than this (seconds) is a broker not answering.
+READ_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -99,8 +103,12 @@ class Supervisor:
         self._told: dict[str, float] = {}
         self._untold: dict[str, list[Alert]] = {}
         #: since when this process has seen the queues (the store's clock); None while it has not:
-        #: it has just started, or the broker or the database did not answer it
+        #: it has just started, the broker or the database did not answer it, or no look came to
+        #: it for a while (beat could not send them: the broker was down)
         self._seen_since: float | None = None
+        #: when this process last looked (monotonic)
+        self._looked_at = -inf
+        self._lock = threading.Lock()  # a worker's pool may be threads
         #: per thread (a worker's pool may be threads), the broker connection the queues' depths
         #: are read on and the process it was made in (``reader``)
         self._local = threading.local()
@@ -113,7 +121,11 @@ class Supervisor:
 
         @celery.task(name=WATCH, ignore_result=True, shared=False)
         def watch() -> int:
-            return len(self.watch())
+            try:
+                return len(self.watch())
+            except SQLAlchemyError as exc:  # the database down: the next look tries again (one line, not a trace)
+                log.warning("at-risk look skipped: the database did not answer: %s", str(exc).splitlines()[0])
+                return 0
 
     def sweep_once(self) -> SweepReport:
         """One batch of the sweep, timed (what bench/sweep.py measures)."""
@@ -227,7 +239,7 @@ class Supervisor:
         paced retries still wait their turn (one sent now would jump the line they keep: in
         ``bench.backpressure`` 400 of 2,000 steps then took three or four attempts instead of
         two). It goes by the queue, not by the at-risk alerts: those come only in a step's last
-        third, and a step whose message was dropped before a sweep warned of it went straight
+        fifth, and a step whose message was dropped before a look warned of it went straight
         back into the backlog. With no message waiting, an agent's expired steps keep their
         back-off alone: with no backlog seen, its pace may be how often work comes to it, not how
         fast it can go."""
@@ -272,6 +284,13 @@ class Supervisor:
         has just started, or the broker or the database did not answer it: they were down for the
         workers too) is not called stuck before it has seen it a while. The recorded alerts are
         the ones raised."""
+        looked = time.monotonic()
+        with self._lock:
+            # no look came to this process for a while (beat could not send them: the broker was
+            # down), however many pool processes take turns at them: blind meanwhile
+            if looked - self._looked_at > max(SETTLE_S, 10 * self.settings.at_risk_interval):
+                self._seen_since = None
+            self._looked_at = looked
         blind = True  # until the broker and the database have answered
         try:
             read = self._depths()
@@ -320,35 +339,48 @@ class Supervisor:
         """Tell the steps ``found`` at risk as one alert per queue and incident: a queue's first at
         once; those found in the looks after it (a backlog grows for seconds, looked at several
         times a second) together, at most once a sweep interval, with their count — what this
-        process found and has not told yet, the step nearest its queue's head first. A process
-        that dies first leaves those recorded (the run's page, the ``alerts`` table), untold."""
-        for queue, alerts in found.items():
-            self._untold.setdefault(queue, []).extend(alerts)
+        process found and has not told yet, in the order found (each look's nearest its queue's
+        head first). A process that dies first leaves those recorded (the run's page, the
+        ``alerts`` table), untold."""
         now = time.monotonic()
-        for queue in list(self._untold):
-            if now - self._told.get(queue, -inf) >= self.settings.supervisor_interval:
-                group = self._untold.pop(queue, [])  # (empty if another thread of a threads pool told it)
-                self._told[queue] = now
-                if group:
-                    self.alerts.emit(grouped(group, f"waiting on {queue} are likely to miss their complete-by"))
+        due: dict[str, list[Alert]] = {}
+        with self._lock:
+            for queue, alerts in found.items():
+                self._untold.setdefault(queue, []).extend(alerts)
+            for queue in list(self._untold):
+                if now - self._told.get(queue, -inf) >= self.settings.supervisor_interval:
+                    due[queue] = self._untold.pop(queue)
+                    self._told[queue] = now
+        for queue, group in due.items():
+            self.alerts.emit(grouped(group, f"waiting on {queue} are likely to miss their complete-by"))
 
     def _queue_depth(self, queue: str) -> int | None:
         """How many messages wait in ``queue``; None if the broker did not answer. Read on one
-        connection this process keeps (the queues are looked at several times a second), tried
-        once: with the broker down a look is blind at once, not after seconds of retries."""
+        connection each thread of this process keeps (the queues are looked at several times a
+        second), tried once and with a timeout on each read: with the broker down a look is
+        blind at once, not after seconds of retries, nor held by a connection half open."""
         pid, conn = self._reader()
         try:
             if conn is None or pid != os.getpid():
-                conn = self.celery.connection_for_read()
+                conn = self.celery.connection_for_read(transport_options=self._read_timeouts())
                 self._local.reader = (os.getpid(), conn)
             conn.ensure_connection(max_retries=0)
             return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
-        except ChannelError:  # a queue nobody declared yet: nothing waits in it (AMQP closed the channel)
-            self._drop_reader()
+        except ChannelError:  # nothing waits in it: on Redis an empty queue is no key; on AMQP a
+            if self.settings.amqp_broker:  # queue nobody declared yet, and the channel is closed
+                self._drop_reader()
             return 0
         except Exception:  # the broker down or a hiccup: nothing to judge by
             self._drop_reader()
             return None
+
+    def _read_timeouts(self) -> dict[str, float]:
+        """The broker transport's options for a read that gives up after :data:`READ_TIMEOUT_S`."""
+        if self.settings.amqp_broker:
+            return {"read_timeout": READ_TIMEOUT_S, "write_timeout": READ_TIMEOUT_S}
+        if self.settings.broker_url.startswith(("redis://", "rediss://")):
+            return {"socket_timeout": READ_TIMEOUT_S}
+        return {}
 
     def _reader(self) -> tuple[int, Connection | None]:
         return getattr(self._local, "reader", (0, None))

@@ -111,33 +111,50 @@ def test_a_step_whose_agent_queue_is_too_deep_is_flagged_at_risk_once(stack, sta
     shop.store.dispose()
 
 
-def test_a_silent_queue_is_not_called_stuck_by_a_supervisor_that_could_not_read_the_broker_lately(redis_url, tmp_path):
-    """The broker down for everyone: the queue's workers completed nothing, and reconnect as the
-    Supervisor does. Told not draining the moment it could read the broker again, a soak's steps at
-    the head of their queue were taken in time. Once it has seen the queue still silent a while, it is."""
+@pytest.fixture
+def silent(redis_url, tmp_path):
+    """An app on Redis (through a proxy a test may cut) and a SQLite store on a test clock, with
+    three runs whose steps (20 s each) wait for svc, whose workers are away; the Supervisor has
+    looked once: it has seen the queue since."""
     redis_port, db = redis_url.rsplit(":", 1)[1].split("/")
-    proxy = Proxy(int(redis_port))  # the Supervisor's way to Redis, cut below
+    proxy = Proxy(int(redis_port))
     clock = FakeClock()
     sas = SasApp(Settings(database_url=f"sqlite:///{tmp_path / 'state.db'}", home=tmp_path / "home",
                           broker_url=f"redis://127.0.0.1:{proxy.port}/{db}", task_events=False,
-                          inline_replies=False), clock=clock)
+                          inline_replies=False, at_risk_interval=0.1), clock=clock)
     sas.test_clock = clock
     install_test_workflows(sas)
     sas.register(Workflow("call", [Step("call", "svc.work", timeout=20, max_failures=3)]))
     sas.migrate()
-    try:
-        runs = [sas.submit("call", {}, business_key=f"silent-{i}").id for i in range(3)]
-        Pump(sas).run(["sas.scheduler"])  # three messages wait for svc, whose workers are away
-        assert sas.supervisor.watch() == []  # seen from here
-        pass_time(sas, sas.store.get_steps(runs[0])[0].complete_by - 3.9, "the last fifth of the steps' budget")
-        proxy.cut(60)
-        assert sas.supervisor.watch() == []  # the broker does not answer: blind
-        proxy.cut(0)
-        assert sas.supervisor.watch() == []  # sees again; the workers are reconnecting too
-        pass_time(sas, clock.now + 1.0, "a second")
-        assert sas.supervisor.watch() == []
-        pass_time(sas, clock.now + 1.1, "two seconds seen")
-        assert sorted(a.run_id for a in sas.supervisor.watch()) == sorted(runs)  # still silent: not draining
-    finally:
-        proxy.close()
-        sas.store.dispose()
+    runs = [sas.submit("call", {}, business_key=f"silent-{i}").id for i in range(3)]
+    Pump(sas).run(["sas.scheduler"])
+    assert sas.supervisor.watch() == []  # seen from here
+    pass_time(sas, sas.store.get_steps(runs[0])[0].complete_by - 3.9, "the last fifth of the steps' budget")
+    yield sas, proxy, runs
+    proxy.close()
+    sas.store.dispose()
+
+
+def test_a_silent_queue_is_not_called_stuck_by_a_supervisor_that_could_not_read_the_broker_lately(silent):
+    """The broker down for everyone: the queue's workers completed nothing, and reconnect as the
+    Supervisor does. Told not draining the moment it could read the broker again, a soak's steps at
+    the head of their queue were taken in time. Once it has seen the queue still silent a while, it is."""
+    sas, proxy, runs = silent
+    proxy.cut(60)
+    assert sas.supervisor.watch() == []  # the broker does not answer: blind
+    proxy.cut(0)
+    assert sas.supervisor.watch() == []  # sees again; the workers are reconnecting too
+    pass_time(sas, sas.test_clock.now + 1.0, "a second")
+    assert sas.supervisor.watch() == []
+    pass_time(sas, sas.test_clock.now + 1.1, "two seconds seen")
+    assert sorted(a.run_id for a in sas.supervisor.watch()) == sorted(runs)  # still silent: not draining
+
+
+def test_a_supervisor_that_no_look_came_to_for_a_while_was_blind_meanwhile(silent):
+    """With the broker down beat cannot send the looks, and none runs to find it down: the gap
+    itself says the Supervisor could not see."""
+    sas, _, runs = silent
+    time.sleep(2.1)  # no look for longer than SETTLE_S (and ten looks' interval): the outage
+    assert sas.supervisor.watch() == []  # sees again
+    pass_time(sas, sas.test_clock.now + 2.1, "two seconds seen")
+    assert sorted(a.run_id for a in sas.supervisor.watch()) == sorted(runs)
