@@ -59,8 +59,6 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         "SAS_HOME": str(home),
         "SAS_APP": "workers.app:sas",
         "SAS_SUPERVISOR_INTERVAL": os.environ.get("SAS_SUPERVISOR_INTERVAL", "1"),
-        # looked at for steps at risk a few times in the 2 s charge's last fifth
-        "SAS_AT_RISK_INTERVAL": os.environ.get("SAS_AT_RISK_INTERVAL", "0.1"),
         "SAS_RETRY_BACKOFF": os.environ.get("SAS_RETRY_BACKOFF", "0.5"),
         "SAS_PICKUP_TIMEOUT": os.environ.get("SAS_PICKUP_TIMEOUT", "5"),
         "SAS_TASK_EVENTS": os.environ.get("SAS_TASK_EVENTS", "false"),
