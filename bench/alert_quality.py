@@ -7,7 +7,10 @@
   — the Supervisor gave the attempt up as expired, and no worker had received its message before
   its complete-by (the ``received`` lines of the agent workers' logs, on the run's one clock) — the
   share whose step had an at-risk alert first. Attempts lost another way (a worker killed or frozen
-  with the message in hand, a queue emptied, a hang) are not the at-risk alert's to foresee, nor
+  with the message in hand, a queue emptied, a hang) are not the at-risk alert's to foresee —
+  among them those a worker took and was killed before it logged the receipt: it was not in line
+  if a message sent :data:`OVERTAKE_S` after it on its queue (no undo: those jump the line) was
+  received before its complete-by (the queues are first in, first out within a priority) — nor
   are those held up by an **outage** (:class:`Outage`, from the chaos run's own timeline): an
   attempt that would have been received in time but for the time the broker or PostgreSQL was
   down or refusing connections (and the workers reconnecting), its worker was frozen (SIGSTOP)
@@ -33,6 +36,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +62,10 @@ INCIDENT_GAP_S = 0.5
 MARGIN_S = 0.5
 #: one queue's backlog misses less than this apart (seconds, their complete-bys) are one backlog
 BACKLOG_GAP_S = 5.0
+
+#: a message sent this long (seconds) after another on its queue and received before the other's
+#: complete-by overtook it: the other was not waiting in line (publishes race by a few milliseconds)
+OVERTAKE_S = 0.2
 
 #: Celery's log line for a worker ready to take messages (after a start or a restart)
 READY = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] \S+ ready\.", re.MULTILINE)
@@ -142,6 +150,38 @@ def backlogs(misses: Iterable[Attempt], queue_of: Mapping[Attempt, str],
     return groups
 
 
+def undos(event_rows: Iterable[Any]) -> set[Attempt]:
+    """The step attempts dispatched to undo a step (every dispatch of a run once it began
+    compensating): they jump their queue's line."""
+    rows = list(event_rows)
+    began = {e.run_id: float(e.at) for e in rows if e.kind == "transition" and e.position is None
+             and e.to_state == "compensating"}
+    return {a for a, (sent, _) in dispatches(rows).items() if a[0] in began and sent >= began[a[0]]}
+
+
+def overtaken(late: Mapping[Attempt, tuple[float, float]], dispatched: Mapping[Attempt, tuple[float, float]],
+              received: Mapping[Attempt, Received], jumped: set[Attempt]) -> set[Attempt]:
+    """Of the ``late`` attempts (when sent, complete-by), those a message sent :data:`OVERTAKE_S`
+    or more after it on its queue, not one of those that ``jumped`` the line, was received before
+    its complete-by: they were not waiting in line (a worker had taken them, and died before it
+    logged so)."""
+    # per queue, the receipts of messages that kept their place, in the order they were sent
+    line: dict[str, list[tuple[float, float]]] = {}
+    for a, (sent, _) in dispatched.items():
+        if a in received and a not in jumped:
+            line.setdefault(received[a].queue, []).append((sent, received[a].at))
+    for sends in line.values():
+        sends.sort()
+    out = set()
+    for a, (sent, complete_by) in late.items():
+        sends = line.get(received[a].queue, [])
+        first = bisect.bisect_left(sends, (sent + OVERTAKE_S, float("-inf")))
+        last = bisect.bisect_left(sends, (complete_by, float("-inf")))   # sent later: received later
+        if any(at < complete_by for _, at in sends[first:last]):
+            out.add(a)
+    return out
+
+
 def in_outage(sent: float, complete_by: float, received: Received, outages: Sequence[Outage]) -> bool:
     """Whether outages made the attempt late: the broker or the database down (and the workers
     reconnecting), or its worker frozen, for long enough of its wait — or other workers away, for
@@ -164,8 +204,10 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
     dispatched = dispatches(event_rows)
     missed = missed_attempts(event_rows, dispatched)
     received = first_received(logs)
-    queued = {a: when for a, when in missed.items()
-              if when is not None and a in received and received[a].at > when[1]}
+    late = {a: when for a, when in missed.items()
+            if when is not None and a in received and received[a].at > when[1]}
+    out_of_line = overtaken(late, dispatched, received, undos(event_rows))
+    queued = {a: when for a, when in late.items() if a not in out_of_line}
     held_up = {a for a, (sent, by) in queued.items() if in_outage(sent, by, received[a], outages)}
     backlog = set(queued) - held_up
     at_risk = [(a.run_id, a.position, a.attempt) for a in alert_rows if a.kind == "at_risk"]
@@ -216,6 +258,7 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
         "missed_in_outages": len(held_up),
         "recall_with_outages": round(len(foreseen(set(queued))) / len(queued), 3) if queued else None,
         "missed_other_ways": len(missed) - len(queued),
+        "missed_out_of_line": len(out_of_line),
         "wrong_within_margin": len(just_in_time),
         "unforeseen_within_margin": len(just_late),
     }

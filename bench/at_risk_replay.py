@@ -69,7 +69,7 @@ def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], b
     per_second = backlog.draining(completed, now, head=queued[0], seen_since=seen_since)  # type: ignore[arg-type]
     if per_second is None:
         return []
-    risks = backlog.forecast(queued, now, per_second, behind, every=every).risks  # type: ignore[arg-type]
+    risks = backlog.forecast(queued, now, per_second, every=every)  # type: ignore[arg-type]
     return [r.step for r in risks]  # type: ignore[misc]
 
 

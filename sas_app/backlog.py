@@ -46,7 +46,7 @@ a waiting step is at risk once it is that near its complete-by.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 from math import inf
 
@@ -163,14 +163,6 @@ class Risk:
                 f"{self.ahead} message(s) ahead of it")
 
 
-@dataclass(frozen=True)
-class Forecast:
-    #: the waiting steps that will likely be taken past their complete-by
-    risks: list[Risk] = field(default_factory=list)
-    #: when a message sent now would be taken (None: the queue is not draining)
-    clear_at: float | None = None
-
-
 def _taken(queued: Sequence[StepRow], start: float, per_second: float) -> tuple[list[float], float]:
     """When a worker takes each of ``queued`` (head first) if the queue drains ``per_second``
     messages a second from ``start`` (its head taken then), a message found past its complete-by
@@ -183,22 +175,30 @@ def _taken(queued: Sequence[StepRow], start: float, per_second: float) -> tuple[
     return taken, at
 
 
-def forecast(queued: Sequence[StepRow], now: float, per_second: float, behind: int = 0,
-             every: float = 0.0) -> Forecast:
-    """What becomes of ``queued`` (the steps whose messages wait in one queue, its head first)
-    when the queue drains ``per_second`` messages a second; ``behind`` more messages wait after
-    them, not looked at (each taken as work to do). The queue is looked at again ``every``
-    seconds: a step is at risk once the last fifth of its budget (or ``every``) is left if it would
-    miss even at twice that pace (:data:`SURELY`), and in its last look (:data:`LAST_LOOKS`) if it
-    would miss at that pace, its head taken a few messages' time from now (:data:`HEAD_WAIT`)."""
+def clear_at(queued: Sequence[StepRow], now: float, per_second: float, behind: int = 0) -> float | None:
+    """When a message sent now to the queue where ``queued`` wait (head first), with ``behind``
+    more after them (each taken as work to do), would be taken if it drains ``per_second``
+    messages a second, a quarter (:data:`SLACK`) quicker; None if it is not draining."""
+    if per_second <= 0:
+        return None
+    quick = per_second * (1 + SLACK)
+    _, at = _taken(queued, now, quick)
+    return at + behind / quick
+
+
+def forecast(queued: Sequence[StepRow], now: float, per_second: float, every: float = 0.0) -> list[Risk]:
+    """Which of ``queued`` (the steps whose messages wait in one queue, its head first) will likely
+    be taken past their complete-by when the queue drains ``per_second`` messages a second. The
+    queue is looked at again ``every`` seconds: a step is at risk once the last fifth of its budget
+    (or ``every``) is left if it would miss even at twice that pace (:data:`SURELY`), and in its
+    last look (:data:`LAST_LOOKS`) if it would miss at that pace, its head taken a few messages'
+    time from now (:data:`HEAD_WAIT`)."""
     if per_second <= 0:  # not draining: the steps in the last part of their budget
-        return Forecast([Risk(step, ahead, None) for ahead, step in enumerate(queued)
-                         if now <= (step.complete_by if step.complete_by is not None else now)
-                         < now + max(step.timeout * JUDGED_WITHIN, every)])
+        return [Risk(step, ahead, None) for ahead, step in enumerate(queued)
+                if now <= (step.complete_by if step.complete_by is not None else now)
+                < now + max(step.timeout * JUDGED_WITHIN, every)]
     surely, _ = _taken(queued, now, per_second * (1 + SURELY))
     likely, _ = _taken(queued, now + HEAD_WAIT / per_second, per_second)
-    quick = per_second * (1 + SLACK)
-    _, clear_at = _taken(queued, now, quick)
     risks: list[Risk] = []
     for ahead, step in enumerate(queued):
         complete_by = step.complete_by if step.complete_by is not None else now
@@ -208,4 +208,4 @@ def forecast(queued: Sequence[StepRow], now: float, per_second: float, behind: i
         sure = left < max(step.timeout * JUDGED_WITHIN, every) and surely[ahead] > complete_by
         if sure or (left < LAST_LOOKS * every and likely[ahead] > complete_by):
             risks.append(Risk(step, ahead, likely[ahead] if likely[ahead] > complete_by else surely[ahead]))
-    return Forecast(risks, clear_at + behind / quick)
+    return risks

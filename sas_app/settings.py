@@ -158,11 +158,15 @@ class Settings:
         return is_amqp(self.broker_url)
 
     @property
+    def redis_broker(self) -> bool:
+        """The broker is Redis (``redis://``, or ``rediss://`` over TLS)."""
+        return self.broker_url.startswith(("redis://", "rediss://"))
+
+    @property
     def breaker_redis_url(self) -> str:
         """The Redis holding the agents' circuit breakers: SAS_BREAKER_URL, else the broker's when it
         is Redis; empty when the state store holds them."""
-        redis_broker = self.broker_url.startswith(("redis://", "rediss://"))
-        return self.breaker_url or (self.broker_url if redis_broker else "")
+        return self.breaker_url or (self.broker_url if self.redis_broker else "")
 
     @property
     def embedded_store(self) -> bool:

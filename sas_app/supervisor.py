@@ -36,7 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import AT_RISK, Alert, Alerts, grouped
-from .backlog import SETTLE_S, draining, forecast, pace
+from .backlog import SETTLE_S, clear_at, draining, forecast, pace
 from .recovery import past_deadline, recover_steps
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, WATCH, Router, agent_queue, asking
 from .settings import Settings, instance_id
@@ -258,20 +258,20 @@ class Supervisor:
             per_second = pace(*tx.recent_completions(agent, self.settings.at_risk_window))
             if per_second <= 0:  # no pace to go by: the back-off alone
                 continue
-            clear_at = forecast(queued, now, per_second, behind).clear_at or now
+            clear = clear_at(queued, now, per_second, behind) or now
             last_due = tx.paced_retries_due_last(agent)
             waiting = {step.id for step in queued}
             # its message waits; a message sent now would wait too long; or retries wait their turn
             group = [step for step in candidates
-                     if step.id in waiting or clear_at - now > step.timeout / 2 or last_due is not None]
+                     if step.id in waiting or clear - now > step.timeout / 2 or last_due is not None]
             if not group:
                 continue
             half = min(step.timeout for step in group) / 2
             for i, step in enumerate(group):
                 after = last_due + (i + 1) / per_second if last_due is not None else now
-                waits[step.id] = max(clear_at + i / per_second - half, after) - now
+                waits[step.id] = max(clear + i / per_second - half, after) - now
             log.warning("%s: %d message(s) wait, a message sent now would be taken in %.0fs (%.1f a second): "
-                        "%d retries paced, the last in %.0fs", agent_queue(agent), depth, clear_at - now, per_second,
+                        "%d retries paced, the last in %.0fs", agent_queue(agent), depth, clear - now, per_second,
                         len(group), waits[group[-1].id])
         return waits
 
@@ -316,14 +316,14 @@ class Supervisor:
                 self._seen_since = seen_since
             for agent, depth in depths.items():
                 queue = agent_queue(agent)
-                queued, behind = _queued(tx, agent, depth)
+                queued, _ = _queued(tx, agent, depth)
                 if not queued:
                     continue
                 per_second = draining(*tx.recent_completions(agent, s.at_risk_window), head=queued[0],
                                       seen_since=seen_since)
                 if per_second is None:  # a backlog too young to judge
                     continue
-                risks = forecast(queued, now, per_second, behind, every=s.at_risk_interval).risks
+                risks = forecast(queued, now, per_second, every=s.at_risk_interval)
                 names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
                 warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
                                   f"{risk.reason} on {queue}", AT_RISK)
@@ -378,7 +378,7 @@ class Supervisor:
         """The broker transport's options for a read that gives up after :data:`READ_TIMEOUT_S`."""
         if self.settings.amqp_broker:
             return {"read_timeout": READ_TIMEOUT_S, "write_timeout": READ_TIMEOUT_S}
-        if self.settings.broker_url.startswith(("redis://", "rediss://")):
+        if self.settings.redis_broker:
             return {"socket_timeout": READ_TIMEOUT_S}
         return {}
 

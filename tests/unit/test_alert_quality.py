@@ -59,7 +59,7 @@ def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misse
         "incidents": 3, "incidents_with_a_miss": 2, "incident_precision": 0.667,
         "missed_waiting_in_queue": 2, "missed_after_an_alert": 1, "recall": 0.5,
         "backlogs": 1, "backlogs_told": 1, "backlog_recall": 1.0,
-        "missed_in_outages": 0, "recall_with_outages": 0.5, "missed_other_ways": 1,
+        "missed_in_outages": 0, "recall_with_outages": 0.5, "missed_other_ways": 1, "missed_out_of_line": 0,
         "wrong_within_margin": 0, "unforeseen_within_margin": 0,
     }
 
@@ -165,3 +165,25 @@ def test_a_worker_restarted_is_away_until_its_log_says_it_is_ready():
            "[2026-11-24 22:25:41,000: INFO/MainProcess] Task sas.agent.x[...] received\n"
            "[2026-11-24 22:25:52,250: INFO/MainProcess] celery@agent0 ready.\n")
     assert ready_times(log) == [T0 + 0.1, T0 + 12.25]
+
+
+def test_a_message_a_killed_worker_took_was_not_in_line_and_no_backlog_missed_it():
+    """A worker SIGKILLed just after it took a message logs no receipt; the broker gives the message
+    back at its visibility timeout, long past its complete-by. It was not waiting in line — a
+    message sent after it on its queue was received in time — so no forecast of the queue could
+    see it. One overtaken only by an undo (undos jump the line) was in line, and is the backlog's."""
+    compensating = Row(kind="transition", run_id=RUN_C, position=None, attempt=None, from_state="processing",
+                       to_state="compensating", detail={"reason": "failed"}, at=T0 + 0.5)
+    events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1),     # taken by agent1, killed at T0 + 0.1
+              dispatched(RUN_B, 0, 1, T0 + 6),                          # sent a second later, received in time
+              compensating,
+              dispatched(RUN_C, 3, 1, T0 + 11, timeout=10)]             # an undo sent at T0 + 1: jumps the line
+    logs = {"agent0": received(RUN_B, 0, 1, T0 + 1.5)}
+    killed = {"agent1": received(RUN_A, 0, 1, T0 + 30)}                  # redelivered at the visibility timeout
+
+    result = judge([], events, {**logs, **killed})
+    assert (result["missed_waiting_in_queue"], result["missed_out_of_line"], result["missed_other_ways"]) == (0, 1, 1)
+
+    undo_only = {"agent0": received(RUN_C, 3, 1, T0 + 1.2, task="sas.agent.warehouse.unship"), **killed}
+    result = judge([], [e for e in events if e.run_id != RUN_B], undo_only)
+    assert (result["missed_waiting_in_queue"], result["missed_out_of_line"]) == (1, 0)

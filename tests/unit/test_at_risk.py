@@ -9,7 +9,7 @@ from dataclasses import fields, replace
 import pytest
 from sqlalchemy import func, select
 
-from sas_app.backlog import DROPPED_S, draining, forecast, pace
+from sas_app.backlog import DROPPED_S, clear_at, draining, forecast, pace
 from sas_app.store.rows import StepRow
 from sas_app.store.tables import alerts
 from tests.support import pass_time
@@ -62,7 +62,7 @@ def test_a_queue_looked_at_again_and_again_is_told_of_at_most_once_a_sweep_inter
 
 
 def at_risk(queued: list[StepRow], now: float, per_second: float, every: float = 0.0) -> list:
-    return forecast(queued, now, per_second, every=every).risks
+    return forecast(queued, now, per_second, every=every)
 
 
 def waiting(n: int, dispatched: float, timeout: float, every: float = 0.0) -> list[StepRow]:
@@ -148,11 +148,11 @@ def test_the_steps_counted_as_waiting_are_the_last_dispatched_head_first(sas, pu
 
 
 def test_a_message_sent_now_is_taken_once_the_work_ahead_of_it_is_done():
-    assert forecast(waiting(10, 0.0, 10.0), now=0.0, per_second=4.0).clear_at == pytest.approx(2.0)  # 5 a second
+    assert clear_at(waiting(10, 0.0, 10.0), now=0.0, per_second=4.0) == pytest.approx(2.0)  # 5 a second
     doomed = waiting(20, -9.5, 10.0)
     # two worked, the rest dropped
-    assert forecast(doomed, now=0.0, per_second=2.0).clear_at == pytest.approx(0.8 + 18 * DROPPED_S)
-    assert forecast(doomed, now=0.0, per_second=0.0).clear_at is None  # not draining
+    assert clear_at(doomed, now=0.0, per_second=2.0) == pytest.approx(0.8 + 18 * DROPPED_S)
+    assert clear_at(doomed, now=0.0, per_second=0.0) is None  # not draining
 
 
 def test_an_agents_pace_is_its_busy_pace():
@@ -174,7 +174,7 @@ def test_an_agents_pace_is_its_busy_pace():
 
 
 def test_work_behind_the_steps_looked_at_still_takes_its_time():
-    assert forecast(waiting(10, 0.0, 10.0), now=0.0, per_second=4.0, behind=5).clear_at == pytest.approx(3.0)
+    assert clear_at(waiting(10, 0.0, 10.0), now=0.0, per_second=4.0, behind=5) == pytest.approx(3.0)
 
 
 def test_a_backlog_is_forecast_at_the_pace_its_workers_drain_it_not_at_how_often_work_came():
