@@ -65,7 +65,7 @@ Forecaster = Callable[[Sequence[Waiting], float, list[float], int, float, float]
 
 def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], behind: int,
                 every: float, seen_since: float) -> list[Waiting]:
-    """What sas_app.backlog says today (Supervisor.watch)."""
+    """What sas_app.backlog says today (sas_app.watch)."""
     per_second = backlog.draining(completed, now, head=queued[0], seen_since=seen_since)  # type: ignore[arg-type]
     if per_second is None:
         return []

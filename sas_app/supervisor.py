@@ -1,6 +1,6 @@
 """The Supervisor: two Celery beat tasks on ``sas.supervisor`` — the sweep (``sas.supervisor.sweep``,
 every SAS_SUPERVISOR_INTERVAL) and the at-risk watch (``sas.supervisor.watch``, every
-SAS_AT_RISK_INTERVAL: :meth:`Supervisor.watch`).
+SAS_AT_RISK_INTERVAL: :mod:`sas_app.watch`).
 
 It only decides and asks; the Scheduler and the agents do the work. Each sweep, in one transaction:
 
@@ -17,47 +17,38 @@ It only decides and asks; the Scheduler and the agents do the work. Each sweep, 
 
 Expired rows are read with ``FOR UPDATE SKIP LOCKED``, so Supervisors running at once take
 disjoint rows, and each transition is fenced on the step's attempt, so none is recovered twice.
-The agents' queue depths are read from the broker once a sweep, before any of its transactions:
-a slow broker never holds the rows a sweep has locked.
+The agents' queue depths are read from the broker once a sweep, before any of its transactions
+(:mod:`sas_app.queue_depths`): a slow broker never holds the rows a sweep has locked.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from dataclasses import dataclass, field
-from math import inf
 from typing import TYPE_CHECKING
 
-from kombu.exceptions import ChannelError
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
-from .alerts import AT_RISK, Alert, Alerts, grouped
-from .backlog import SETTLE_S, clear_at, draining, forecast, pace
+from .alerts import Alert, Alerts
+from .backlog import clear_at, pace
+from .queue_depths import QueueDepths, queued_steps
 from .recovery import past_deadline, recover_steps
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, WATCH, Router, agent_queue, asking
 from .settings import Settings, instance_id
 from .states import Cause
 from .store import StepRow, Store, Tx
+from .watch import Watch
 
 if TYPE_CHECKING:
     from celery import Celery
-    from kombu.connection import Connection
 
 log = logging.getLogger("sas.supervisor")
 
 __all__ = ["SUPERVISOR_QUEUE", "Supervisor", "SweepReport"]
 #: At most this many batches per sweep, so one sweep never runs unbounded; the next takes the rest.
 MAX_BATCHES = 20
-#: How many of a deep queue's waiting steps the at-risk warning and the pacing of retries look at,
-#: head first (those behind them are counted as work still to do): which steps a backlog makes
-#: late, and when a retry sent now would be taken, depend on all of them.
-QUEUE_LOOKS_AT = 5000
-#: A read of a queue's depth that takes longer than this (seconds) is a broker not answering.
-READ_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -79,15 +70,6 @@ def _listed(run_ids: list[str], most: int = 10) -> str:
     return ", ".join(run_ids[:most]) + more
 
 
-def _queued(tx: Tx, agent: str, depth: int) -> tuple[list[StepRow], int]:
-    """The steps whose messages likely wait in ``agent``'s queue of ``depth`` messages, its head
-    first (at most :data:`QUEUE_LOOKS_AT`), and how many messages wait behind them not looked at:
-    work still to do; past the running steps they are those of attempts already given up, dropped
-    unworked."""
-    queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT) if depth else []
-    return queued, depth - len(queued) if len(queued) == QUEUE_LOOKS_AT else 0
-
-
 class Supervisor:
     @property
     def instance_id(self) -> str:
@@ -99,19 +81,8 @@ class Supervisor:
         self.settings = settings
         self.alerts = alerts
         self.router = router
-        #: per queue, when this process last told of its steps at risk, and those found since, untold
-        self._told: dict[str, float] = {}
-        self._untold: dict[str, list[Alert]] = {}
-        #: since when this process has seen the queues (the store's clock); None while it has not:
-        #: it has just started, the broker or the database did not answer it, or no look came to
-        #: it for a while (beat could not send them: the broker was down)
-        self._seen_since: float | None = None
-        #: when this process last looked (monotonic)
-        self._looked_at = -inf
-        self._lock = threading.Lock()  # a worker's pool may be threads
-        #: per thread (a worker's pool may be threads), the broker connection the queues' depths
-        #: are read on and the process it was made in (``reader``)
-        self._local = threading.local()
+        self.depths = QueueDepths(store, celery, settings)
+        self.watcher = Watch(store, settings, alerts, self.depths)
 
         @celery.task(name=SWEEP, ignore_result=True, shared=False)
         def sweep() -> dict[str, int]:
@@ -131,7 +102,7 @@ class Supervisor:
         """One batch of the sweep, timed (what bench/sweep.py measures)."""
         report = SweepReport()
         started = time.perf_counter()
-        self._sweep_batch(report, {agent: depth or 0 for agent, depth in self._depths().items()})
+        self._sweep_batch(report, {agent: depth or 0 for agent, depth in self.depths.of_busy_agents().items()})
         report.seconds = time.perf_counter() - started
         return report
 
@@ -147,8 +118,8 @@ class Supervisor:
         nothing completed. A message that was lost is asked again once the queue has drained."""
         report = SweepReport()
         started = time.perf_counter()
-        depths = {agent: depth or 0 for agent, depth in self._depths().items()}
-        report.scheduler_behind = self._queue_depth(SCHEDULER_QUEUE) or 0
+        depths = {agent: depth or 0 for agent, depth in self.depths.of_busy_agents().items()}
+        report.scheduler_behind = self.depths.read(SCHEDULER_QUEUE) or 0
         for _ in range(MAX_BATCHES):
             if self._sweep_batch(report, depths) < self.settings.sweep_batch:
                 break
@@ -164,13 +135,6 @@ class Supervisor:
                         str(exc).splitlines()[0])
         report.seconds = time.perf_counter() - started
         return report
-
-    def _depths(self) -> dict[str, int | None]:
-        """How many messages wait in the queue of each agent with a step running (the broker's
-        count; None where it does not answer), read outside any transaction."""
-        with self.store.begin() as tx:
-            agents = tx.busy_agents()
-        return {agent: self._queue_depth(agent_queue(agent)) for agent in agents}
 
     def _sweep_batch(self, report: SweepReport, depths: dict[str, int]) -> int:
         s = self.settings
@@ -252,7 +216,7 @@ class Supervisor:
         now = tx.now()
         for agent, candidates in by_agent.items():
             depth = depths.get(agent, 0)
-            queued, behind = _queued(tx, agent, depth)
+            queued, behind = queued_steps(tx, agent, depth)
             if not queued:
                 continue
             per_second = pace(*tx.recent_completions(agent, self.settings.at_risk_window))
@@ -276,120 +240,5 @@ class Supervisor:
         return waits
 
     def watch(self) -> list[Alert]:
-        """Raise an at-risk alert (once per step) for each running step whose message will likely
-        be taken from its agent's queue past its complete-by (:mod:`sas_app.backlog` says how that
-        is judged), and tell them (:meth:`_tell`). Beat asks every SAS_AT_RISK_INTERVAL: a step
-        at the margin is judged in its last look, a fraction of a second before its complete-by,
-        when the forecast is seldom wrong. A queue silent while this process could not see it (it
-        has just started, or the broker or the database did not answer it: they were down for the
-        workers too) is not called stuck before it has seen it a while. The recorded alerts are
-        the ones raised."""
-        looked = time.monotonic()
-        with self._lock:
-            # no look came to this process for a while (beat could not send them: the broker was
-            # down), however many pool processes take turns at them: blind meanwhile
-            if looked - self._looked_at > max(SETTLE_S, 10 * self.settings.at_risk_interval):
-                self._seen_since = None
-            self._looked_at = looked
-        blind = True  # until the broker and the database have answered
-        try:
-            read = self._depths()
-            unread = any(depth is None for depth in read.values())
-            depths = {agent: depth for agent, depth in read.items() if depth}
-            by_queue = self._judge(depths, unread) if depths else {}
-            blind = unread
-        finally:
-            if blind:
-                self._seen_since = None
-        self._tell(by_queue)
-        return [alert for alerts in by_queue.values() for alert in alerts]
-
-    def _judge(self, depths: dict[str, int], blind: bool) -> dict[str, list[Alert]]:
-        """The at-risk alerts recorded for the queues with messages waiting (``depths``: how
-        many), by queue, each step's once; ``blind``: some queue could not be read just now."""
-        s = self.settings
-        by_queue: dict[str, list[Alert]] = {}
-        with self.store.begin() as tx:
-            now = tx.now()
-            seen_since = now if self._seen_since is None else self._seen_since
-            if not blind:
-                self._seen_since = seen_since
-            for agent, depth in depths.items():
-                queue = agent_queue(agent)
-                queued, _ = _queued(tx, agent, depth)
-                if not queued:
-                    continue
-                per_second = draining(*tx.recent_completions(agent, s.at_risk_window), head=queued[0],
-                                      seen_since=seen_since)
-                if per_second is None:  # a backlog too young to judge
-                    continue
-                risks = forecast(queued, now, per_second, every=s.at_risk_interval)
-                names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
-                warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
-                                  f"{risk.reason} on {queue}", AT_RISK)
-                            for risk in risks if (step := risk.step).run_id in names]
-                told = tx.alerts_raised([w.dedup_key for w in warnings]) if warnings else set()
-                for warning in warnings:  # each step once: those told in an earlier look are not written again
-                    alert = None if warning.dedup_key in told else self.alerts.record(tx, warning, self.instance_id)
-                    if alert is not None:
-                        by_queue.setdefault(queue, []).append(alert)
-        return by_queue
-
-    def _tell(self, found: dict[str, list[Alert]]) -> None:
-        """Tell the steps ``found`` at risk as one alert per queue and incident: a queue's first at
-        once; those found in the looks after it (a backlog grows for seconds, looked at several
-        times a second) together, at most once a sweep interval, with their count — what this
-        process found and has not told yet, in the order found (each look's nearest its queue's
-        head first). A process that dies first leaves those recorded (the run's page, the
-        ``alerts`` table), untold."""
-        now = time.monotonic()
-        due: dict[str, list[Alert]] = {}
-        with self._lock:
-            for queue, alerts in found.items():
-                self._untold.setdefault(queue, []).extend(alerts)
-            for queue in list(self._untold):
-                if now - self._told.get(queue, -inf) >= self.settings.supervisor_interval:
-                    due[queue] = self._untold.pop(queue)
-                    self._told[queue] = now
-        for queue, group in due.items():
-            self.alerts.emit(grouped(group, f"waiting on {queue} are likely to miss their complete-by"))
-
-    def _queue_depth(self, queue: str) -> int | None:
-        """How many messages wait in ``queue``; None if the broker did not answer. Read on one
-        connection each thread of this process keeps (the queues are looked at several times a
-        second), tried once and with a timeout on each read: with the broker down a look is
-        blind at once, not after seconds of retries, nor held by a connection half open."""
-        pid, conn = self._reader()
-        try:
-            if conn is None or pid != os.getpid():
-                conn = self.celery.connection_for_read(transport_options=self._read_timeouts())
-                self._local.reader = (os.getpid(), conn)
-            conn.ensure_connection(max_retries=0)
-            return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
-        except ChannelError:  # nothing waits in it: on Redis an empty queue is no key; on AMQP a
-            if self.settings.amqp_broker:  # queue nobody declared yet, and the channel is closed
-                self._drop_reader()
-            return 0
-        except Exception:  # the broker down or a hiccup: nothing to judge by
-            self._drop_reader()
-            return None
-
-    def _read_timeouts(self) -> dict[str, float]:
-        """The broker transport's options for a read that gives up after :data:`READ_TIMEOUT_S`."""
-        if self.settings.amqp_broker:
-            return {"read_timeout": READ_TIMEOUT_S, "write_timeout": READ_TIMEOUT_S}
-        if self.settings.redis_broker:
-            return {"socket_timeout": READ_TIMEOUT_S}
-        return {}
-
-    def _reader(self) -> tuple[int, Connection | None]:
-        return getattr(self._local, "reader", (0, None))
-
-    def _drop_reader(self) -> None:
-        pid, conn = self._reader()
-        self._local.reader = (0, None)
-        if conn is not None and pid == os.getpid():
-            try:
-                conn.release()  # type: ignore[no-untyped-call]
-            except Exception:  # already broken: nothing to close cleanly
-                log.debug("closing the queue-depth connection failed", exc_info=True)
+        """One at-risk look (:mod:`sas_app.watch`): the alerts it raised."""
+        return self.watcher.look()

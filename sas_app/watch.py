@@ -1,0 +1,114 @@
+"""The Supervisor's at-risk watch (``sas.supervisor.watch``, every SAS_AT_RISK_INTERVAL): an alert,
+once per step, for each running step whose message will likely be taken from its agent's queue
+past its complete-by (:mod:`sas_app.backlog` says how that is judged), told as one alert per queue
+and incident.
+
+Beat asks several times a second: a step at the margin is judged in its last look, a fraction of a
+second before its complete-by, when the forecast is seldom wrong. A queue silent while this process
+could not see it (it has just started, or the broker or the database did not answer it: they were
+down for the workers too) is not called stuck before it has seen it a while.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from math import inf
+
+from .alerts import AT_RISK, Alert, Alerts, grouped
+from .backlog import SETTLE_S, draining, forecast
+from .queue_depths import QueueDepths, queued_steps
+from .routing import agent_queue
+from .settings import Settings, instance_id
+from .store import Store
+
+
+class Watch:
+    def __init__(self, store: Store, settings: Settings, alerts: Alerts, depths: QueueDepths) -> None:
+        self.store = store
+        self.settings = settings
+        self.alerts = alerts
+        self.depths = depths
+        #: per queue, when this process last told of its steps at risk, and those found since, untold
+        self._told: dict[str, float] = {}
+        self._untold: dict[str, list[Alert]] = {}
+        #: since when this process has seen the queues (the store's clock); None while it has not:
+        #: it has just started, the broker or the database did not answer it, or no look came to
+        #: it for a while (beat could not send them: the broker was down)
+        self._seen_since: float | None = None
+        #: when this process last looked (monotonic)
+        self._looked_at = -inf
+        self._lock = threading.Lock()  # a worker's pool may be threads
+
+    def look(self) -> list[Alert]:
+        """Judge the queues with messages waiting, record the steps at risk and tell them
+        (:meth:`_tell`); the recorded alerts are the ones raised."""
+        looked = time.monotonic()
+        with self._lock:
+            # no look came to this process for a while (beat could not send them: the broker was
+            # down), however many pool processes take turns at them: blind meanwhile
+            if looked - self._looked_at > max(SETTLE_S, 10 * self.settings.at_risk_interval):
+                self._seen_since = None
+            self._looked_at = looked
+        blind = True  # until the broker and the database have answered
+        try:
+            read = self.depths.of_busy_agents()
+            unread = any(depth is None for depth in read.values())
+            depths = {agent: depth for agent, depth in read.items() if depth}
+            by_queue = self._judge(depths, unread) if depths else {}
+            blind = unread
+        finally:
+            if blind:
+                self._seen_since = None
+        self._tell(by_queue)
+        return [alert for alerts in by_queue.values() for alert in alerts]
+
+    def _judge(self, depths: dict[str, int], blind: bool) -> dict[str, list[Alert]]:
+        """The at-risk alerts recorded for the queues with messages waiting (``depths``: how
+        many), by queue, each step's once; ``blind``: some queue could not be read just now."""
+        s = self.settings
+        by_queue: dict[str, list[Alert]] = {}
+        with self.store.begin() as tx:
+            now = tx.now()
+            seen_since = now if self._seen_since is None else self._seen_since
+            if not blind:
+                self._seen_since = seen_since
+            for agent, depth in depths.items():
+                queue = agent_queue(agent)
+                queued, _ = queued_steps(tx, agent, depth)
+                if not queued:
+                    continue
+                per_second = draining(*tx.recent_completions(agent, s.at_risk_window), head=queued[0],
+                                      seen_since=seen_since)
+                if per_second is None:  # a backlog too young to judge
+                    continue
+                risks = forecast(queued, now, per_second, every=s.at_risk_interval)
+                names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
+                warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
+                                  f"{risk.reason} on {queue}", AT_RISK)
+                            for risk in risks if (step := risk.step).run_id in names]
+                told = tx.alerts_raised([w.dedup_key for w in warnings]) if warnings else set()
+                for warning in warnings:  # each step once: those told in an earlier look are not written again
+                    alert = None if warning.dedup_key in told else self.alerts.record(tx, warning, instance_id())
+                    if alert is not None:
+                        by_queue.setdefault(queue, []).append(alert)
+        return by_queue
+
+    def _tell(self, found: dict[str, list[Alert]]) -> None:
+        """Tell the steps ``found`` at risk as one alert per queue and incident: a queue's first at
+        once; those found in the looks after it (a backlog grows for seconds, looked at several
+        times a second) together, at most once a sweep interval, with their count — what this
+        process found and has not told yet, in the order found (each look's nearest its queue's
+        head first). A process that dies first leaves those recorded (the run's page, the
+        ``alerts`` table), untold."""
+        now = time.monotonic()
+        due: dict[str, list[Alert]] = {}
+        with self._lock:
+            for queue, alerts in found.items():
+                self._untold.setdefault(queue, []).extend(alerts)
+            for queue in list(self._untold):
+                if now - self._told.get(queue, -inf) >= self.settings.supervisor_interval:
+                    due[queue] = self._untold.pop(queue)
+                    self._told[queue] = now
+        for queue, group in due.items():
+            self.alerts.emit(grouped(group, f"waiting on {queue} are likely to miss their complete-by"))
