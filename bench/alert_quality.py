@@ -8,9 +8,10 @@
   its complete-by (the ``received`` lines of the agent workers' logs, on the run's one clock) — the
   share whose step had an at-risk alert first. Attempts lost another way (a worker killed or frozen
   with the message in hand, a queue emptied, a hang) are not the at-risk alert's to foresee —
-  among them those a worker took and was killed before it logged the receipt: it was not in line
-  if a message sent :data:`OVERTAKE_S` after it on its queue (no undo: those jump the line) was
-  received before its complete-by (the queues are first in, first out within a priority) — nor
+  among them those a worker took and went away with (killed, frozen, shut down) before it logged
+  the receipt: it was not in line if a message sent :data:`OVERTAKE_S` after it on its queue (no
+  undo: those jump the line) was received before its complete-by (the queues are first in, first
+  out within a priority; the chaos runs submit every order at the default one) — nor
   are those held up by an **outage** (:class:`Outage`, from the chaos run's own timeline): an
   attempt that would have been received in time but for the time the broker or PostgreSQL was
   down or refusing connections (and the workers reconnecting), its worker was frozen (SIGSTOP)
@@ -151,20 +152,23 @@ def backlogs(misses: Iterable[Attempt], queue_of: Mapping[Attempt, str],
 
 
 def undos(event_rows: Iterable[Any]) -> set[Attempt]:
-    """The step attempts dispatched to undo a step (every dispatch of a run once it began
+    """The step attempts dispatched to undo a step (every dispatch of a run once it first began
     compensating): they jump their queue's line."""
     rows = list(event_rows)
-    began = {e.run_id: float(e.at) for e in rows if e.kind == "transition" and e.position is None
-             and e.to_state == "compensating"}
+    began: dict[str, float] = {}
+    for e in rows:
+        if e.kind == "transition" and e.position is None and e.to_state == "compensating":
+            began[e.run_id] = min(float(e.at), began.get(e.run_id, float("inf")))
     return {a for a, (sent, _) in dispatches(rows).items() if a[0] in began and sent >= began[a[0]]}
 
 
 def overtaken(late: Mapping[Attempt, tuple[float, float]], dispatched: Mapping[Attempt, tuple[float, float]],
-              received: Mapping[Attempt, Received], jumped: set[Attempt]) -> set[Attempt]:
-    """Of the ``late`` attempts (when sent, complete-by), those a message sent :data:`OVERTAKE_S`
-    or more after it on its queue, not one of those that ``jumped`` the line, was received before
-    its complete-by: they were not waiting in line (a worker had taken them, and died before it
-    logged so)."""
+              received: Mapping[Attempt, Received], jumped: set[Attempt], outages: Sequence[Outage]) -> set[Attempt]:
+    """Of the ``late`` attempts (when sent, complete-by), those a worker took and went away with
+    before it logged so: a worker was killed, frozen or shut down (one of ``outages``) between
+    its sending and its complete-by, and a message sent :data:`OVERTAKE_S` or more after it on
+    its queue, not one of those that ``jumped`` the line, was received before its complete-by —
+    it was not waiting in line."""
     # per queue, the receipts of messages that kept their place, in the order they were sent
     line: dict[str, list[tuple[float, float]]] = {}
     for a, (sent, _) in dispatched.items():
@@ -172,8 +176,11 @@ def overtaken(late: Mapping[Attempt, tuple[float, float]], dispatched: Mapping[A
             line.setdefault(received[a].queue, []).append((sent, received[a].at))
     for sends in line.values():
         sends.sort()
+    away = [o.start for o in outages if o.worker is not None]
     out = set()
     for a, (sent, complete_by) in late.items():
+        if not any(sent <= start <= complete_by for start in away):
+            continue
         sends = line.get(received[a].queue, [])
         first = bisect.bisect_left(sends, (sent + OVERTAKE_S, float("-inf")))
         last = bisect.bisect_left(sends, (complete_by, float("-inf")))   # sent later: received later
@@ -206,9 +213,10 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
     received = first_received(logs)
     late = {a: when for a, when in missed.items()
             if when is not None and a in received and received[a].at > when[1]}
-    out_of_line = overtaken(late, dispatched, received, undos(event_rows))
+    held_up = {a for a, (sent, by) in late.items() if in_outage(sent, by, received[a], outages)}
+    out_of_line = overtaken({a: when for a, when in late.items() if a not in held_up}, dispatched, received,
+                            undos(event_rows), outages)
     queued = {a: when for a, when in late.items() if a not in out_of_line}
-    held_up = {a for a, (sent, by) in queued.items() if in_outage(sent, by, received[a], outages)}
     backlog = set(queued) - held_up
     at_risk = [(a.run_id, a.position, a.attempt) for a in alert_rows if a.kind == "at_risk"]
     right = [a for a in at_risk if a in missed]

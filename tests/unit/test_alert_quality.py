@@ -171,19 +171,46 @@ def test_a_message_a_killed_worker_took_was_not_in_line_and_no_backlog_missed_it
     """A worker SIGKILLed just after it took a message logs no receipt; the broker gives the message
     back at its visibility timeout, long past its complete-by. It was not waiting in line — a
     message sent after it on its queue was received in time — so no forecast of the queue could
-    see it. One overtaken only by an undo (undos jump the line) was in line, and is the backlog's."""
+    see it."""
+    events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1),     # taken by agent1, killed at T0 + 0.1
+              dispatched(RUN_B, 0, 1, T0 + 6)]                          # sent a second later, received in time
+    logs = {"agent0": received(RUN_B, 0, 1, T0 + 1.5),
+            "agent1": received(RUN_A, 0, 1, T0 + 30)}                    # redelivered at the visibility timeout
+    killed = [Outage(T0 + 0.1, T0 + 3, worker="agent1", share=1 / 3, settle=0.0)]
+
+    result = judge([], events, logs, outages=killed)
+    assert (result["missed_waiting_in_queue"], result["missed_out_of_line"], result["missed_other_ways"]) == (0, 1, 1)
+    # no worker went away meanwhile: the order it was received in is the publishers' race, not a hand
+    result = judge([], events, logs)
+    assert (result["missed_waiting_in_queue"], result["missed_out_of_line"]) == (1, 0)
+
+
+def test_a_late_message_overtaken_by_an_undo_or_by_none_in_its_line_was_waiting_in_line():
+    """Undos jump the line; a message sent within OVERTAKE_S after it (the publishers race), one
+    received after its complete-by, or one on another queue does not say it had left the line."""
     compensating = Row(kind="transition", run_id=RUN_C, position=None, attempt=None, from_state="processing",
                        to_state="compensating", detail={"reason": "failed"}, at=T0 + 0.5)
-    events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1),     # taken by agent1, killed at T0 + 0.1
-              dispatched(RUN_B, 0, 1, T0 + 6),                          # sent a second later, received in time
-              compensating,
-              dispatched(RUN_C, 3, 1, T0 + 11, timeout=10)]             # an undo sent at T0 + 1: jumps the line
-    logs = {"agent0": received(RUN_B, 0, 1, T0 + 1.5)}
-    killed = {"agent1": received(RUN_A, 0, 1, T0 + 30)}                  # redelivered at the visibility timeout
+    late = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1)]
+    killed = [Outage(T0 + 0.1, T0 + 3, worker="agent1", share=1 / 3, settle=0.0)]
+    redelivered = {"agent1": received(RUN_A, 0, 1, T0 + 30)}
+    followers = {
+        "an undo": ([compensating, dispatched(RUN_C, 3, 1, T0 + 11, timeout=10)],
+                    received(RUN_C, 3, 1, T0 + 1.2, task="sas.agent.warehouse.unship")),
+        "sent just after": ([dispatched(RUN_B, 0, 1, T0 + 5.1)], received(RUN_B, 0, 1, T0 + 1.2)),
+        "received too late": ([dispatched(RUN_B, 0, 1, T0 + 6)], received(RUN_B, 0, 1, T0 + 5.5)),
+        "on another queue": ([dispatched(RUN_B, 0, 1, T0 + 6)],
+                             received(RUN_B, 0, 1, T0 + 1.5, task="sas.agent.payment.charge")),
+    }
+    for why, (events, log) in followers.items():
+        result = judge([], late + events, {"agent0": log, **redelivered}, outages=killed)
+        assert (result["missed_waiting_in_queue"], result["missed_out_of_line"]) == (1, 0), why
 
-    result = judge([], events, {**logs, **killed})
-    assert (result["missed_waiting_in_queue"], result["missed_out_of_line"], result["missed_other_ways"]) == (0, 1, 1)
 
-    undo_only = {"agent0": received(RUN_C, 3, 1, T0 + 1.2, task="sas.agent.warehouse.unship"), **killed}
-    result = judge([], [e for e in events if e.run_id != RUN_B], undo_only)
-    assert (result["missed_waiting_in_queue"], result["missed_out_of_line"]) == (1, 0)
+def test_a_message_a_frozen_worker_held_is_the_outage_s_not_out_of_line():
+    """A worker frozen with a message it had not logged yet logs it when it thaws: the freeze held
+    it up (an outage), though messages sent after it were received meanwhile."""
+    events = [dispatched(RUN_A, 0, 1, T0 + 5), expired(RUN_A, 0, 1), dispatched(RUN_B, 0, 1, T0 + 6)]
+    logs = {"agent0": received(RUN_B, 0, 1, T0 + 1.5), "agent1": received(RUN_A, 0, 1, T0 + 8)}
+    frozen = [Outage(T0 + 0.1, T0 + 7.9, worker="agent1", share=1 / 3)]
+    result = judge([], events, logs, outages=frozen)
+    assert (result["missed_in_outages"], result["missed_out_of_line"], result["missed_waiting_in_queue"]) == (1, 0, 0)

@@ -49,13 +49,13 @@ def test_a_queue_looked_at_again_and_again_is_told_of_at_most_once_a_sweep_inter
     found in the looks after the first are told together, with their count, a sweep interval on."""
     told = []
     sas.alerts.hook = told.append
-    sas.supervisor.watcher.settings = replace(sas.settings, supervisor_interval=3600.0)
+    sas.supervisor.watcher.settings = replace(sas.supervisor.watcher.settings, supervisor_interval=3600.0)
     backlog_of(sas, pump, 2, "first")
     assert len(sas.supervisor.watch()) == 2 and len(told) == 1  # the first of the incident at once
     later = backlog_of(sas, pump, 3, "later")
     assert len(sas.supervisor.watch()) == 3 and len(told) == 1  # recorded, not told yet
 
-    sas.supervisor.watcher.settings = replace(sas.settings, supervisor_interval=0.001)
+    sas.supervisor.watcher.settings = replace(sas.supervisor.watcher.settings, supervisor_interval=0.001)
     assert sas.supervisor.watch() == []  # nothing new, but an interval on: the three told now
     assert len(told) == 2 and told[1].count == 3 and sorted(told[1].runs) == sorted(later)
     assert sas.supervisor.watch() == [] and len(told) == 2
