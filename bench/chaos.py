@@ -33,7 +33,10 @@ memory of every process and the database connections watched (:mod:`bench.soak`)
 it writes ``bench/results/soak-seed<N>-<date>.json``. Usage::
 
     python -m bench.chaos [--orders 500] [--seed 1] [--each 2] [--broker redis|rabbitmq]
-    python -m bench.chaos --soak 30m [--seed 1]
+    python -m bench.chaos --soak 30m [--seed 1] [--bursts 10]
+
+``--bursts 10`` submits, each minute, the orders due in its first ten seconds at once: the
+backlogs a burst makes — and the at-risk alerts' recall on them — in a soak too.
 """
 
 from __future__ import annotations
@@ -84,8 +87,20 @@ AT_RISK_INTERVAL = 0.1
 SOAK_SEEDS = 3
 #: a soak's memory and connections: the first and the last this many seconds compared (at most)
 SOAK_WINDOW_S = 600.0
+#: with --bursts S: each period of this many seconds, the orders due in its first S seconds are
+#: submitted at once at its start
+BURST_PERIOD_S = 60.0
 #: the order example's remote actions, as its payload names them for faults, and their undos
 DO_ACTIONS = ("reserve", "charge", "ship")
+
+
+def arrival(i: int, rate: float, bursts: float = 0.0) -> float:
+    """When the ``i``-th order is submitted, seconds from the start: ``rate`` a second, except that
+    each :data:`BURST_PERIOD_S` the orders due in its first ``bursts`` seconds come all at once at
+    its start (the same orders in the same time, some of them in a burst)."""
+    due = i / rate
+    into = due % BURST_PERIOD_S
+    return due - into if into < bursts else due
 
 
 def plan_orders(count: int, rng: random.Random) -> list[dict[str, Any]]:
@@ -242,7 +257,7 @@ class Chaos(Faults):
         chaos = threading.Thread(target=self.chaos, args=(schedule, started), daemon=True)
         chaos.start()
         for i, payload in enumerate(orders):
-            time.sleep(max(0.0, started + i / args.rate - time.monotonic()))
+            time.sleep(max(0.0, started + arrival(i, args.rate, args.bursts) - time.monotonic()))
             key = f"order-{i:05d}"
             if self.held.is_held(i):  # waits for its manager's review, then a cooling-off sleep
                 self.submit(key, payload, "held_order")
@@ -365,6 +380,7 @@ class Chaos(Faults):
             "seed": self.args.seed,
             "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
             "config": {"orders": self.args.orders, "rate_per_s": self.args.rate, "each": self.args.each,
+                       "bursts_s": self.args.bursts,
                        "agent_workers": self.args.agents, "max_failures": self.args.max_failures,
                        "supervisor_interval_s": 1, "at_risk_interval_s": AT_RISK_INTERVAL,
                        "charge_timeout_s": 3, "step_timeout_s": 5,
@@ -464,6 +480,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     # shipment per item), what 10/s of the four-call order used to be. At 10/s this 2-core machine
     # saturates and the figures measure the queue, not the faults.
     parser.add_argument("--rate", type=float, default=7.0, help="orders submitted per second (default 7)")
+    parser.add_argument("--bursts", type=float, default=0.0, metavar="S",
+                        help=f"each {BURST_PERIOD_S:g} s, submit the orders due in its first S seconds at once "
+                             "(the same orders at the same average rate, in bursts; default 0: none)")
     parser.add_argument("--each", type=int, default=None,
                         help="how many times each kind of fault fires (default 2; 30 in a soak)")
     parser.add_argument("--soak", type=parse_duration, default=None, metavar="DURATION",
@@ -492,6 +511,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.orders = max(1, int(args.rate * args.soak))
     if args.orders < 1 or args.rate <= 0 or args.each < 1 or args.agents < 1 or args.max_failures < 2:
         parser.error("--orders, --rate, --each and --agents must be positive and --max-failures at least 2")
+    if not 0 <= args.bursts < BURST_PERIOD_S:
+        parser.error(f"--bursts must be from 0 to under {BURST_PERIOD_S:g} seconds, got {args.bursts:g}")
     return args
 
 
