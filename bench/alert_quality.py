@@ -151,21 +151,21 @@ def backlogs(misses: Iterable[Attempt], queue_of: Mapping[Attempt, str],
     return groups
 
 
-def undos(event_rows: Iterable[Any]) -> set[Attempt]:
-    """The step attempts dispatched to undo a step (every dispatch of a run once it first began
-    compensating): they jump their queue's line."""
-    rows = list(event_rows)
+def undos(event_rows: Iterable[Any], dispatched: Mapping[Attempt, tuple[float, float]]) -> set[Attempt]:
+    """Of the ``dispatched`` step attempts (:func:`dispatches`), those that undo a step (every
+    dispatch of a run once it first began compensating): they jump their queue's line."""
     began: dict[str, float] = {}
-    for e in rows:
+    for e in event_rows:
         if e.kind == "transition" and e.position is None and e.to_state == "compensating":
             began[e.run_id] = min(float(e.at), began.get(e.run_id, float("inf")))
-    return {a for a, (sent, _) in dispatches(rows).items() if a[0] in began and sent >= began[a[0]]}
+    return {a for a, (sent, _) in dispatched.items() if a[0] in began and sent >= began[a[0]]}
 
 
 def overtaken(late: Mapping[Attempt, tuple[float, float]], dispatched: Mapping[Attempt, tuple[float, float]],
               received: Mapping[Attempt, Received], jumped: set[Attempt], outages: Sequence[Outage]) -> set[Attempt]:
     """Of the ``late`` attempts (when sent, complete-by), those a worker took and went away with
-    before it logged so: a worker was killed, frozen or shut down (one of ``outages``) between
+    before it logged so: a worker went away — killed, frozen, cut off or shut down (one of
+    ``outages``, a worker's own) — between
     its sending and its complete-by, and a message sent :data:`OVERTAKE_S` or more after it on
     its queue, not one of those that ``jumped`` the line, was received before its complete-by —
     it was not waiting in line."""
@@ -215,7 +215,7 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
             if when is not None and a in received and received[a].at > when[1]}
     held_up = {a for a, (sent, by) in late.items() if in_outage(sent, by, received[a], outages)}
     out_of_line = overtaken({a: when for a, when in late.items() if a not in held_up}, dispatched, received,
-                            undos(event_rows), outages)
+                            undos(event_rows, dispatched), outages)
     queued = {a: when for a, when in late.items() if a not in out_of_line}
     backlog = set(queued) - held_up
     at_risk = [(a.run_id, a.position, a.attempt) for a in alert_rows if a.kind == "at_risk"]

@@ -58,13 +58,13 @@ class Waiting:
 
 
 #: which of an agent's waiting steps (head first) are at risk at ``now``, given its completions
-#: (newest first, within the window, at most MOST), how many messages wait behind them, how often
-#: the queue is looked at and since when the Supervisor has seen the queues
-Forecaster = Callable[[Sequence[Waiting], float, list[float], int, float, float], list[Waiting]]
+#: (newest first, within the window, at most MOST), how often the queue is looked at and since
+#: when the Supervisor has seen the queues
+Forecaster = Callable[[Sequence[Waiting], float, list[float], float, float], list[Waiting]]
 
 
-def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], behind: int,
-                every: float, seen_since: float) -> list[Waiting]:
+def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], every: float,
+                seen_since: float) -> list[Waiting]:
     """What sas_app.backlog says today (sas_app.watch)."""
     per_second = backlog.draining(completed, now, head=queued[0], seen_since=seen_since)  # type: ignore[arg-type]
     if per_second is None:
@@ -161,7 +161,7 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0,
             queued = record.queue(agent, now)
             if not queued:
                 continue
-            for step in forecaster(queued, now, record.completions(agent, now), 0, every, seen_since):
+            for step in forecaster(queued, now, record.completions(agent, now), every, seen_since):
                 key = (step.run_id, step.position)
                 if key not in alerts:
                     alerts[key] = SimpleNamespace(kind="at_risk", run_id=key[0], position=key[1], attempt=step.attempt,

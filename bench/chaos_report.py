@@ -79,7 +79,7 @@ def print_report(r: dict[str, Any]) -> None:
         "missed waiting in a "
         "queue {missed_waiting_in_queue}, foreseen {missed_after_an_alert} (recall {recall}), in {backlogs} "
         "backlogs, {backlogs_told} told (recall {backlog_recall}); missed other ways "
-        "{missed_other_ways} ({missed_out_of_line} out of line: taken by a worker killed before it said so); "
+        "{missed_other_ways} ({missed_out_of_line} out of line: taken by a worker that went away before it said so); "
         "at the margin (received within {margin} s of the complete-by): {wrong_within_margin} "
         "of the wrong, {unforeseen_within_margin} of the unforeseen".format(**r["at_risk"], margin=MARGIN_S),
         "poison orders: " + ", ".join(f"{p['key']} {p['state']} after {p['charge_attempts']} attempts"
