@@ -98,11 +98,16 @@ class Supervisor:
                 log.warning("at-risk look skipped: the database did not answer: %s", str(exc).splitlines()[0])
                 return 0
 
+    def _busy_depths(self) -> dict[str, int]:
+        """The busy agents' queue depths, one that could not be read counted as empty: its
+        expired steps keep their back-off alone (:meth:`_paced`)."""
+        return {agent: depth or 0 for agent, depth in self.depths.of_busy_agents().items()}
+
     def sweep_once(self) -> SweepReport:
         """One batch of the sweep, timed (what bench/sweep.py measures)."""
         report = SweepReport()
         started = time.perf_counter()
-        self._sweep_batch(report, {agent: depth or 0 for agent, depth in self.depths.of_busy_agents().items()})
+        self._sweep_batch(report, self._busy_depths())
         report.seconds = time.perf_counter() - started
         return report
 
@@ -118,7 +123,7 @@ class Supervisor:
         nothing completed. A message that was lost is asked again once the queue has drained."""
         report = SweepReport()
         started = time.perf_counter()
-        depths = {agent: depth or 0 for agent, depth in self.depths.of_busy_agents().items()}
+        depths = self._busy_depths()
         report.scheduler_behind = self.depths.read(SCHEDULER_QUEUE) or 0
         for _ in range(MAX_BATCHES):
             if self._sweep_batch(report, depths) < self.settings.sweep_batch:
