@@ -25,6 +25,7 @@ import argparse
 import pickle
 import sys
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,15 +59,16 @@ class Waiting:
 
 
 #: which of an agent's waiting steps (head first) are at risk at ``now``, given its completions
-#: (newest first, within the window, at most MOST), how often the queue is looked at and since
-#: when the Supervisor has seen the queues
-Forecaster = Callable[[Sequence[Waiting], float, list[float], float, float], list[Waiting]]
+#: (newest first, within the window, at most MOST), how often the queue is looked at, since
+#: when the Supervisor has seen the queues and when its looks found the queue shorter than before
+Forecaster = Callable[[Sequence[Waiting], float, list[float], float, float, list[float]], list[Waiting]]
 
 
 def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], every: float,
-                seen_since: float) -> list[Waiting]:
+                seen_since: float, taken: list[float]) -> list[Waiting]:
     """What sas_app.backlog says today (sas_app.watch)."""
-    per_second = backlog.draining(completed, now, head=queued[0], seen_since=seen_since)  # type: ignore[arg-type]
+    per_second = backlog.draining(completed, now, head=queued[0],  # type: ignore[arg-type]
+                                  seen_since=seen_since, taken=taken)
     if per_second is None:
         return []
     risks = backlog.forecast(queued, now, per_second, every=every)  # type: ignore[arg-type]
@@ -113,11 +115,14 @@ class Record:
         self.start = min(w.sent for ws in self.by_agent.values() for w in ws)
         self.end = max(w.sent for ws in self.by_agent.values() for w in ws) + 10
 
+    def depth(self, agent: str, now: float) -> int:
+        """How many messages wait in ``agent``'s queue at ``now``: sent and not yet received."""
+        return bisect_right(self.sent_then_received[agent], now) - bisect_right(self.received_at[agent], now)
+
     def queue(self, agent: str, now: float) -> list[Waiting]:
         """The running steps whose messages likely wait in ``agent``'s queue at ``now``, head first:
         as many of the last dispatched as messages were sent and not yet received."""
-        depth = (bisect_right(self.sent_then_received[agent], now)
-                 - bisect_right(self.received_at[agent], now))
+        depth = self.depth(agent, now)
         if depth <= 0:
             return []
         waiting = self.by_agent[agent]
@@ -150,18 +155,36 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0,
     finds nothing (or it cannot look at all), so the run raised no alert then either — replayed,
     the messages sent before such an outage looked like a backlog, and every one of them missed:
     alerts the run could not raise, right ones, and a precision above the run's. After one, the
-    Supervisor has seen the queues since its end."""
+    Supervisor has seen the queues since its end; as it does, it notes when a look found a queue
+    shorter than the one before."""
     alerts: dict[tuple[str, int], SimpleNamespace] = {}
+    depth_at: dict[str, int] = {}
+    taken: dict[str, deque[float]] = {}
     down = [(o.start, o.end) for o in record.data["outages"] if o.worker is None]
     now = record.start + phase
     while now < record.end:
         swept = [] if any(start <= now <= end for start, end in down) else record.by_agent
         seen_since = max((end for _, end in down if end < now), default=record.start)
+        for agent in list(depth_at):
+            if agent not in swept:  # unread: as the Supervisor, nothing to go by after it
+                del depth_at[agent]
+                taken.pop(agent, None)
         for agent in swept:
+            depth = record.depth(agent, now)
+            if depth <= 0:
+                depth_at.pop(agent, None)
+                taken.pop(agent, None)
+                continue
+            recent = taken.setdefault(agent, deque())
+            if depth < depth_at.get(agent, depth):
+                recent.append(now)
+            while recent and recent[0] < now - WINDOW_S:
+                recent.popleft()
+            depth_at[agent] = depth
             queued = record.queue(agent, now)
             if not queued:
                 continue
-            for step in forecaster(queued, now, record.completions(agent, now), every, seen_since):
+            for step in forecaster(queued, now, record.completions(agent, now), every, seen_since, list(recent)):
                 key = (step.run_id, step.position)
                 if key not in alerts:
                     alerts[key] = SimpleNamespace(kind="at_risk", run_id=key[0], position=key[1], attempt=step.attempt,

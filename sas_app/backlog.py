@@ -30,7 +30,7 @@ the queue itself rather than its bare depth:
   looked two seconds ahead; and at the margin of a queue working at capacity, which steps just
   make it turns on which worker frees up first. So a step is judged in two ways. Once the last
   fifth of its budget has begun (:data:`JUDGED_WITHIN`), it is at risk if it would miss even were
-  its agent twice as fast as its pace (:data:`SURELY`): surely late, told early. In its last look
+  its agent three times as fast as its pace (:data:`SURELY`): surely late, told early. In its last look
   (:data:`LAST_LOOKS`: its complete-by before the Supervisor's next look at its queue,
   SAS_AT_RISK_INTERVAL away, a fraction of a second), it is at risk if it would miss at the pace
   itself, its head taken when a worker frees up (:data:`HEAD_WAIT`): a coin toss a second ahead,
@@ -45,7 +45,7 @@ a waiting step is at risk once it is that near its complete-by.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from math import inf
@@ -61,11 +61,15 @@ STALL_S = 0.5
 #: dry while they wait (paced at the pace itself, ``bench.backpressure`` re-expired more of them).
 SLACK = 0.25
 #: A step is at risk before its last look only if it would miss even were its agent this much
-#: faster than its pace (twice as fast): the forecast further ahead is less sure — a queue's pace
-#: read just after an outage or a worker's restart can be half what its workers do a second later
-#: — and a step that misses only at the pace itself is a coin toss there, decided at its last
-#: look instead (replayed, half again as fast cried wolf a quarter more, and foresaw no more misses).
-SURELY = 1.0
+#: faster than its pace (three times as fast): the forecast further ahead is less sure — a queue's
+#: pace read just after an outage or a worker's restart can be half what its workers do a second
+#: later, and agents sharing two cores take turns at them: in a soak's bursts of 150 orders, steps
+#: told early at twice the pace were then taken at two or three times it, in time, as another
+#: agent's queue fell to dropping expired messages and left it the cores — and a step that misses
+#: only at the pace itself is a coin toss there, decided at its last look instead (replayed, half
+#: again as fast cried wolf a quarter more than twice, and twice a tenth more than three times,
+#: foreseeing no more misses; four times cried wolf as often as three).
+SURELY = 2.0
 #: A step is judged at its pace itself once its complete-by comes within this many looks at its
 #: queue (SAS_AT_RISK_INTERVAL apart): its last, when a forecast a fraction of a second ahead is
 #: seldom wrong (judged in its last two, a tenth more of the wrong alerts, no more misses foreseen).
@@ -111,25 +115,30 @@ def pace(completed: Sequence[float], now: float) -> float:
     return len(completed) / max(now - completed[-1], 1.0)
 
 
-def draining(completed: Sequence[float], now: float, head: StepRow, seen_since: float = -inf) -> float | None:
+def draining(completed: Sequence[float], now: float, head: StepRow, seen_since: float = -inf,
+             taken: Iterable[float] = ()) -> float | None:
     """The pace at which the queue whose oldest waiting message is ``head``'s is being drained, from
     its agent's recent completions (newest first): those since ``head``'s message was sent (the
     queue never empty since) and since its workers last stalled — a broker's or a database's
     outage, workers frozen or restarting: what they do once back is their pace, not the silence
     (:func:`pace`, which leaves idle spells out), once all of them are back (:data:`SETTLE_S`).
-    0.0 while they have completed nothing for a while (not draining); None while this drain is
-    too young to say — or, silent, while the one asking has seen the queues for less than that
-    (since ``seen_since``: it has just started, or the broker or the database was
-    down for it too, and the workers reconnect as it did; told not draining then, a soak's steps at
-    the head of their queue were taken in time)."""
+    Workers that complete nothing while the queue is seen getting shorter (``taken``: when a look
+    found fewer messages waiting than the one before) have not stalled: they are dropping a run of
+    messages past their complete-by (judged stalled then, a queue ten times deeper than it could
+    drain was never judged, and a chaos run's backlogs behind such runs went untold). 0.0 while
+    they have completed nothing for a while (not draining); None while this drain is too young to
+    say — or, silent, while the one asking has seen the queues for less than that (since
+    ``seen_since``: it has just started, or the broker or the database was down for it too, and
+    the workers reconnect as it did; told not draining then, a soak's steps at the head of their
+    queue were taken in time)."""
     since = (head.complete_by or now) - head.timeout
     drained = [at for at in completed if at >= since]
-    gaps = [a - b for a, b in pairwise(drained)]
-    stall = stall_after(gaps)
-    stalled = next((i for i, gap in enumerate(gaps) if gap > stall), None)
-    if stalled is not None:  # this drain began with the first completion after the stall
-        drained = drained[:stalled + 1]
-        since = drained[-1]
+    stall = stall_after([a - b for a, b in pairwise(drained)])
+    busy = sorted((*drained, *(at for at in taken if at >= since)), reverse=True)
+    stalled = next((i for i, (a, b) in enumerate(pairwise(busy)) if a - b > stall), None)
+    if stalled is not None:  # this drain began when its workers were first at work after the stall
+        since = busy[stalled]
+        drained = [at for at in drained if at >= since]
     # too young to say: a burst just sent with fewer than three completions, or workers back from a
     # stall, however many they completed — they come back one by one, each reconnecting to the
     # broker and the database in its own time, and the first completions are the first workers' pace
@@ -190,7 +199,7 @@ def forecast(queued: Sequence[StepRow], now: float, per_second: float, every: fl
     """Which of ``queued`` (the steps whose messages wait in one queue, its head first) will likely
     be taken past their complete-by when the queue drains ``per_second`` messages a second. The
     queue is looked at again ``every`` seconds: a step is at risk once the last fifth of its budget
-    (or ``every``) is left if it would miss even at twice that pace (:data:`SURELY`), and in its
+    (or ``every``) is left if it would miss even at three times that pace (:data:`SURELY`), and in its
     last look (:data:`LAST_LOOKS`) if it would miss at that pace, its head taken a few messages'
     time from now (:data:`HEAD_WAIT`)."""
     if per_second <= 0:  # not draining: the steps in the last part of their budget

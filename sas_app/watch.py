@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from math import inf
 
 from .alerts import AT_RISK, Alert, Alerts, grouped
-from .backlog import SETTLE_S, draining, forecast
+from .backlog import SETTLE_S, STALL_S, draining, forecast
 from .queue_depths import QueueDepths, queued_steps
 from .routing import agent_queue
 from .settings import Settings, instance_id
@@ -38,6 +39,11 @@ class Watch:
         self._seen_since: float | None = None
         #: when this process last looked (monotonic)
         self._looked_at = -inf
+        #: per queue, its depth at this process's last look (and when, the store's clock), and
+        #: when its looks found it shorter than the one before, within the at-risk window: its
+        #: workers were taking messages then (:func:`sas_app.backlog.draining`)
+        self._depth_at: dict[str, tuple[float, int]] = {}
+        self._taken: dict[str, deque[float]] = {}
         self._lock = threading.Lock()  # a worker's pool may be threads
 
     def look(self) -> list[Alert]:
@@ -73,13 +79,14 @@ class Watch:
             seen_since = now if self._seen_since is None else self._seen_since
             if not blind:
                 self._seen_since = seen_since
+            taken = self.note_depths(depths, now)
             for agent, depth in depths.items():
                 queue = agent_queue(agent)
                 queued, _ = queued_steps(tx, agent, depth)
                 if not queued:
                     continue
                 per_second = draining(*tx.recent_completions(agent, s.at_risk_window), head=queued[0],
-                                      seen_since=seen_since)
+                                      seen_since=seen_since, taken=taken.get(queue, ()))
                 if per_second is None:  # a backlog too young to judge
                     continue
                 risks = forecast(queued, now, per_second, every=s.at_risk_interval)
@@ -93,6 +100,28 @@ class Watch:
                     if alert is not None:
                         by_queue.setdefault(queue, []).append(alert)
         return by_queue
+
+    def note_depths(self, depths: dict[str, int], now: float) -> dict[str, list[float]]:
+        """Note the depths read just now (``depths``, of the queues with messages waiting; the
+        others were empty or unread) and return, per queue, when its looks found it shorter than
+        the one before (within :data:`~sas_app.backlog.STALL_S` of it: looks further apart cannot
+        say when in between its messages were taken), within the at-risk window."""
+        with self._lock:
+            for agent, depth in depths.items():
+                queue = agent_queue(agent)
+                before = self._depth_at.get(queue)
+                taken = self._taken.setdefault(queue, deque())
+                if before is not None and depth < before[1] and now - before[0] <= STALL_S:
+                    taken.append(now)
+                while taken and taken[0] < now - self.settings.at_risk_window:
+                    taken.popleft()
+                self._depth_at[queue] = (now, depth)
+            looked_at = {agent_queue(agent) for agent in depths}
+            for queue in list(self._depth_at):
+                if queue not in looked_at:  # empty, or unread: the next depth read has nothing to go by
+                    del self._depth_at[queue]
+                    self._taken.pop(queue, None)
+            return {queue: list(taken) for queue, taken in self._taken.items()}
 
     def _tell(self, found: dict[str, list[Alert]]) -> None:
         """Tell the steps ``found`` at risk as one alert per queue and incident: a queue's first at

@@ -42,7 +42,7 @@ def test_a_queue_holds_the_last_dispatched_of_its_running_steps_until_a_worker_r
 def test_a_replay_raises_each_step_once_and_judges_it_as_the_run_was_judged(tmp_path):
     record = Record(kept_run(tmp_path, sent=4, received_first=1))
 
-    def tail_of_the_queue(queued, now, completed, every, seen_since):  # calls the last step at risk
+    def tail_of_the_queue(queued, now, completed, every, seen_since, taken):  # calls the last step at risk
         return list(queued[-1:])
 
     alerts = replay(record, tail_of_the_queue, every=1.0)
@@ -51,7 +51,7 @@ def test_a_replay_raises_each_step_once_and_judges_it_as_the_run_was_judged(tmp_
     assert [(a.run_id[-1], a.at - T0) for a in alerts] == [("0", 0.0), ("3", 1.0)]
     assert alerts[0].reason.endswith("on sas.agent.warehouse")
     assert judged(record, alerts)["precision"] == 0.5  # the first was received in time, the last expired
-    everything = replay(record, lambda queued, now, completed, every, seen_since: list(queued), every=1.0)
+    everything = replay(record, lambda queued, now, completed, every, seen_since, taken: list(queued), every=1.0)
     assert judged(record, everything)["precision"] == 0.75
 
 
@@ -59,7 +59,7 @@ def test_no_look_reads_a_queue_while_the_broker_is_down_and_phases_move_the_look
     # the broker down from T0 + 0.5 to T0 + 2: the Supervisor read no depth then, and raised nothing
     record = Record(kept_run(tmp_path, sent=30, received_first=1, outages=[Outage(T0 + 0.5, T0 + 2)]))
 
-    def tail_of_the_queue(queued, now, completed, every, seen_since):
+    def tail_of_the_queue(queued, now, completed, every, seen_since, taken):
         return list(queued[-1:])
 
     alerts = replay(record, tail_of_the_queue, every=1.0)
@@ -82,5 +82,18 @@ def test_a_step_warned_of_is_not_warned_of_again_on_a_later_attempt(tmp_path):
     with open(home / JUDGED, "wb") as out:
         pickle.dump(data, out)
     record = Record(home)
-    alerts = replay(record, lambda queued, now, completed, every, seen_since: list(queued), every=1.0)
+    alerts = replay(record, lambda queued, now, completed, every, seen_since, taken: list(queued), every=1.0)
     assert sorted((a.run_id[-1], a.attempt) for a in alerts) == [("0", 1), ("1", 1)]
+
+
+def test_a_replay_tells_the_forecast_when_its_looks_found_the_queue_shorter(tmp_path):
+    record = Record(kept_run(tmp_path, sent=4, received_first=1))
+    seen: dict[float, list[float]] = {}
+
+    def noting(queued, now, completed, every, seen_since, taken):
+        seen[round(now - T0, 1)] = [round(at - T0, 1) for at in taken]
+        return []
+
+    replay(record, noting, every=0.5)
+    # the four sent by T0 + 0.3, the first received at T0 + 1: the look then found the queue shorter
+    assert seen[0.5] == [] and seen[1.0] == [1.0] and seen[1.5] == [1.0] and seen[8.5] == [1.0]
