@@ -16,18 +16,24 @@ is not warned of again on a later attempt), and judges those alerts as the run's
 code the run ran should come close (its looks were not always on time; a killed Supervisor or a
 slow look skipped some). Where a look falls within its interval matters — a queue's pace read a
 moment before or after a worker comes back differs — so the replay is run at several phases of
-the interval and averaged (``--phases``).
+the interval and averaged (``--phases``); and then at the run's own looks, as its Supervisor's
+worker logged them, each by the pool process that took it: behind the Scheduler's tasks they come
+late and unevenly (a tenth of a second apart in theory, half a second or more after a broker's
+outage), and each process knows only what its own looks saw — the regular looks, one process's,
+found a 1,500-order run's backlogs every time where the run itself told half of their steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import pickle
+import re
 import sys
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from math import ceil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +41,7 @@ from typing import Any
 from bench import alert_quality
 from bench.chaos import AT_RISK_INTERVAL, JUDGED
 from sas_app import backlog
-from sas_app.routing import agent_queue
+from sas_app.routing import WATCH, agent_queue
 
 #: the at-risk window and the completions a look reads (Settings.at_risk_window, recent_completions)
 WINDOW_S = 60.0
@@ -60,12 +66,13 @@ class Waiting:
 
 #: which of an agent's waiting steps (head first) are at risk at ``now``, given its completions
 #: (newest first, within the window, at most MOST), how often the queue is looked at, since
-#: when the Supervisor has seen the queues and when its looks found the queue shorter than before
-Forecaster = Callable[[Sequence[Waiting], float, list[float], float, float, list[float]], list[Waiting]]
+#: when the Supervisor has seen the queues and the spans between two looks that found it shorter
+Forecaster = Callable[[Sequence[Waiting], float, list[float], float, float, list[tuple[float, float]]],
+                      list[Waiting]]
 
 
 def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], every: float,
-                seen_since: float, taken: list[float]) -> list[Waiting]:
+                seen_since: float, taken: list[tuple[float, float]]) -> list[Waiting]:
     """What sas_app.backlog says today (sas_app.watch)."""
     per_second = backlog.draining(completed, now, head=queued[0],  # type: ignore[arg-type]
                                   seen_since=seen_since, taken=taken)
@@ -144,43 +151,63 @@ class Record:
         return done[max(lo, hi - MOST):hi][::-1]
 
 
-def replay(record: Record, forecaster: Forecaster, phase: float = 0.0,
-           every: float = AT_RISK_INTERVAL) -> list[SimpleNamespace]:
+#: the log of the chaos run's worker that takes the Supervisor's looks (with the Scheduler's tasks)
+SUPERVISOR_LOG = Path("logs") / "scheduler.log"
+#: a look the Supervisor took, in its worker's log: Celery's line for the watch task's success
+LOOKED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/(\S+)\] Task "
+                    + re.escape(WATCH) + r"\[\S+\] succeeded in ([0-9.e-]+)s", re.MULTILINE)
+
+
+def own_looks(log: str) -> list[tuple[float, str]]:
+    """When each look the run's Supervisor took began (epoch seconds), and which of its worker's
+    pool processes took it, from that worker's log."""
+    return sorted((alert_quality._stamp(at) - float(took), process) for at, process, took in LOOKED.findall(log))
+
+
+def replay(record: Record, forecaster: Forecaster, phase: float = 0.0, every: float = AT_RISK_INTERVAL,
+           looks: Sequence[tuple[float, str]] | None = None) -> list[SimpleNamespace]:
     """The at-risk alerts ``forecaster`` would have raised, once a look (``phase`` seconds after
-    the first dispatch, and ``every`` seconds after), each step once — on the first attempt
-    found at risk, as the Supervisor's alerts are deduplicated (replayed once per attempt, a
-    step's later attempts, most of them missed after the first had, added right alerts the run
-    could not raise: a quarter more in a 1,500-order run). No look reads a
+    the first dispatch, and ``every`` seconds after; or at ``looks``, the run's own, each by the
+    pool process that took it: :func:`own_looks`), each step once — on the first attempt found at
+    risk, as the Supervisor's alerts are deduplicated (replayed once per attempt, a step's later
+    attempts, most of them missed after the first had, added right alerts the run could not
+    raise: a quarter more in a 1,500-order run). No look reads a
     queue while the broker or the database is down: the Supervisor's read of a queue's depth then
     finds nothing (or it cannot look at all), so the run raised no alert then either — replayed,
     the messages sent before such an outage looked like a backlog, and every one of them missed:
     alerts the run could not raise, right ones, and a precision above the run's. After one, the
-    Supervisor has seen the queues since its end; as it does, it notes when a look found a queue
-    shorter than the one before."""
+    Supervisor has seen the queues since its end. Each process notes, as the Supervisor's do, the
+    spans between two of its looks that found a queue getting shorter."""
+    if looks is None:
+        n = ceil((record.end - record.start - phase) / every)
+        looks = [(record.start + phase + i * every, "") for i in range(n)]
     alerts: dict[tuple[str, int], SimpleNamespace] = {}
-    depth_at: dict[str, int] = {}
-    taken: dict[str, deque[float]] = {}
+    # per process: each queue's depth at its last look (and when), and the spans it got shorter in
+    depth_at: dict[str, dict[str, tuple[float, int]]] = {}
+    taken: dict[str, dict[str, deque[tuple[float, float]]]] = {}
     down = [(o.start, o.end) for o in record.data["outages"] if o.worker is None]
-    now = record.start + phase
-    while now < record.end:
-        swept = [] if any(start <= now <= end for start, end in down) else record.by_agent
+    for now, process in looks:
+        if not record.start <= now < record.end:
+            continue
+        seen, shorter = depth_at.setdefault(process, {}), taken.setdefault(process, {})
+        if any(start <= now <= end for start, end in down):  # unread: nothing to go by after it
+            seen.clear()
+            shorter.clear()
+            continue
         seen_since = max((end for _, end in down if end < now), default=record.start)
-        for agent in list(depth_at):
-            if agent not in swept:  # unread: as the Supervisor, nothing to go by after it
-                del depth_at[agent]
-                taken.pop(agent, None)
-        for agent in swept:
+        for agent in record.by_agent:
             depth = record.depth(agent, now)
             if depth <= 0:
-                depth_at.pop(agent, None)
-                taken.pop(agent, None)
+                seen.pop(agent, None)
+                shorter.pop(agent, None)
                 continue
-            recent = taken.setdefault(agent, deque())
-            if depth < depth_at.get(agent, depth):
-                recent.append(now)
-            while recent and recent[0] < now - WINDOW_S:
+            recent = shorter.setdefault(agent, deque())
+            before = seen.get(agent)
+            if before is not None and depth < before[1] and now - before[0] <= backlog.SETTLE_S:
+                recent.append((before[0], now))
+            while recent and recent[0][1] < now - WINDOW_S:
                 recent.popleft()
-            depth_at[agent] = depth
+            seen[agent] = (now, depth)
             queued = record.queue(agent, now)
             if not queued:
                 continue
@@ -189,7 +216,6 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0,
                 if key not in alerts:
                     alerts[key] = SimpleNamespace(kind="at_risk", run_id=key[0], position=key[1], attempt=step.attempt,
                                                   at=now, reason=f"at risk on {agent_queue(agent)}")
-        now += every
     return list(alerts.values())
 
 
@@ -220,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                              "moment a look happens to see a queue moves a run's figures by a few points (default 4)")
     args = parser.parse_args(argv)
     record = Record(args.home)
+    log = args.home / SUPERVISOR_LOG
+    looks = own_looks(log.read_text(errors="replace")) if log.exists() else []
     own = [SimpleNamespace(**a) for a in record.data["alerts"]]
     print(f"the run's own alerts: {judged(record, own)}")
     for name, forecaster in FORECASTERS.items():
@@ -228,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}, looked at every {args.every:g} s, mean of {args.phases} phases: {mean_of(verdicts)}",
               flush=True)
         print(f"  precision / recall by phase: {[(v['precision'], v['recall']) for v in verdicts]}")
+        if looks:
+            own_verdict = judged(record, replay(record, forecaster, looks=looks))
+            print(f"{name}, at the run's own {len(looks)} looks: {own_verdict}", flush=True)
     return 0
 
 

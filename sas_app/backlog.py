@@ -116,16 +116,17 @@ def pace(completed: Sequence[float], now: float) -> float:
 
 
 def draining(completed: Sequence[float], now: float, head: StepRow, seen_since: float = -inf,
-             taken: Iterable[float] = ()) -> float | None:
+             taken: Iterable[tuple[float, float]] = ()) -> float | None:
     """The pace at which the queue whose oldest waiting message is ``head``'s is being drained, from
     its agent's recent completions (newest first): those since ``head``'s message was sent (the
     queue never empty since) and since its workers last stalled — a broker's or a database's
     outage, workers frozen or restarting: what they do once back is their pace, not the silence
     (:func:`pace`, which leaves idle spells out), once all of them are back (:data:`SETTLE_S`).
-    Workers that complete nothing while the queue is seen getting shorter (``taken``: when a look
-    found fewer messages waiting than the one before) have not stalled: they are dropping a run of
-    messages past their complete-by (judged stalled then, a queue ten times deeper than it could
-    drain was never judged, and a chaos run's backlogs behind such runs went untold). 0.0 while
+    Workers that complete nothing while the queue is seen getting shorter (``taken``: the spans
+    between two looks, the second of which found fewer messages waiting) have not stalled: they
+    are dropping a run of messages past their complete-by (judged stalled then, a queue ten times
+    deeper than it could drain was never judged, and a chaos run's backlogs behind such runs went
+    untold). 0.0 while
     they have completed nothing for a while (not draining); None while this drain is too young to
     say — or, silent, while the one asking has seen the queues for less than that (since
     ``seen_since``: it has just started, or the broker or the database was down for it too, and
@@ -134,15 +135,19 @@ def draining(completed: Sequence[float], now: float, head: StepRow, seen_since: 
     since = (head.complete_by or now) - head.timeout
     drained = [at for at in completed if at >= since]
     stall = stall_after([a - b for a, b in pairwise(drained)])
-    busy = sorted((*drained, *(at for at in taken if at >= since)), reverse=True)
-    stalled = next((i for i, (a, b) in enumerate(pairwise(busy)) if a - b > stall), None)
-    if stalled is not None:  # this drain began when its workers were first at work after the stall
-        since = busy[stalled]
-        drained = [at for at in drained if at >= since]
+    # when its workers were at work: each completion, each span in which the queue got shorter
+    busy = sorted([(at, at) for at in drained] + [(max(a, since), b) for a, b in taken if b >= since])
+    stalled = False
+    at_work = -inf
+    for start, end in busy:
+        if start - at_work > stall and at_work > -inf:  # a stall: this drain began when it ended
+            stalled, since = True, start
+        at_work = max(at_work, end)
+    drained = [at for at in drained if at >= since]
     # too young to say: a burst just sent with fewer than three completions, or workers back from a
     # stall, however many they completed — they come back one by one, each reconnecting to the
     # broker and the database in its own time, and the first completions are the first workers' pace
-    if now - since < min(SETTLE_S, head.timeout / 2) and (stalled is not None or len(drained) < 3):
+    if now - since < min(SETTLE_S, head.timeout / 2) and (stalled or len(drained) < 3):
         return None
     per_second = pace(drained, now)
     quiet = now - (drained[0] if drained else since)

@@ -17,7 +17,7 @@ from collections import deque
 from math import inf
 
 from .alerts import AT_RISK, Alert, Alerts, grouped
-from .backlog import SETTLE_S, STALL_S, draining, forecast
+from .backlog import SETTLE_S, draining, forecast
 from .queue_depths import QueueDepths, queued_steps
 from .routing import agent_queue
 from .settings import Settings, instance_id
@@ -40,10 +40,10 @@ class Watch:
         #: when this process last looked (monotonic)
         self._looked_at = -inf
         #: per queue, its depth at this process's last look (and when, the store's clock), and
-        #: when its looks found it shorter than the one before, within the at-risk window: its
-        #: workers were taking messages then (:func:`sas_app.backlog.draining`)
+        #: the spans between two of its looks that found it getting shorter, within the at-risk
+        #: window: its workers were taking messages then (:func:`sas_app.backlog.draining`)
         self._depth_at: dict[str, tuple[float, int]] = {}
-        self._taken: dict[str, deque[float]] = {}
+        self._taken: dict[str, deque[tuple[float, float]]] = {}
         self._lock = threading.Lock()  # a worker's pool may be threads
 
     def look(self) -> list[Alert]:
@@ -101,19 +101,22 @@ class Watch:
                         by_queue.setdefault(queue, []).append(alert)
         return by_queue
 
-    def note_depths(self, depths: dict[str, int], now: float) -> dict[str, list[float]]:
+    def note_depths(self, depths: dict[str, int], now: float) -> dict[str, list[tuple[float, float]]]:
         """Note the depths read just now (``depths``, of the queues with messages waiting; the
-        others were empty or unread) and return, per queue, when its looks found it shorter than
-        the one before (within :data:`~sas_app.backlog.STALL_S` of it: looks further apart cannot
-        say when in between its messages were taken), within the at-risk window."""
+        others were empty or unread) and return, per queue, the spans from one of this process's
+        looks to the next that found it shorter, within the at-risk window — up to
+        :data:`~sas_app.backlog.SETTLE_S` long: the looks come a tenth of a second apart, shared
+        by a worker's pool processes, and behind its other tasks (after a broker's outage, a
+        chaos run's Scheduler worker took them half a second or more apart), but looks further
+        apart than that may have an outage between them."""
         with self._lock:
             for agent, depth in depths.items():
                 queue = agent_queue(agent)
                 before = self._depth_at.get(queue)
                 taken = self._taken.setdefault(queue, deque())
-                if before is not None and depth < before[1] and now - before[0] <= STALL_S:
-                    taken.append(now)
-                while taken and taken[0] < now - self.settings.at_risk_window:
+                if before is not None and depth < before[1] and now - before[0] <= SETTLE_S:
+                    taken.append((before[0], now))
+                while taken and taken[0][1] < now - self.settings.at_risk_window:
                     taken.popleft()
                 self._depth_at[queue] = (now, depth)
             looked_at = {agent_queue(agent) for agent in depths}

@@ -243,35 +243,39 @@ def test_workers_dropping_a_run_of_expired_messages_have_not_stalled():
     every look, and a chaos run's backlogs behind such runs went untold."""
     burst = waiting(300, 50.0, 10.0)  # sent at 50
     before = [55.0 - 0.05 * i for i in range(40)]  # 20 a second until 55
-    dropping = [55.1 + 0.1 * i for i in range(13)]  # then 1.35 s of drops: shorter at each look
+    dropping = [(55.0 + 0.1 * i, 55.1 + 0.1 * i) for i in range(13)]  # 1.3 s of drops: shorter at each look
     back = [56.4, 56.35]
     assert draining(back + before, 56.45, burst[0]) is None  # without the looks: a stall
     assert draining(back + before, 56.45, burst[0], taken=dropping) == pytest.approx(20.0, rel=0.05)
+    # looks further apart (a busy worker takes them late): each span the queue got shorter in counts
+    assert draining(back + before, 56.45, burst[0], taken=[(55.0, 55.7), (55.7, 56.3)]) == pytest.approx(
+        20.0, rel=0.05)
+    assert draining(back + before, 56.45, burst[0], taken=[(55.0, 55.2), (55.8, 56.3)]) is None  # a gap
 
 
 def test_after_an_outage_the_drain_begins_when_its_workers_are_first_seen_at_work():
     burst = waiting(40, 50.0, 10.0)
     before = [53.0 - 0.05 * i for i in range(20)]  # 20 a second until 53, then 7 s of nothing
-    taking = [60.0, 60.1, 60.2, 60.3]  # back at 60: the queue shorter at each look from then
+    taking = [(60.0 + 0.1 * i, 60.1 + 0.1 * i) for i in range(3)]  # back at 60: shorter at each look
     back = [60.3 - 0.05 * i for i in range(6)]
     assert draining(back + before, 60.4, burst[0], taken=taking) is None  # they come back one by one
     back = [62.0 - 0.05 * i for i in range(40)]
     assert draining(back + before, 62.1, burst[0], taken=taking) == pytest.approx(20.0, rel=0.05)
 
 
-def test_the_watch_notes_when_its_looks_find_a_queue_shorter(sas):
+def test_the_watch_notes_the_spans_in_which_its_looks_found_a_queue_getting_shorter(sas):
     watch = sas.supervisor.watcher
     assert watch.note_depths({"svc": 10}, 100.0) == {"sas.agent.svc": []}
-    assert watch.note_depths({"svc": 7}, 100.1) == {"sas.agent.svc": [100.1]}
-    assert watch.note_depths({"svc": 9}, 100.2) == {"sas.agent.svc": [100.1]}  # deeper: nothing to say
-    # looks further apart cannot say when in between the messages were taken
-    assert watch.note_depths({"svc": 5}, 101.0) == {"sas.agent.svc": [100.1]}
-    assert watch.note_depths({"svc": 4}, 101.1) == {"sas.agent.svc": [100.1, 101.1]}
+    assert watch.note_depths({"svc": 7}, 100.1) == {"sas.agent.svc": [(100.0, 100.1)]}
+    assert watch.note_depths({"svc": 9}, 100.2) == {"sas.agent.svc": [(100.0, 100.1)]}  # deeper: nothing to say
+    # looks more than two seconds apart may have an outage between them
+    assert watch.note_depths({"svc": 5}, 102.3) == {"sas.agent.svc": [(100.0, 100.1)]}
+    assert watch.note_depths({"svc": 4}, 103.3) == {"sas.agent.svc": [(100.0, 100.1), (102.3, 103.3)]}
     # empty or unread: nothing to go by after it
-    assert watch.note_depths({}, 101.2) == {}
-    assert watch.note_depths({"svc": 3}, 101.3) == {"sas.agent.svc": []}
+    assert watch.note_depths({}, 103.4) == {}
+    assert watch.note_depths({"svc": 3}, 103.5) == {"sas.agent.svc": []}
     # only within the at-risk window
     window = watch.settings.at_risk_window
-    assert watch.note_depths({"svc": 2}, 101.4) == {"sas.agent.svc": [101.4]}
-    assert watch.note_depths({"svc": 3}, 101.5 + window) == {"sas.agent.svc": []}
-    assert watch.note_depths({"svc": 1}, 101.6 + window) == {"sas.agent.svc": [101.6 + window]}
+    assert watch.note_depths({"svc": 2}, 103.6) == {"sas.agent.svc": [(103.5, 103.6)]}
+    assert watch.note_depths({"svc": 3}, 103.7 + window) == {"sas.agent.svc": []}
+    assert watch.note_depths({"svc": 1}, 103.8 + window) == {"sas.agent.svc": [(103.7 + window, 103.8 + window)]}

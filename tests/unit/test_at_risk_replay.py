@@ -5,10 +5,11 @@ is judged against what happened without running the stack again."""
 from __future__ import annotations
 
 import pickle
+from datetime import datetime
 from pathlib import Path
 
 from bench.alert_quality import Outage
-from bench.at_risk_replay import Record, judged, mean_of, replay
+from bench.at_risk_replay import Record, judged, mean_of, own_looks, replay
 from bench.chaos import JUDGED
 from tests.unit.test_alert_quality import T0, dispatched, expired, received
 
@@ -91,9 +92,37 @@ def test_a_replay_tells_the_forecast_when_its_looks_found_the_queue_shorter(tmp_
     seen: dict[float, list[float]] = {}
 
     def noting(queued, now, completed, every, seen_since, taken):
-        seen[round(now - T0, 1)] = [round(at - T0, 1) for at in taken]
+        seen[round(now - T0, 1)] = [(round(a - T0, 1), round(b - T0, 1)) for a, b in taken]
         return []
 
     replay(record, noting, every=0.5)
-    # the four sent by T0 + 0.3, the first received at T0 + 1: the look then found the queue shorter
-    assert seen[0.5] == [] and seen[1.0] == [1.0] and seen[1.5] == [1.0] and seen[8.5] == [1.0]
+    # the four sent by T0 + 0.3, the first received at T0 + 1: the look then found the queue
+    # shorter than the one before
+    assert seen[0.5] == [] and seen[1.0] == seen[1.5] == seen[8.5] == [(0.5, 1.0)]
+
+
+def looked(at: float, process: str, took: float = 0.01) -> str:
+    """The Supervisor worker's log line for a look that began at ``at`` (epoch seconds)."""
+    end = datetime.fromtimestamp(at + took).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+    return (f"[{end}: INFO/{process}] Task sas.supervisor.watch[c51adbfa-f860-4ce2-9d56-4f5249740da6] "
+            f"succeeded in {took}s: 0\n")
+
+
+def test_a_replay_at_the_runs_own_looks_keeps_what_each_pool_process_saw(tmp_path):
+    """Behind the Scheduler's tasks the looks come late and unevenly, shared by the worker's pool
+    processes, each knowing only what its own looks saw."""
+    record = Record(kept_run(tmp_path, sent=4, received_first=1))
+    log = looked(T0 + 0.5, "ForkPoolWorker-1") + looked(T0 + 0.9, "ForkPoolWorker-2") + looked(
+        T0 + 1.2, "ForkPoolWorker-2") + looked(T0 + 1.4, "ForkPoolWorker-1") + "[x: INFO/MainProcess] other\n"
+    looks = own_looks(log)
+    assert [(round(at - T0, 2), process) for at, process in looks] == [
+        (0.5, "ForkPoolWorker-1"), (0.9, "ForkPoolWorker-2"), (1.2, "ForkPoolWorker-2"), (1.4, "ForkPoolWorker-1")]
+    seen: list[tuple[float, list]] = []
+
+    def noting(queued, now, completed, every, seen_since, taken):
+        seen.append((round(now - T0, 1), [(round(a - T0, 1), round(b - T0, 1)) for a, b in taken]))
+        return []
+
+    replay(record, noting, looks=looks)
+    # the first received at T0 + 1: each process saw the queue shorter since its own look before
+    assert seen == [(0.5, []), (0.9, []), (1.2, [(0.9, 1.2)]), (1.4, [(0.5, 1.4)])]
