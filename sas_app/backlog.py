@@ -17,9 +17,11 @@ the queue itself rather than its bare depth:
   stalled (a broker's outage, workers frozen or restarting: once back they drain at their own
   pace, and a forecast at the pace of the silence cried wolf after every outage). A drain younger
   than :data:`SETTLE_S` with fewer than three completions is not judged yet: a burst just sent
-  has not shown its workers' pace. Nor is one younger than that after a stall, however many it
-  completed: workers come back from an outage one by one, and the first completions are the
-  first workers' (in the chaos runs replayed, alerts raised then were the soaks' wrong ones).
+  has not shown its workers' pace. Nor is one younger than that after a stall with fewer than
+  :data:`SETTLED` completions: workers come back from an outage one by one, and the first
+  completions are the first workers' (in the chaos runs replayed, alerts raised then were the
+  soaks' wrong ones) — but workers held up by hanging calls come back together, and not judging
+  their queue for two seconds whatever they did left a 1,500-order run's steps untold.
 * **When each is taken.** Workers take the head first; a message found past its complete-by is
   dropped unworked, at a small cost (:data:`DROPPED_S`), so a step behind many doomed ones is not
   doomed with them — nor reached at once: behind 300 of them it waits a second or two more.
@@ -81,8 +83,13 @@ LAST_LOOKS = 1
 HEAD_WAIT = 3.0
 #: A backlog is not judged before it is this old (or half its head's timeout, if less), unless its
 #: workers have completed three steps since it began: what they can do is not known before. After
-#: a stall, not before its drain is this old whatever it completed: its workers come back one by one.
+#: a stall, not before its drain is this old unless it has completed :data:`SETTLED`.
 SETTLE_S = 2.0
+#: Completions after a stall that are a pace to go by before :data:`SETTLE_S`: workers back from an
+#: outage come back one by one, and the first few completions are the first ones' (replayed at a
+#: 1,500-order run's own looks, ten foresaw half again as many of the steps missed after hanging
+#: calls let their workers go, at a point of precision; twenty, a fifth more).
+SETTLED = 10
 #: A step is judged before its last looks once less than this share of its timeout is left.
 JUDGED_WITHIN = 1 / 5
 #: What a message found past its complete-by still costs its queue, in seconds: dropped unworked,
@@ -145,9 +152,9 @@ def draining(completed: Sequence[float], now: float, head: StepRow, seen_since: 
         at_work = max(at_work, end)
     drained = [at for at in drained if at >= since]
     # too young to say: a burst just sent with fewer than three completions, or workers back from a
-    # stall, however many they completed — they come back one by one, each reconnecting to the
-    # broker and the database in its own time, and the first completions are the first workers' pace
-    if now - since < min(SETTLE_S, head.timeout / 2) and (stalled or len(drained) < 3):
+    # stall with fewer than SETTLED — they come back one by one, each reconnecting to the broker and
+    # the database in its own time, and the first completions are the first workers' pace
+    if now - since < min(SETTLE_S, head.timeout / 2) and len(drained) < (SETTLED if stalled else 3):
         return None
     per_second = pace(drained, now)
     quiet = now - (drained[0] if drained else since)

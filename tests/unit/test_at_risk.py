@@ -220,6 +220,9 @@ def test_after_its_workers_stalled_a_queue_is_judged_by_what_they_do_once_back()
     # nor six: they come back one by one, and the first ones' pace is not theirs
     back = [60.3 - 0.05 * i for i in range(6)]
     assert draining(back + before, 60.4, burst[0]) is None
+    # ten are (workers held up by hanging calls come back together)
+    back = [60.45 - 0.05 * i for i in range(10)]
+    assert draining(back + before, 60.5, burst[0]) == pytest.approx(20.0, rel=0.05)
     # two seconds after the first, theirs
     back = [62.0 - 0.05 * i for i in range(40)]  # 20 a second since 60.05
     assert draining(back + before, 62.1, burst[0]) == pytest.approx(20.0, rel=0.05)
