@@ -133,12 +133,11 @@ def draining(completed: Sequence[float], now: float, head: StepRow, seen_since: 
     between two looks, the second of which found fewer messages waiting) have not stalled: they
     are dropping a run of messages past their complete-by (judged stalled then, a queue ten times
     deeper than it could drain was never judged, and a chaos run's backlogs behind such runs went
-    untold). 0.0 while
-    they have completed nothing for a while (not draining); None while this drain is too young to
-    say — or, silent, while the one asking has seen the queues for less than that (since
-    ``seen_since``: it has just started, or the broker or the database was down for it too, and
-    the workers reconnect as it did; told not draining then, a soak's steps at the head of their
-    queue were taken in time)."""
+    untold). 0.0 while they have completed nothing for a while (not draining); None while this
+    drain is too young to say — or, silent, while the one asking has seen the queues for less than
+    that (since ``seen_since``: it has just started, or the broker or the database was down for it
+    too, and the workers reconnect as it did; told not draining then, a soak's steps at the head
+    of their queue were taken in time)."""
     since = (head.complete_by or now) - head.timeout
     drained = [at for at in completed if at >= since]
     stall = stall_after([a - b for a, b in pairwise(drained)])
