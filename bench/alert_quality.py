@@ -88,10 +88,10 @@ class Outage:
 
 def ready_times(log: str) -> list[float]:
     """When a worker's log says it was ready (epoch seconds), in order."""
-    return [_stamp(at) for at in READY.findall(log)]
+    return [stamp(at) for at in READY.findall(log)]
 
 
-def _stamp(text: str) -> float:
+def stamp(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
@@ -129,8 +129,8 @@ def first_received(logs: Mapping[str, str]) -> dict[Attempt, Received]:
     """When, by which worker and from which queue each step attempt's message was first received."""
     first: dict[Attempt, Received] = {}
     for worker, text in logs.items():
-        for stamp, task, run_id, position, attempt in RECEIVED.findall(text):
-            at = _stamp(stamp)
+        for when, task, run_id, position, attempt in RECEIVED.findall(text):
+            at = stamp(when)
             key = (run_id, int(position), int(attempt))
             if key not in first or at < first[key].at:
                 first[key] = Received(at, worker, task.rsplit(".", 1)[0])

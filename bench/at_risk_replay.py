@@ -161,7 +161,7 @@ LOOKED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/(\S+)\] Ta
 def own_looks(log: str) -> list[tuple[float, str]]:
     """When each look the run's Supervisor took began (epoch seconds), and which of its worker's
     pool processes took it, from that worker's log."""
-    return sorted((alert_quality._stamp(at) - float(took), process) for at, process, took in LOOKED.findall(log))
+    return sorted((alert_quality.stamp(at) - float(took), process) for at, process, took in LOOKED.findall(log))
 
 
 def replay(record: Record, forecaster: Forecaster, phase: float = 0.0, every: float = AT_RISK_INTERVAL,
@@ -202,11 +202,7 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0, every: fl
                 shorter.pop(agent, None)
                 continue
             recent = shorter.setdefault(agent, deque())
-            before = seen.get(agent)
-            if before is not None and depth < before[1] and now - before[0] <= backlog.SETTLE_S:
-                recent.append((before[0], now))
-            while recent and recent[0][1] < now - WINDOW_S:
-                recent.popleft()
+            backlog.note_shorter(recent, seen.get(agent), depth, now, WINDOW_S)
             seen[agent] = (now, depth)
             queued = record.queue(agent, now)
             if not queued:

@@ -47,6 +47,7 @@ a waiting step is at risk once it is that near its complete-by.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -160,6 +161,19 @@ def draining(completed: Sequence[float], now: float, head: StepRow, seen_since: 
     if per_second <= 0 or quiet > max(SETTLE_S, 3.0 / per_second):
         return None if now - seen_since < min(SETTLE_S, head.timeout / 2) else 0.0
     return per_second
+
+
+def note_shorter(taken: deque[tuple[float, float]], before: tuple[float, int] | None, depth: int, now: float,
+                 window: float) -> None:
+    """Note in ``taken`` (the spans in which a queue was seen getting shorter, oldest first) the one
+    since ``before`` (the last look at the queue: when, the depth it read) if ``depth``, read
+    ``now``, is less — up to :data:`SETTLE_S` long: looks further apart may have an outage between
+    them — and forget those older than ``window`` seconds (what :func:`draining` reads as
+    ``taken``)."""
+    if before is not None and depth < before[1] and now - before[0] <= SETTLE_S:
+        taken.append((before[0], now))
+    while taken and taken[0][1] < now - window:
+        taken.popleft()
 
 
 @dataclass(frozen=True)

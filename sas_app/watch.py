@@ -17,7 +17,7 @@ from collections import deque
 from math import inf
 
 from .alerts import AT_RISK, Alert, Alerts, grouped
-from .backlog import SETTLE_S, draining, forecast
+from .backlog import SETTLE_S, draining, forecast, note_shorter
 from .queue_depths import QueueDepths, queued_steps
 from .routing import agent_queue
 from .settings import Settings, instance_id
@@ -104,20 +104,15 @@ class Watch:
     def note_depths(self, depths: dict[str, int], now: float) -> dict[str, list[tuple[float, float]]]:
         """Note the depths read just now (``depths``, of the queues with messages waiting; the
         others were empty or unread) and return, per queue, the spans from one of this process's
-        looks to the next that found it shorter, within the at-risk window — up to
-        :data:`~sas_app.backlog.SETTLE_S` long: the looks come a tenth of a second apart, shared
+        looks to the next that found it shorter, within the at-risk window
+        (:func:`~sas_app.backlog.note_shorter`): the looks come a tenth of a second apart, shared
         by a worker's pool processes, and behind its other tasks (after a broker's outage, a
-        chaos run's Scheduler worker took them half a second or more apart), but looks further
-        apart than that may have an outage between them."""
+        chaos run's Scheduler worker took them half a second or more apart)."""
         with self._lock:
             for agent, depth in depths.items():
                 queue = agent_queue(agent)
-                before = self._depth_at.get(queue)
-                taken = self._taken.setdefault(queue, deque())
-                if before is not None and depth < before[1] and now - before[0] <= SETTLE_S:
-                    taken.append((before[0], now))
-                while taken and taken[0][1] < now - self.settings.at_risk_window:
-                    taken.popleft()
+                note_shorter(self._taken.setdefault(queue, deque()), self._depth_at.get(queue), depth, now,
+                             self.settings.at_risk_window)
                 self._depth_at[queue] = (now, depth)
             looked_at = {agent_queue(agent) for agent in depths}
             for queue in list(self._depth_at):
