@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,28 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.definition.get_closest_marker("both_stores") and "db_url" in metafunc.fixturenames:
         metafunc.parametrize("db_url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)],
                              indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def alone_when_marked(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """scripts/test runs two tests at once (pytest-xdist): a test marked ``alone`` runs while no
+    other does, as it changes what every test shares (restarts RabbitMQ, empties all of Redis) or
+    counts it (the benches read Redis's command counts). A readers-writer lock between the
+    workers, its files in their common temporary folder; a turnstile first, so that a test
+    waiting to run alone is not passed by the other worker's next tests."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(shared / "turnstile.lock", "a") as turnstile, open(shared / "alone.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

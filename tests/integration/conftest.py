@@ -20,7 +20,17 @@ from tests.integration.stack import Stack, free_port
 from workers.orders import install
 
 REDIS = os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379")
-_redis_numbers = itertools.cycle(range(1, 16))
+
+
+def _own_redis_numbers() -> itertools.cycle[int]:
+    """Redis's database numbers 1-15, shared out between the pytest-xdist workers: each test
+    empties the one it takes, never one another worker's test is using."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return itertools.cycle(range(1 + worker, 16, workers))
+
+
+_redis_numbers = _own_redis_numbers()
 
 
 @pytest.fixture

@@ -38,7 +38,9 @@ def rabbitmq_vhost() -> Iterator[str]:
     """The URL of a fresh virtual host, deleted with everything in it afterwards (and, once a
     session, those an interrupted run left)."""
     global _swept
-    name = f"sas_t_{uuid.uuid4().hex[:12]}"
+    # each pytest-xdist worker sweeps only its own leftovers, never a host another is using
+    prefix = f"sas_t_{os.environ.get('PYTEST_XDIST_WORKER', 'gw0')}_"
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
     try:
         with Connection(RABBITMQ, connect_timeout=5) as conn:
             conn.connect()
@@ -46,7 +48,7 @@ def rabbitmq_vhost() -> Iterator[str]:
         pytest.fail(f"RabbitMQ at {RABBITMQ} is not answering ({exc}); scripts/test starts it", pytrace=False)
     if not _swept:
         for left in rabbitmqctl("list_vhosts", "name").split():
-            if left.startswith("sas_t_"):
+            if left.startswith(prefix):
                 rabbitmqctl("delete_vhost", left)
         _swept = True
     rabbitmqctl("add_vhost", name)

@@ -11,7 +11,8 @@ import pytest
 
 from tests.integration.stack import REPO
 
-pytestmark = pytest.mark.integration
+# alone: the benches' stacks take fixed database names and Redis numbers, and count Redis's commands
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 
 #: the benches' stacks sweep every second here, not every 5 s: these tests check that a bench runs

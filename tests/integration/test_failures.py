@@ -105,6 +105,7 @@ def test_workers_whose_clocks_are_a_minute_off_still_keep_every_deadline(stack, 
     shop.store.dispose()
 
 
+@pytest.mark.alone  # FLUSHALL empties every test's Redis database
 def test_redis_emptied_mid_run_loses_no_order(stack, shop, redis_url):
     # FLUSHALL takes every queued and unacknowledged message, and kombu's routing table with them.
     stack.up()
@@ -123,6 +124,7 @@ def test_redis_emptied_mid_run_loses_no_order(stack, shop, redis_url):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.alone  # every test's RabbitMQ goes down with it
 @pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
 def test_rabbitmq_restarted_and_its_queues_purged_mid_run_loses_no_order(stack, stack_env, broker_url):
     """Where the Redis run empties Redis: RabbitMQ's application restarted (every connection
