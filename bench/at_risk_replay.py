@@ -151,8 +151,9 @@ class Record:
         return done[max(lo, hi - MOST):hi][::-1]
 
 
-#: the log of the chaos run's worker that takes the Supervisor's looks (with the Scheduler's tasks)
-SUPERVISOR_LOG = Path("logs") / "scheduler.log"
+#: the log of the chaos run's worker that takes the Supervisor's looks: its own, or (in runs before it
+#: had one) the Scheduler's
+SUPERVISOR_LOGS = (Path("logs") / "supervisor.log", Path("logs") / "scheduler.log")
 #: a look the Supervisor took, in its worker's log: Celery's line for the watch task's success
 LOOKED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/(\S+)\] Task "
                     + re.escape(WATCH) + r"\[\S+\] succeeded in ([0-9.e-]+)s", re.MULTILINE)
@@ -242,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                              "moment a look happens to see a queue moves a run's figures by a few points (default 4)")
     args = parser.parse_args(argv)
     record = Record(args.home)
-    log = args.home / SUPERVISOR_LOG
-    looks = own_looks(log.read_text(errors="replace")) if log.exists() else []
+    log = next((args.home / name for name in SUPERVISOR_LOGS if (args.home / name).exists()), None)
+    looks = own_looks(log.read_text(errors="replace")) if log else []
     own = [SimpleNamespace(**a) for a in record.data["alerts"]]
     print(f"the run's own alerts: {judged(record, own)}")
     for name, forecaster in FORECASTERS.items():

@@ -92,8 +92,8 @@ class Faults:
         if kind == "kill_scheduler":
             fleet.restart("scheduler")
             return "scheduler"
-        if kind == "kill_supervisor":
-            name = rng.choice(("beat1", "beat2"))
+        if kind == "kill_supervisor":  # the worker whose tasks are the Supervisor, or a beat that starts them
+            name = rng.choice(("beat1", "beat2", "supervisor"))
             fleet.kill(name)
             self.later(2.0, lambda: fleet.start(name, wait=False))
             return name
@@ -112,8 +112,8 @@ class Faults:
             return (f"{self.agent_names[0]} cut off from PostgreSQL for {PARTITION_S:g}s ({dropped} connections "
                     "dropped); the others carry on")
         if kind == "slow_sweeps":
-            fleet.restart("scheduler", env={"SAS_FAULTS": f"supervisor.after_commit=sleep:{SWEEP_STALL_S:g}"})
-            self.later(SLOW_SWEEPS_FOR_S, lambda: fleet.restart("scheduler", env={}))
+            fleet.restart("supervisor", env={"SAS_FAULTS": f"supervisor.after_commit=sleep:{SWEEP_STALL_S:g}"})
+            self.later(SLOW_SWEEPS_FOR_S, lambda: fleet.restart("supervisor", env={}))
             return f"each sweep stalls {SWEEP_STALL_S:g}s after its commit for {SLOW_SWEEPS_FOR_S:g}s: sweeps overlap"
         if kind == "refuse_connections":
             dropped = servers.refuse_connections(REFUSAL_S)
