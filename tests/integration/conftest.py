@@ -27,6 +27,9 @@ def _own_redis_numbers() -> itertools.cycle[int]:
     empties the one it takes, never one another worker's test is using."""
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 15:
+        raise pytest.UsageError(f"-n {workers}: the integration tests share Redis's 15 database numbers "
+                                "between their workers; run at most 15")
     return itertools.cycle(range(1 + worker, 16, workers))
 
 
