@@ -43,8 +43,11 @@ def test_a_reply_to_consumer_receives_every_transition_in_order(stack, shop):
     completed = [n["step"] for n in notes if n["kind"] == "step_completed"]
     assert sorted(completed[:2]) == ["fraud_check", "reserve_stock"]  # side by side: either first
     assert completed[2:] == ["charge_payment", "schedule_shipping[0]", "schedule_shipping", "confirm_order"]
+    # in id order along the run's path; the two side-by-side steps' completions are committed and
+    # relayed by two processes at once, so either may come first (a loaded CI host swapped them)
     ids = [n["id"] for n in notes]
-    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert len(set(ids)) == len(ids)
+    assert ids[:2] + sorted(ids[2:4]) + ids[4:] == sorted(ids)
 
 
 def test_compensation_is_reported_too(stack, shop):
