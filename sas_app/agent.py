@@ -98,10 +98,16 @@ class AgentCall:
     #: On a branch of a ``for_each`` step: its element of the list, and its index there.
     item: Any = None
     index: int | None = None
-    started: float = field(default_factory=time.monotonic)
+    #: The clock the budget is measured on: this process's, or a test's injected one.
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    started: float = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()  # when this worker received the step
 
     @classmethod
-    def from_message(cls, message: dict[str, Any], db_now: float | None = None) -> AgentCall:
+    def from_message(cls, message: dict[str, Any], db_now: float | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> AgentCall:
         """Parse a step's message; raises ``KeyError``, ``TypeError`` or ``ValueError`` if it is
         malformed. With ``db_now`` (the database's clock, see :meth:`Store.db_clock`) the budget
         is what is left before the step's complete-by, which may be less than its timeout (or
@@ -120,6 +126,7 @@ class AgentCall:
             undoes=message.get("undoes"),
             item=message.get("item"),
             index=None if message.get("index") is None else int(message["index"]),
+            clock=clock,
         )
         if call.attempt < 1 or call.budget <= 0 or call.position < 0:
             raise ValueError(f"attempt {call.attempt}, budget {call.budget} and position {call.position} "
@@ -131,7 +138,7 @@ class AgentCall:
 
     def remaining(self) -> float:
         """Seconds left before complete-by (measured from when this worker received the step)."""
-        return self.budget - (time.monotonic() - self.started)
+        return self.budget - (self.clock() - self.started)
 
     def headers(self) -> dict[str, str]:
         """The headers a remote service deduplicates and fences on."""
@@ -211,6 +218,7 @@ class Agent:
         rate_limit: str | None = None,
         replies: Replies | None = None,
         db_clock: Callable[[], float | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``breaker_fail_max`` transient failures in a row open this agent's circuit breaker for
         ``breaker_reset`` seconds (0 disables it); its state is kept in ``breaker_state()`` (Redis or
@@ -224,7 +232,8 @@ class Agent:
         it fails the task, visibly in Flower; the Supervisor recovers the step). With a
         ``db_clock`` (the state store's clock) a step's time left is measured against its
         complete-by on the database's clock, so a worker whose own clock is off still stops in time
-        and drops a message that waited past it."""
+        and drops a message that waited past it. ``clock`` measures the time a step has taken
+        (this process's monotonic clock; the app's injected clock in tests)."""
         self.celery = celery
         self.name = name
         self.queue = agent_queue(name)
@@ -238,6 +247,7 @@ class Agent:
         )
         self.replies = replies
         self.db_clock = db_clock
+        self.clock = clock
         self.actions: dict[str, AgentAction] = {}
 
     def action(self, fn: ActionFn | None = None, *, name: str | None = None) -> Any:
@@ -271,7 +281,7 @@ class Agent:
 
     def execute(self, action: AgentAction, message: dict[str, Any]) -> None:
         try:
-            call = AgentCall.from_message(message, self.db_clock() if self.db_clock else None)
+            call = AgentCall.from_message(message, self.db_clock() if self.db_clock else None, self.clock)
         except (KeyError, TypeError, ValueError) as exc:
             log.error("agent %s rejected a malformed message (%s): %r", action.qualname, exc, message)
             return

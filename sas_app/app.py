@@ -8,6 +8,7 @@ import importlib
 import inspect
 import logging
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -54,7 +55,8 @@ class SasApp:
     >>> sas.submit("order", {"amount": 5}, business_key="order-1").wait()
 
     ``celery_config`` names a module of your own Celery settings (``celeryconfig``, by Celery's
-    convention) applied over sas_app's; ``clock`` replaces an SQLite store's clock (tests).
+    convention) applied over sas_app's; ``clock`` replaces an SQLite store's clock and the one
+    its agents measure a step's time left on (tests).
     """
 
     def __init__(self, settings: Settings | None = None, *, main: str = "sas", celery_config: str | None = None,
@@ -66,6 +68,7 @@ class SasApp:
             faults.arm(self.settings.faults, self.settings.home)
         tracing.setup(self.settings.tracing)
         self.store = Store(self.settings.database_url, clock, prepared=self.settings.prepared_statements)
+        self._clock = clock
         self.celery = Celery(main, set_as_current=False)
         self.celery.conf.update(celery_settings(self.settings))
         if celery_config:
@@ -135,6 +138,7 @@ class SasApp:
                                     "breaker_fresh": 0.0 if redis_url else STORE_FRESH,
                                     "replies": self.scheduler if s.inline_replies else None,
                                     "db_clock": self.store.db_clock if s.inline_replies else None,
+                                    "clock": self._clock or time.monotonic,
                                     "rate_limit": s.rate_limit(name)}
         agent = Agent(self.celery, name, **{**defaults, **options})
         self.agents[name] = agent
