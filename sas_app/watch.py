@@ -4,9 +4,11 @@ past its complete-by (:mod:`sas_app.backlog` says how that is judged), told as o
 and incident.
 
 Beat asks several times a second: a step at the margin is judged in its last look, a fraction of a
-second before its complete-by, when the forecast is seldom wrong. A queue silent while this process
-could not see it (it has just started, or the broker or the database did not answer it: they were
-down for the workers too) is not called stuck before it has seen it a while.
+second before its complete-by, when the forecast is seldom wrong — once: a look less than half an
+interval after the last one taken, by any process (two beats send each look), is skipped. A queue
+silent while this process could not see it (it has just started, or the broker or the database did
+not answer it: they were down for the workers too) is not called stuck before it has seen it a
+while.
 """
 
 from __future__ import annotations
@@ -19,9 +21,17 @@ from math import inf
 from .alerts import AT_RISK, Alert, Alerts, grouped
 from .backlog import SETTLE_S, draining, forecast, note_shorter
 from .queue_depths import QueueDepths, queued_steps
-from .routing import agent_queue
+from .routing import WATCH, agent_queue
 from .settings import Settings, instance_id
 from .store import Store
+
+#: A look that comes less than this share of SAS_AT_RISK_INTERVAL after the last one taken (by any
+#: process) is skipped. A step at the margin is judged at its pace in its last look, once; two beats
+#: send every look twice, and looks that waited behind a slow task arrive together — each more look
+#: in a step's last interval one more coin toss. A 30-minute soak's looks replayed: skipping those
+#: within half an interval, precision 0.815 to 0.878 and the wrong alerts at the margin 21 to 11;
+#: regular looks half an interval apart judged as if an interval apart, 0.921 to 0.895.
+TAKEN_APART = 0.5
 
 
 class Watch:
@@ -57,12 +67,16 @@ class Watch:
                 self._seen_since = None
             self._looked_at = looked
         blind = True  # until the broker and the database have answered
+        by_queue: dict[str, list[Alert]] = {}
         try:
-            read = self.depths.of_busy_agents()
-            unread = any(depth is None for depth in read.values())
-            depths = {agent: depth for agent, depth in read.items() if depth}
-            by_queue = self._judge(depths, unread) if depths else {}
-            blind = unread
+            if self.store.take_look(WATCH, self.settings.at_risk_interval * TAKEN_APART):
+                read = self.depths.of_busy_agents()
+                unread = any(depth is None for depth in read.values())
+                depths = {agent: depth for agent, depth in read.items() if depth}
+                by_queue = self._judge(depths, unread) if depths else {}
+                blind = unread
+            else:  # another look was taken just now: this one would judge the margin a second time
+                blind = False
         finally:
             if blind:
                 self._seen_since = None

@@ -62,6 +62,13 @@ def pass_time(sas: SasApp, moment: float, what: str) -> None:
         wait_for(lambda: sas.store.now() > moment, 5, what)
 
 
+def look(sas: SasApp) -> list[Any]:
+    """One at-risk look, as beat sends them: an interval after the last (a look sooner than half
+    one after the last taken is skipped); the alerts it raised."""
+    pass_time(sas, sas.store.now() + sas.settings.at_risk_interval, "an at-risk interval")
+    return sas.supervisor.watch()
+
+
 def expire(sas: SasApp, run_id: str) -> None:
     """Every live step of the run past its complete-by on the store's clock."""
     live = [s.complete_by for s in sas.store.get_steps(run_id) if s.state in ("running", "pending")]

@@ -1,6 +1,6 @@
 """The :class:`Store`: the state store's handle. It opens transactions (:meth:`Store.begin`, which
 yields a :class:`Tx` holding every transition), writes a submitted run, relays the outbox's
-bookkeeping, records Supervisors' sweeps and measures this host's clock against the database's."""
+bookkeeping, records Supervisors' sweeps and at-risk looks and measures this host's clock against the database's."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from .signals import SignalTx
 from .slots import SlotTx
 from .submission import SubmissionTx
 from .sweep import SweepTx
-from .tables import outbox, supervisors
+from .tables import looks, outbox, supervisors
 from .transitions import RUN_DONE_CHANNEL
 from .waits import WaitTx
 
@@ -141,6 +141,17 @@ class Store(Queries, Retention):
                 .limit(limit)
             ).all()
         return [Notification(int(i), reply_to, {"id": int(i), **body}) for i, reply_to, body in rows]
+
+    def take_look(self, name: str, apart: float) -> bool:
+        """Whether a periodic look (``name``) is to be taken now: none was taken in the last
+        ``apart`` seconds, by this process or another (the database's clock); if so, it is
+        recorded as taken now. One statement; two processes asking at once, one of them is told
+        yes (the row is locked until the first commits)."""
+        insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
+        upsert = insert_fn(looks).values(name=name, at=db_now()).on_conflict_do_update(
+            index_elements=["name"], set_={"at": db_now()}, where=looks.c.at <= db_now() - apart)
+        with self.engine.begin() as conn:
+            return conn.execute(upsert.returning(looks.c.name)).first() is not None
 
     def record_sweep(self, instance: str, recovered: int) -> None:
         """A Supervisor's heartbeat: one more sweep by ``instance``, now."""

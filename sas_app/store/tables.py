@@ -288,6 +288,17 @@ supervisors = Table(
     Column("last_sweep_at", Double, nullable=False),
 )
 
+# When each kind of periodic look was last taken (the database's clock): one row, the at-risk
+# watch's. Two beats send each look twice, and looks that waited behind a slow task arrive
+# together; the one that finds the last less than half an interval ago is skipped (see
+# sas_app.watch). One UPSERT per look.
+looks = Table(
+    "looks",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("at", Double, nullable=False),
+)
+
 #: Agents' circuit breakers, when no Redis holds them (see sas_app.breaker): a few keys per agent;
 #: ``expires_at`` (the database's clock) for the probe lock only.
 breakers = Table(
@@ -298,5 +309,5 @@ breakers = Table(
     Column("expires_at", Double),
 )
 
-__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "breakers", "events", "metadata", "outbox", "runs", "schedules",
-           "signals", "steps", "supervisors"]
+__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "breakers", "events", "looks", "metadata", "outbox", "runs",
+           "schedules", "signals", "steps", "supervisors"]

@@ -16,7 +16,7 @@ from bench.proxy import Proxy
 from sas_app import SasApp, Settings, Step, Workflow
 from sas_app.store.tables import alerts
 from tests.integration.conftest import shop_app
-from tests.support import FakeClock, Pump, pass_time, wait_for
+from tests.support import FakeClock, Pump, look, pass_time, wait_for
 from tests.testapp import install_test_workflows
 
 pytestmark = pytest.mark.integration
@@ -100,7 +100,7 @@ def test_a_step_whose_agent_queue_is_too_deep_is_flagged_at_risk_once(stack, sta
     # each order's reservation and fraud check wait side by side, on two agents' queues
     wait_for(lambda: at_risk() == 6, 10, "an at-risk alert for each waiting step")
     for _ in range(3):  # more looks see the same steps at risk: nothing new is raised
-        assert shop.supervisor.watch() == []
+        assert look(shop) == []
     assert at_risk() == 6
     stack.agents()
     assert [h.wait(30).process_state for h in handles] == ["processed"] * 3
@@ -128,7 +128,7 @@ def silent(redis_url, tmp_path):
     sas.migrate()
     runs = [sas.submit("call", {}, business_key=f"silent-{i}").id for i in range(3)]
     Pump(sas).run(["sas.scheduler"])
-    assert sas.supervisor.watch() == []  # seen from here
+    assert look(sas) == []  # seen from here
     pass_time(sas, sas.store.get_steps(runs[0])[0].complete_by - 3.9, "the last fifth of the steps' budget")
     yield sas, proxy, runs
     proxy.close()
@@ -141,13 +141,13 @@ def test_a_silent_queue_is_not_called_stuck_by_a_supervisor_that_could_not_read_
     the head of their queue were taken in time. Once it has seen the queue still silent a while, it is."""
     sas, proxy, runs = silent
     proxy.cut(60)
-    assert sas.supervisor.watch() == []  # the broker does not answer: blind
+    assert look(sas) == []  # the broker does not answer: blind
     proxy.cut(0)
-    assert sas.supervisor.watch() == []  # sees again; the workers are reconnecting too
+    assert look(sas) == []  # sees again; the workers are reconnecting too
     pass_time(sas, sas.test_clock.now + 1.0, "a second")
-    assert sas.supervisor.watch() == []
+    assert look(sas) == []
     pass_time(sas, sas.test_clock.now + 1.1, "two seconds seen")
-    assert sorted(a.run_id for a in sas.supervisor.watch()) == sorted(runs)  # still silent: not draining
+    assert sorted(a.run_id for a in look(sas)) == sorted(runs)  # still silent: not draining
 
 
 def test_a_supervisor_that_no_look_came_to_for_a_while_was_blind_meanwhile(silent):
@@ -155,6 +155,6 @@ def test_a_supervisor_that_no_look_came_to_for_a_while_was_blind_meanwhile(silen
     itself says the Supervisor could not see."""
     sas, _, runs = silent
     time.sleep(2.1)  # no look for longer than SETTLE_S (and ten looks' interval): the outage
-    assert sas.supervisor.watch() == []  # sees again
+    assert look(sas) == []  # sees again
     pass_time(sas, sas.test_clock.now + 2.1, "two seconds seen")
-    assert sorted(a.run_id for a in sas.supervisor.watch()) == sorted(runs)
+    assert sorted(a.run_id for a in look(sas)) == sorted(runs)

@@ -4,15 +4,18 @@ recorded with its own run, once."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
 
 import pytest
 from sqlalchemy import func, select
 
+from sas_app import SasApp
 from sas_app.backlog import DROPPED_S, clear_at, draining, forecast, pace
 from sas_app.store.rows import StepRow
 from sas_app.store.tables import alerts
-from tests.support import pass_time
+from tests.support import look, pass_time, statements_run
+from tests.testapp import install_test_workflows
 
 
 def backlog_of(sas, pump, n: int, key: str) -> list:
@@ -21,7 +24,7 @@ def backlog_of(sas, pump, n: int, key: str) -> list:
     pump.run(["sas.scheduler"])  # each run's first step dispatched: n messages wait for svc
     first = [sas.store.get_steps(run_id)[0] for run_id in runs]
     assert {s.state for s in first} == {"running"}
-    sas.supervisor.watch()  # the Supervisor watching all along: from here it has seen the queue
+    look(sas)  # the Supervisor watching all along: from here it has seen the queue
     pass_time(sas, max(s.complete_by - s.timeout * 0.15 for s in first), "four-fifths of the steps' budget to pass")
     return runs
 
@@ -31,7 +34,7 @@ def test_the_steps_of_one_queue_found_at_risk_by_a_look_are_told_as_one_alert(sa
     sas.alerts.hook = told.append
     runs = backlog_of(sas, pump, 5, "backlog")  # no consumer has taken any: at risk
 
-    assert len(sas.supervisor.watch()) == 5
+    assert len(look(sas)) == 5
     assert len(told) == 1
     alert = told[0]
     assert (alert.kind, alert.count, alert.workflow) == ("at_risk", 5, "three")
@@ -41,7 +44,7 @@ def test_the_steps_of_one_queue_found_at_risk_by_a_look_are_told_as_one_alert(sa
     with sas.store.engine.connect() as conn:  # each step's own record, once
         assert conn.execute(select(func.count()).select_from(alerts).where(alerts.c.kind == "at_risk")).scalar() == 5
 
-    assert sas.supervisor.watch() == [] and len(told) == 1  # the same steps: nothing new
+    assert look(sas) == [] and len(told) == 1  # the same steps: nothing new
 
 
 def test_a_queue_looked_at_again_and_again_is_told_of_at_most_once_a_sweep_interval(sas, pump):
@@ -51,14 +54,43 @@ def test_a_queue_looked_at_again_and_again_is_told_of_at_most_once_a_sweep_inter
     sas.alerts.hook = told.append
     sas.supervisor.watcher.settings = replace(sas.supervisor.watcher.settings, supervisor_interval=3600.0)
     backlog_of(sas, pump, 2, "first")
-    assert len(sas.supervisor.watch()) == 2 and len(told) == 1  # the first of the incident at once
+    assert len(look(sas)) == 2 and len(told) == 1  # the first of the incident at once
     later = backlog_of(sas, pump, 3, "later")
-    assert len(sas.supervisor.watch()) == 3 and len(told) == 1  # recorded, not told yet
+    assert len(look(sas)) == 3 and len(told) == 1  # recorded, not told yet
 
     sas.supervisor.watcher.settings = replace(sas.supervisor.watcher.settings, supervisor_interval=0.001)
-    assert sas.supervisor.watch() == []  # nothing new, but an interval on: the three told now
+    assert look(sas) == []  # nothing new, but an interval on: the three told now
     assert len(told) == 2 and told[1].count == 3 and sorted(told[1].runs) == sorted(later)
-    assert sas.supervisor.watch() == [] and len(told) == 2
+    assert look(sas) == [] and len(told) == 2
+
+
+def test_a_look_sooner_than_half_an_interval_after_the_last_is_skipped_whichever_supervisor_takes_it(
+        sas, pump, settings):
+    """Two beats send every look twice, and looks that waited behind a slow task arrive together:
+    each more look in a step's last interval was one more coin toss at the margin. A look less than
+    half an interval after the last one taken, by any Supervisor process, is skipped: one statement."""
+    other = SasApp(settings, clock=sas.test_clock)  # a second Supervisor process on the same store
+    install_test_workflows(other)
+    backlog_of(sas, pump, 2, "margin")
+    assert len(look(sas)) == 2
+
+    with statements_run(other.store.engine) as ran:
+        assert other.supervisor.watch() == []  # the second beat's copy of that look
+    assert [statement.split()[0] for statement in ran if statement != "BEGIN IMMEDIATE"] == ["INSERT"]
+
+    pass_time(sas, sas.store.now() + settings.at_risk_interval / 2, "half an interval")
+    with statements_run(other.store.engine) as ran:
+        assert other.supervisor.watch() == []  # taken: the same steps, told already
+    assert any("FROM steps" in statement for statement in ran)
+    other.store.dispose()
+
+
+@pytest.mark.both_stores
+def test_of_supervisors_asking_at_once_one_takes_the_look(sas):
+    with ThreadPoolExecutor(8) as pool:
+        taken = list(pool.map(lambda _: sas.store.take_look("at once", 60.0), range(8)))
+    assert taken.count(True) == 1
+    assert sas.store.take_look("another look", 60.0)
 
 
 def at_risk(queued: list[StepRow], now: float, per_second: float, every: float = 0.0) -> list:

@@ -14,7 +14,7 @@ from sqlalchemy import delete, select, update
 from sas_app import Step, Workflow
 from sas_app.store.tables import alerts, steps
 from sas_app.store.tables import runs as runs_table
-from tests.support import pass_time
+from tests.support import look, pass_time
 
 
 def backlog(sas, pump, n: int) -> tuple[list[str], float]:
@@ -26,13 +26,13 @@ def backlog(sas, pump, n: int) -> tuple[list[str], float]:
     pump.run()
     runs = [sas.submit("call", {}, business_key=f"old-{i}").id for i in range(n)]
     pump.run(["sas.scheduler"])
-    sas.supervisor.watch()  # the Supervisor watching all along: from here it has seen the queue
+    look(sas)  # the Supervisor watching all along: from here it has seen the queue
     pass_time(sas, sas.store.now() + 6, "6 s")
     for i in range(n):
         sas.submit("call", {}, business_key=f"new-{i}")
     pump.run(["sas.scheduler"])
     pass_time(sas, sas.store.now() + 2.5, "2.5 s more: the last fifth of the first ones' budget")
-    sas.supervisor.watch()  # warns of the steps the queue will not reach in time
+    look(sas)  # warns of the steps the queue will not reach in time
     pass_time(sas, max(sas.store.get_steps(r)[0].complete_by for r in runs), "the first ones' complete-by")
     return runs, min(sas.store.get_steps(r)[0].completed_at for r in warm)
 
