@@ -42,6 +42,7 @@ from bench import alert_quality
 from bench.chaos import AT_RISK_INTERVAL, JUDGED
 from sas_app import backlog
 from sas_app.routing import WATCH, agent_queue
+from sas_app.watch import TAKEN_APART
 
 #: the at-risk window and the completions a look reads (Settings.at_risk_window, recent_completions)
 WINDOW_S = 60.0
@@ -159,10 +160,17 @@ LOOKED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/(\S+)\] Ta
                     + re.escape(WATCH) + r"\[\S+\] succeeded in ([0-9.e-]+)s", re.MULTILINE)
 
 
-def own_looks(log: str) -> list[tuple[float, str]]:
+def own_looks(log: str, every: float = AT_RISK_INTERVAL) -> list[tuple[float, str]]:
     """When each look the run's Supervisor took began (epoch seconds), and which of its worker's
-    pool processes took it, from that worker's log."""
-    return sorted((alert_quality.stamp(at) - float(took), process) for at, process, took in LOOKED.findall(log))
+    pool processes took it, from that worker's log — those that came less than half an interval
+    (:data:`sas_app.watch.TAKEN_APART`) after the last one taken left out, as the Supervisor skips
+    them (its log does not tell a skipped look from one that found nothing at risk)."""
+    kept: list[tuple[float, str]] = []
+    for at, process in sorted((alert_quality.stamp(at) - float(took), process)
+                              for at, process, took in LOOKED.findall(log)):
+        if not kept or at - kept[-1][0] >= every * TAKEN_APART:
+            kept.append((at, process))
+    return kept
 
 
 def replay(record: Record, forecaster: Forecaster, phase: float = 0.0, every: float = AT_RISK_INTERVAL,
@@ -244,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     record = Record(args.home)
     log = next((args.home / name for name in SUPERVISOR_LOGS if (args.home / name).exists()), None)
-    looks = own_looks(log.read_text(errors="replace")) if log else []
+    looks = own_looks(log.read_text(errors="replace"), args.every) if log else []
     own = [SimpleNamespace(**a) for a in record.data["alerts"]]
     print(f"the run's own alerts: {judged(record, own)}")
     for name, forecaster in FORECASTERS.items():
