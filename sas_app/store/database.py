@@ -1,6 +1,7 @@
 """The :class:`Store`: the state store's handle. It opens transactions (:meth:`Store.begin`, which
 yields a :class:`Tx` holding every transition), writes a submitted run, relays the outbox's
-bookkeeping, records Supervisors' sweeps and at-risk looks and measures this host's clock against the database's."""
+bookkeeping, records Supervisors' sweeps and at-risk looks, and measures this host's clock against
+the database's."""
 
 from __future__ import annotations
 
