@@ -79,7 +79,8 @@ def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], e
                                   seen_since=seen_since, taken=taken)
     if per_second is None:
         return []
-    risks = backlog.forecast(queued, now, per_second, every=every)  # type: ignore[arg-type]
+    risks = backlog.forecast(queued, now, per_second, every=every,  # type: ignore[arg-type]
+                             former=backlog.former_pace(completed, now))
     return [r.step for r in risks]  # type: ignore[misc]
 
 

@@ -19,7 +19,7 @@ from collections import deque
 from math import inf
 
 from .alerts import AT_RISK, Alert, Alerts, grouped
-from .backlog import SETTLE_S, draining, forecast, note_shorter
+from .backlog import SETTLE_S, draining, forecast, former_pace, note_shorter
 from .queue_depths import QueueDepths, queued_steps
 from .routing import WATCH, agent_queue
 from .settings import Settings, instance_id
@@ -99,11 +99,13 @@ class Watch:
                 queued, _ = queued_steps(tx, agent, depth)
                 if not queued:
                     continue
-                per_second = draining(*tx.recent_completions(agent, s.at_risk_window), head=queued[0],
-                                      seen_since=seen_since, taken=taken.get(queue, ()))
+                completed, read_at = tx.recent_completions(agent, s.at_risk_window)
+                per_second = draining(completed, read_at, head=queued[0], seen_since=seen_since,
+                                      taken=taken.get(queue, ()))
                 if per_second is None:  # a backlog too young to judge
                     continue
-                risks = forecast(queued, now, per_second, every=s.at_risk_interval)
+                risks = forecast(queued, now, per_second, every=s.at_risk_interval,
+                                 former=former_pace(completed, read_at))
                 names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
                 warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
                                   f"{risk.reason} on {queue}", AT_RISK)

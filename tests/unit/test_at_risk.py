@@ -93,8 +93,8 @@ def test_of_supervisors_asking_at_once_one_takes_the_look(sas):
     assert sas.store.take_look("another look", 60.0)
 
 
-def at_risk(queued: list[StepRow], now: float, per_second: float, every: float = 0.0) -> list:
-    return forecast(queued, now, per_second, every=every)
+def at_risk(queued: list[StepRow], now: float, per_second: float, every: float = 0.0, former: float = 0.0) -> list:
+    return forecast(queued, now, per_second, every=every, former=former)
 
 
 def waiting(n: int, dispatched: float, timeout: float, every: float = 0.0) -> list[StepRow]:
@@ -166,6 +166,20 @@ def test_a_queue_that_does_not_drain_makes_its_steps_at_risk_in_the_last_fifth_o
     assert [r.step.run_id for r in at_risk(steps, now=8.1, per_second=0.0)] == ["run-0"]
     assert [r.step.run_id for r in at_risk(steps, now=11.5, per_second=0.0)] == ["run-1"]
     assert at_risk(steps, now=11.5, per_second=0.0)[0].taken_at is None
+
+
+def test_a_queue_gone_quiet_is_judged_as_if_its_workers_came_back_now_at_their_former_pace():
+    """A stall is mostly short (PostgreSQL refusing connections for a few seconds, one worker of
+    three frozen): steps told at risk in their last fifth for it were then taken in time. A step is
+    at risk if it would miss even were its workers back now, at the pace they kept before."""
+    steps = waiting(40, 0.0, 5.0)  # all due at 5.0: their last fifth from 4.0
+    assert len(at_risk(steps, now=4.25, per_second=0.0)) == 40  # the workers' pace unknown
+    quiet = at_risk(steps, now=4.25, per_second=0.0, former=10.0)
+    # three times 10 a second in the 0.75 s left: 23 of them would make it
+    assert [r.ahead for r in quiet] == list(range(23, 40))
+    assert all(r.taken_at is None for r in quiet)  # told as "its agent completed nothing lately"
+    # in their last look, at the former pace itself: none would make it, the head's a worker's wait away
+    assert len(at_risk(steps[:3], now=4.95, per_second=0.0, every=0.1, former=10.0)) == 3
 
 
 def test_the_steps_counted_as_waiting_are_the_last_dispatched_head_first(sas, pump):
