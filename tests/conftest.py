@@ -26,7 +26,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(autouse=True)
 def alone_when_marked(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """With SAS_TEST_WORKERS=2, scripts/test runs two tests at once (pytest-xdist): a test marked
+    """scripts/test runs two tests at once (pytest-xdist; SAS_TEST_WORKERS=0: one at a time): a test marked
     ``alone`` runs while no other does, as it changes what every test shares (restarts RabbitMQ,
     empties all of Redis) or counts it (the benches read Redis's command counts). A readers-writer lock between the
     workers, its files in their common temporary folder; a turnstile first, so that a test
