@@ -61,6 +61,10 @@ class Store(Queries, Retention):
             set_={"sweeps": supervisors.c.sweeps + 1, "recovered": supervisors.c.recovered + recovered,
                   "last_sweep_at": db_now()},
         )
+        apart = bindparam("b_apart", type_=looks.c.at.type)
+        self._take_look = insert_fn(looks).values(name=bindparam("b_name"), at=db_now()).on_conflict_do_update(
+            index_elements=["name"], set_={"at": db_now()}, where=looks.c.at <= db_now() - apart,
+        ).returning(looks.c.name)
 
     @property
     def is_postgresql(self) -> bool:
@@ -148,11 +152,8 @@ class Store(Queries, Retention):
         ``apart`` seconds, by this process or another (the database's clock); if so, it is
         recorded as taken now. One statement; two processes asking at once, one of them is told
         yes (the row is locked until the first commits)."""
-        insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
-        upsert = insert_fn(looks).values(name=name, at=db_now()).on_conflict_do_update(
-            index_elements=["name"], set_={"at": db_now()}, where=looks.c.at <= db_now() - apart)
         with self.engine.begin() as conn:
-            return conn.execute(upsert.returning(looks.c.name)).first() is not None
+            return conn.execute(self._take_look, {"b_name": name, "b_apart": apart}).first() is not None
 
     def record_sweep(self, instance: str, recovered: int) -> None:
         """A Supervisor's heartbeat: one more sweep by ``instance``, now."""
