@@ -16,8 +16,10 @@ is not warned of again on a later attempt), and judges those alerts as the run's
 code the run ran should come close (its looks were not always on time; a killed Supervisor or a
 slow look skipped some). Where a look falls within its interval matters — a queue's pace read a
 moment before or after a worker comes back differs — so the replay is run at several phases of
-the interval and averaged (``--phases``); and then at the run's own looks, as its Supervisor's
-worker logged them, each by the pool process that took it: behind the Scheduler's tasks they come
+the interval and averaged (``--phases``); and then, in runs whose looks beat sent as tasks (before
+2026-11-27: now a thread of the Supervisor's worker takes them, a tenth of a second apart, and logs
+none), at the run's own looks, as its Supervisor's worker logged them, each by the pool process
+that took it: behind the Scheduler's tasks they come
 late and unevenly (a tenth of a second apart in theory, half a second or more after a broker's
 outage), and each process knows only what its own looks saw — the regular looks, one process's,
 found a 1,500-order run's backlogs every time where the run itself told half of their steps.

@@ -186,10 +186,15 @@ class Risk:
     ahead: int
     #: when a worker will likely take its message (the store's clock), None if the queue is not draining
     taken_at: float | None
+    #: the broker did not answer: nothing is taken from its queues (:func:`stranded`)
+    broker_down: bool = False
 
     @property
     def reason(self) -> str:
         step = self.step
+        if self.broker_down:
+            return (f"step {step.name!r} is likely to miss its complete-by: {self.ahead} message(s) ahead of it "
+                    "and the broker not answering")
         if self.taken_at is None:
             return (f"step {step.name!r} is likely to miss its complete-by: {self.ahead} message(s) ahead of it "
                     "and its agent completed nothing lately")
@@ -262,3 +267,13 @@ def forecast(queued: Sequence[StepRow], now: float, per_second: float, every: fl
         if sure or (left < LAST_LOOKS * every and likely[ahead] > complete_by):
             risks.append(Risk(step, ahead, likely[ahead] if likely[ahead] > complete_by else surely[ahead]))
     return risks
+
+
+def stranded(queued: Sequence[StepRow], now: float, every: float) -> list[Risk]:
+    """Of ``queued`` (the steps whose messages waited in one queue when the broker last answered,
+    its head first), those whose complete-by comes before the next look at it, ``every`` seconds
+    on, while the broker does not answer: their last look, in which a step is judged at its queue's
+    pace (:func:`forecast`) — none, as nothing is taken from a broker that is down, and its workers
+    reconnect some time after it is back (a chaos run's, 0.85 s after a seven-second outage)."""
+    return [Risk(step, ahead, None, broker_down=True) for ahead, step in enumerate(queued)
+            if step.complete_by is not None and now <= step.complete_by < now + LAST_LOOKS * every]

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import filesystem_transport, reconnect, redis_transport
-from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, WATCH
+from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP
 from .settings import Settings
 
 #: On RabbitMQ: a publish returns once the broker has taken the message (publisher confirms), so
@@ -67,12 +67,6 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
                 "schedule": timedelta(seconds=settings.supervisor_interval),
                 # A sweep nobody ran in time is dropped: the next one does the same work.
                 "options": {"queue": SUPERVISOR_QUEUE, "expires": max(settings.supervisor_interval, 1.0)},
-            },
-            WATCH: {
-                "task": WATCH,
-                "schedule": timedelta(seconds=settings.at_risk_interval),
-                # a look nobody took in time is dropped: the next one sees the queues as they are now
-                "options": {"queue": SUPERVISOR_QUEUE, "expires": max(settings.at_risk_interval, 1.0)},
             },
         },
     }

@@ -38,8 +38,8 @@ STEP_FAILED = "sas.scheduler.step_failed"
 STEP_DEFERRED = "sas.scheduler.step_deferred"
 STEP_LOST = "sas.scheduler.step_lost"
 SWEEP = "sas.supervisor.sweep"
-#: sent by beat every SAS_AT_RISK_INTERVAL: warn of the steps likely to miss their complete-by
-#: (on the Supervisor's queue)
+#: the at-risk look (not a task: each Supervisor worker's lookout takes one every
+#: SAS_AT_RISK_INTERVAL, see sas_app.lookout), by this name in the ``looks`` table
 WATCH = "sas.supervisor.watch"
 #: sent by beat: start the runs of the schedules' ticks due (on the Supervisor's queue): see sas_app.schedules
 TICK = "sas.schedules.tick"

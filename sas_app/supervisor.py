@@ -1,6 +1,6 @@
-"""The Supervisor: two Celery beat tasks on ``sas.supervisor`` — the sweep (``sas.supervisor.sweep``,
-every SAS_SUPERVISOR_INTERVAL) and the at-risk watch (``sas.supervisor.watch``, every
-SAS_AT_RISK_INTERVAL: :mod:`sas_app.watch`).
+"""The Supervisor: the sweep, a Celery beat task on ``sas.supervisor`` (``sas.supervisor.sweep``,
+every SAS_SUPERVISOR_INTERVAL), and the at-risk watch (:mod:`sas_app.watch`), looked at every
+SAS_AT_RISK_INTERVAL by each worker that consumes ``sas.supervisor`` (:mod:`sas_app.lookout`).
 
 It only decides and asks; the Scheduler and the agents do the work. Each sweep, in one transaction:
 
@@ -26,16 +26,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import Alert, Alerts
 from .backlog import clear_at, pace
+from .lookout import Lookout, fresh_connections
 from .queue_depths import QueueDepths, queued_steps
 from .recovery import past_deadline, recover_steps
-from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, WATCH, Router, agent_queue, asking
+from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from .settings import Settings, instance_id
 from .states import Cause
 from .store import StepRow, Store, Tx
@@ -90,13 +92,23 @@ class Supervisor:
             return {"retried": len(report.retried), "paced": len(report.paced), "failed": len(report.failed),
                     "requeued": len(report.requeued), "scheduler_behind": report.scheduler_behind}
 
-        @celery.task(name=WATCH, ignore_result=True, shared=False)
-        def watch() -> int:
-            try:
-                return len(self.watch())
-            except SQLAlchemyError as exc:  # the database down: the next look tries again (one line, not a trace)
-                log.warning("at-risk look skipped: the database did not answer: %s", str(exc).splitlines()[0])
-                return 0
+        self.lookout = Lookout(self.watch, settings.at_risk_interval)
+        # weakly, as Celery connects a bound method: an app dropped in a test leaves no handler behind
+        worker_ready.connect(self._worker_ready)
+        worker_shutting_down.connect(self._worker_shutting_down)
+        worker_process_init.connect(self._pool_process)
+
+    def _worker_ready(self, sender: Any = None, **_: Any) -> None:
+        """A worker of this app that consumes the Supervisor's queue looks at the agents' queues."""
+        app = getattr(sender, "app", None)
+        if app is self.celery and SUPERVISOR_QUEUE in app.amqp.queues.consume_from:
+            self.lookout.start()
+
+    def _worker_shutting_down(self, **_: Any) -> None:
+        self.lookout.stop()
+
+    def _pool_process(self, **_: Any) -> None:
+        fresh_connections(self.store.engine)  # not the connections of the lookout's process
 
     def _busy_depths(self) -> dict[str, int]:
         """The busy agents' queue depths, one that could not be read counted as empty: its

@@ -1,14 +1,15 @@
-"""The Supervisor's at-risk watch (``sas.supervisor.watch``, every SAS_AT_RISK_INTERVAL): an alert,
-once per step, for each running step whose message will likely be taken from its agent's queue
-past its complete-by (:mod:`sas_app.backlog` says how that is judged), told as one alert per queue
-and incident.
+"""The Supervisor's at-risk watch (every SAS_AT_RISK_INTERVAL, taken by its workers' lookout:
+:mod:`sas_app.lookout`): an alert, once per step, for each running step whose message will likely
+be taken from its agent's queue past its complete-by (:mod:`sas_app.backlog` says how that is
+judged), told as one alert per queue and incident.
 
-Beat asks several times a second: a step at the margin is judged in its last look, a fraction of a
+Looks come several times a second: a step at the margin is judged in its last look, a fraction of a
 second before its complete-by, when the forecast is seldom wrong — once: a look less than half an
-interval after the last one taken, by any process (two beats send each look), is skipped. A queue
-silent while this process could not see it (it has just started, or the broker or the database did
-not answer it: they were down for the workers too) is not called stuck before it has seen it a
-while.
+interval after the last one taken, by any process (each Supervisor worker looks), is skipped. A
+queue silent while this process could not see it (it has just started, or the broker or the
+database did not answer it: they were down for the workers too) is not called stuck before it has
+seen it a while. While the broker does not answer, nothing is taken from it: the steps its queues
+held when it last did are told in their last look (:func:`sas_app.backlog.stranded`).
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from collections import deque
 from math import inf
 
 from .alerts import AT_RISK, Alert, Alerts, grouped
-from .backlog import SETTLE_S, draining, forecast, former_pace, note_shorter
+from .backlog import SETTLE_S, Risk, draining, forecast, former_pace, note_shorter, stranded
 from .queue_depths import QueueDepths, queued_steps
 from .routing import WATCH, agent_queue
 from .settings import Settings, instance_id
-from .store import Store
+from .store import StepRow, Store
 
 #: A look that comes less than this share of SAS_AT_RISK_INTERVAL after the last one taken (by any
 #: process) is skipped. A step at the margin is judged at its pace in its last look, once; two beats
-#: send every look twice, and looks that waited behind a slow task arrive together — each more look
-#: in a step's last interval one more coin toss. A 30-minute soak's looks replayed: skipping those
+#: sent every look twice (before the lookout took them), and looks that waited behind a slow task
+#: arrived together — each more look in a step's last interval one more coin toss. A 30-minute
+#: soak's looks replayed: skipping those
 #: within half an interval, precision 0.815 to 0.878 and the wrong alerts at the margin 21 to 11;
 #: regular looks twice as often as the interval the forecast was told, 0.921 to 0.895.
 TAKEN_APART = 0.5
@@ -54,6 +56,8 @@ class Watch:
         #: window: its workers were taking messages then (:func:`sas_app.backlog.draining`)
         self._depth_at: dict[str, tuple[float, int]] = {}
         self._taken: dict[str, deque[tuple[float, float]]] = {}
+        #: per agent, the steps whose messages waited in its queue at the last look that read it
+        self._waiting: dict[str, list[StepRow]] = {}
         self._lock = threading.Lock()  # a worker's pool may be threads
 
     def look(self) -> list[Alert]:
@@ -61,8 +65,7 @@ class Watch:
         (:meth:`_tell`); the recorded alerts are the ones raised."""
         looked = time.monotonic()
         with self._lock:
-            # no look came to this process for a while (beat could not send them: the broker was
-            # down), however many pool processes take turns at them: blind meanwhile
+            # no look came to this process for a while (its lookout was held up): blind meanwhile
             if looked - self._looked_at > max(SETTLE_S, 10 * self.settings.at_risk_interval):
                 self._seen_since = None
             self._looked_at = looked
@@ -71,10 +74,10 @@ class Watch:
         try:
             if self.store.take_look(WATCH, self.settings.at_risk_interval * TAKEN_APART):
                 read = self.depths.of_busy_agents()
-                unread = any(depth is None for depth in read.values())
+                unread = [agent for agent, depth in read.items() if depth is None]
                 depths = {agent: depth for agent, depth in read.items() if depth}
-                by_queue = self._judge(depths, unread) if depths else {}
-                blind = unread
+                by_queue = self._judge(depths, unread) if depths or unread else {}
+                blind = bool(unread)
             else:  # another look was taken just now: this one would judge the margin a second time
                 blind = False
         finally:
@@ -83,20 +86,24 @@ class Watch:
         self._tell(by_queue)
         return [alert for alerts in by_queue.values() for alert in alerts]
 
-    def _judge(self, depths: dict[str, int], blind: bool) -> dict[str, list[Alert]]:
+    def _judge(self, depths: dict[str, int], unread: list[str]) -> dict[str, list[Alert]]:
         """The at-risk alerts recorded for the queues with messages waiting (``depths``: how
-        many), by queue, each step's once; ``blind``: some queue could not be read just now."""
+        many), by queue, each step's once; ``unread``: the agents whose queue could not be read
+        just now (the broker did not answer), judged by what it held when it last did."""
         s = self.settings
         by_queue: dict[str, list[Alert]] = {}
         with self.store.begin() as tx:
             now = tx.now()
             seen_since = now if self._seen_since is None else self._seen_since
-            if not blind:
+            if not unread:
                 self._seen_since = seen_since
             taken = self.note_depths(depths, now)
+            waiting = {agent: self._waiting[agent] for agent in unread if agent in self._waiting}
+            risks_of: dict[str, list[Risk]] = {}
             for agent, depth in depths.items():
                 queue = agent_queue(agent)
                 queued, _ = queued_steps(tx, agent, depth)
+                waiting[agent] = queued
                 if not queued:
                     continue
                 completed, read_at = tx.recent_completions(agent, s.at_risk_window)
@@ -104,8 +111,16 @@ class Watch:
                                       taken=taken.get(queue, ()))
                 if per_second is None:  # a backlog too young to judge
                     continue
-                risks = forecast(queued, now, per_second, every=s.at_risk_interval,
-                                 former=former_pace(completed, read_at))
+                risks_of[agent] = forecast(queued, now, per_second, every=s.at_risk_interval,
+                                           former=former_pace(completed, read_at))
+            for agent in unread:  # its steps still running wait as they did: nothing is taken meanwhile
+                if waiting.get(agent):
+                    still = tx.still_running([(step.id, step.attempt) for step in waiting[agent]])
+                    waiting[agent] = [step for step in waiting[agent] if (step.id, step.attempt) in still]
+                    risks_of[agent] = stranded(waiting[agent], now, every=s.at_risk_interval)
+            self._waiting = waiting
+            for agent, risks in risks_of.items():
+                queue = agent_queue(agent)
                 names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
                 warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
                                   f"{risk.reason} on {queue}", AT_RISK)

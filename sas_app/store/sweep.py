@@ -117,6 +117,13 @@ class SweepTx(TxBase):
         )
         return [as_row(StepRow, r) for r in rows]
 
+    def still_running(self, attempts: Collection[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Which of ``attempts`` (a step's id and attempt) are still running."""
+        rows = self.conn.execute(select(steps.c.id, steps.c.attempt)
+                                 .where(steps.c.id.in_([step_id for step_id, _ in attempts]),
+                                        steps.c.state == StepState.RUNNING.value))
+        return {(step_id, attempt) for step_id, attempt in rows} & set(attempts)
+
     def run_names(self, run_ids: Collection[str]) -> dict[str, tuple[str, str]]:
         """Each run's workflow and business key, by id, read without a lock (an at-risk warning
         only tells; it must not hold the runs an agent's reply is waiting to complete)."""

@@ -289,9 +289,8 @@ supervisors = Table(
 )
 
 # When each kind of periodic look was last taken (the database's clock): one row, the at-risk
-# watch's. Two beats send each look twice, and looks that waited behind a slow task arrive
-# together; the one that finds the last less than half an interval ago is skipped (see
-# sas_app.watch). One UPSERT per look.
+# watch's. Each Supervisor worker looks, and a look held up arrives beside the next; the one that
+# finds the last less than half an interval ago is skipped (see sas_app.watch). One UPSERT per look.
 looks = Table(
     "looks",
     metadata,

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from bench.proxy import Proxy
 from sas_app import SasApp, Settings, Step, Workflow
-from sas_app.store.tables import alerts
+from sas_app.store.tables import alerts, looks
 from tests.integration.conftest import shop_app
 from tests.support import FakeClock, Pump, look, pass_time, wait_for
 from tests.testapp import install_test_workflows
@@ -158,3 +158,58 @@ def test_a_supervisor_that_no_look_came_to_for_a_while_was_blind_meanwhile(silen
     assert look(sas) == []  # sees again
     pass_time(sas, sas.test_clock.now + 2.1, "two seconds seen")
     assert sorted(a.run_id for a in look(sas)) == sorted(runs)
+
+
+def test_the_steps_waiting_when_the_broker_stops_answering_are_told_in_their_last_look(silent):
+    """Nothing is taken from a broker that is down, and its workers reconnect some time after it is
+    back: the steps its queue held when the Supervisor last read it are at risk in their last look,
+    whatever the queue's pace — those still running. (Looks sent through the broker never came then:
+    a chaos run's backlog due in an outage's first seconds went untold.)"""
+    sas, proxy, runs = silent
+    proxy.cut(60)
+    assert look(sas) == []  # blind, and none of them due before the next look
+    with sas.store.begin() as tx:  # one of them was taken just before the broker went away, and completed
+        tx.complete_and_advance(runs[2], 0, 1, {}, "test")
+    due = min(sas.store.get_steps(run_id)[0].complete_by for run_id in runs[:2])
+    pass_time(sas, due - 1.5 * sas.settings.at_risk_interval, "the steps' last look but one")
+    found = look(sas)
+    assert sorted(a.run_id for a in found) == sorted(runs[:2])
+    assert all(a.reason.endswith("and the broker not answering on sas.agent.svc") for a in found), found
+
+
+def test_a_supervisor_worker_looks_at_the_queues_itself_while_the_broker_is_down(stack, stack_env, redis_url):
+    """The looks are the Supervisor worker's own (no beat runs here), and go on while the broker is
+    down for everyone: the orders' steps waiting then are told at risk before their complete-by."""
+    redis_port, db = redis_url.rsplit(":", 1)[1].split("/")
+    proxy = Proxy(int(redis_port))
+    env = {**stack_env, "SAS_BROKER_URL": f"redis://127.0.0.1:{proxy.port}/{db}", "SAS_AT_RISK_INTERVAL": "0.1"}
+    shop = shop_app(env, step_timeout=4.0)
+    shop.migrate()
+    stack.env.update(env)
+    stack.worker("supervisor", "sas.scheduler,sas.supervisor")  # no agents, no beat
+    try:
+        handles = [shop.submit("order", {"amount": 5}, business_key=f"down-{i}") for i in range(2)]
+        wait_for(lambda: all(s.state == "running" for h in handles for s in shop.store.get_steps(h.id)[:2]), 10,
+                 "each order's first steps dispatched")
+        since = last_look(shop)
+        wait_for(lambda: last_look(shop) > since + 0.25, 5, "looks at the queues holding them")
+        proxy.cut(60)  # the broker gone for everyone before the steps' last fifth
+        wait_for(lambda: len(at_risk_alerts(shop)) == 4, 10, "each waiting step told at risk")
+        due = {(s.run_id, s.position): s.complete_by for h in handles for s in shop.store.get_steps(h.id)[:2]}
+        for alert in at_risk_alerts(shop):
+            assert "and the broker not answering on sas.agent." in alert.reason, alert.reason
+            assert alert.at < due[(alert.run_id, alert.position)]
+    finally:
+        proxy.close()
+        shop.store.dispose()
+
+
+def last_look(sas: SasApp) -> float:
+    """When the Supervisor last took a look (the store's clock; 0 before its first)."""
+    with sas.store.engine.connect() as conn:
+        return float(conn.execute(select(looks.c.at)).scalar() or 0.0)
+
+
+def at_risk_alerts(sas: SasApp) -> list:
+    with sas.store.engine.connect() as conn:
+        return list(conn.execute(select(alerts).where(alerts.c.kind == "at_risk")))

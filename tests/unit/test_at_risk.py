@@ -4,17 +4,21 @@ recorded with its own run, once."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from sas_app import SasApp
 from sas_app.backlog import DROPPED_S, clear_at, draining, forecast, pace
+from sas_app.lookout import Lookout
 from sas_app.store.rows import StepRow
 from sas_app.store.tables import alerts
-from tests.support import look, pass_time, statements_run
+from tests.support import look, pass_time, statements_run, wait_for
 from tests.testapp import install_test_workflows
 
 
@@ -328,3 +332,27 @@ def test_the_watch_notes_the_spans_in_which_its_looks_found_a_queue_getting_shor
     assert watch.note_depths({"svc": 2}, 103.6) == {"sas.agent.svc": [(103.5, 103.6)]}
     assert watch.note_depths({"svc": 3}, 103.7 + window) == {"sas.agent.svc": []}
     assert watch.note_depths({"svc": 1}, 103.8 + window) == {"sas.agent.svc": [(103.7 + window, 103.8 + window)]}
+
+
+def test_the_lookout_keeps_looking_through_a_database_outage_and_says_so_once(caplog):
+    """The looks are a worker thread's own: one that fails (the database down, a bug) must not end
+    them, and a database down for seconds is one warning, not ten a second."""
+    calls = []
+
+    def look() -> None:
+        calls.append(len(calls))
+        if len(calls) <= 5:
+            raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+        if len(calls) == 6:
+            raise RuntimeError("a bug")
+
+    lookout = Lookout(look, 0.001)
+    with caplog.at_level(logging.INFO, logger="sas.supervisor"):
+        lookout.start()
+        lookout.start()  # the worker said it was ready twice: one thread
+        assert sum(t.name == "sas-lookout" for t in threading.enumerate()) == 1
+        wait_for(lambda: len(calls) >= 10, 5, "ten looks")
+        lookout.stop()
+        wait_for(lambda: not lookout.running, 5, "the lookout to stop")
+    said = [r.getMessage().split(":")[0] for r in caplog.records]
+    assert said == ["at-risk looks paused", "at-risk look failed", "at-risk looks resumed"]

@@ -47,10 +47,9 @@ def test_celery_gets_the_reliability_defaults(sas):
     agent_task = sas.celery.tasks["sas.agent.svc.work"]
     assert agent_task.acks_late and agent_task.reject_on_worker_lost
     assert conf.beat_schedule["sas.supervisor.sweep"]["options"]["queue"] == "sas.supervisor"
-    # the at-risk look, on its own (quicker) beat
-    watch = conf.beat_schedule["sas.supervisor.watch"]
-    assert watch["options"]["queue"] == "sas.supervisor"
-    assert watch["schedule"].total_seconds() == sas.settings.at_risk_interval
+    # the at-risk looks are taken by the Supervisor's workers themselves, not sent through the broker
+    assert "sas.supervisor.watch" not in conf.beat_schedule
+    assert sas.supervisor.lookout.every == sas.settings.at_risk_interval
 
 
 def test_fault_points_fire_only_when_armed_and_once_when_asked(tmp_path):
