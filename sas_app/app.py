@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, celeryd_after_setup, worker_process_init, worker_ready
+from celery.signals import beat_init, celeryd_after_setup, worker_process_init, worker_ready, worker_shutting_down
 from sqlalchemy import MetaData
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -90,7 +90,8 @@ class SasApp:
         self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
         self.retention = Retention(self.store, self.settings, self.celery)
         worker_process_init.connect(self._after_fork, weak=True)
-        worker_ready.connect(self._ready, weak=True)
+        worker_ready.connect(self._worker_ready, weak=True)
+        worker_shutting_down.connect(self._worker_shutting_down, weak=True)
         celeryd_after_setup.connect(self._check_schema, weak=True)
         beat_init.connect(self._ready, weak=True)
 
@@ -121,6 +122,18 @@ class SasApp:
         """A worker (or beat) of this app is consuming: say so in SAS_READY_FILE, if set."""
         if self.settings.ready_file and getattr(sender, "app", None) is self.celery:
             Path(self.settings.ready_file).write_text("ready\n")
+
+    def _worker_ready(self, sender: Any = None, **_: Any) -> None:
+        """A worker of this app is consuming; one that consumes the Supervisor's queue looks at the
+        agents' queues from now on (:mod:`sas_app.lookout`)."""
+        if getattr(sender, "app", None) is not self.celery:
+            return
+        if SUPERVISOR_QUEUE in sender.app.amqp.queues.consume_from:
+            self.supervisor.lookout.start()
+        self._ready(sender)
+
+    def _worker_shutting_down(self, **_: Any) -> None:
+        self.supervisor.lookout.stop()
 
     # -- declaring ----------------------------------------------------------------------------
 

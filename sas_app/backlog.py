@@ -271,9 +271,10 @@ def forecast(queued: Sequence[StepRow], now: float, per_second: float, every: fl
 
 def stranded(queued: Sequence[StepRow], now: float, every: float) -> list[Risk]:
     """Of ``queued`` (the steps whose messages waited in one queue when the broker last answered,
-    its head first), those whose complete-by comes before the next look at it, ``every`` seconds
-    on, while the broker does not answer: their last look, in which a step is judged at its queue's
-    pace (:func:`forecast`) — none, as nothing is taken from a broker that is down, and its workers
-    reconnect some time after it is back (a chaos run's, 0.85 s after a seven-second outage)."""
+    its head first), those whose complete-by comes before the look after next at it (looks are
+    ``every`` seconds apart; one may come late) while the broker does not answer: nothing is taken
+    from a broker that is down, and its workers reconnect some time after it is back (a chaos
+    run's, 0.85 s after a seven-second outage). In its last look a step is judged at its queue's
+    pace (:func:`forecast`); here there is none."""
     return [Risk(step, ahead, None, broker_down=True) for ahead, step in enumerate(queued)
-            if step.complete_by is not None and now <= step.complete_by < now + LAST_LOOKS * every]
+            if step.complete_by is not None and now <= step.complete_by < now + (LAST_LOOKS + 1) * every]

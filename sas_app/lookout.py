@@ -9,19 +9,21 @@ here, a look goes on and finds the broker not answering (:meth:`Watch.look`). An
 carries no look: two beats sent each one, several a second. Supervisor workers looking at once
 take each look once between them (:meth:`Store.take_look`).
 
-The thread runs in the worker's main process, which then holds database connections of its own:
-a pool process forked from it later (one that died is replaced) must not share them, so each
-starts with its own (:func:`fresh_connections`: SQLAlchemy's advice for ``os.fork``).
+The thread runs in the worker's main process, and looks at a fixed rate (a look that took long is
+followed by the next at once, not an interval later): in an outage each look tells the steps due
+before the next (:func:`sas_app.backlog.stranded`), and a step due between two of them would be
+told by neither. Its pool processes, forked from it, open database connections of their own
+(:meth:`SasApp._after_fork`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 log = logging.getLogger("sas.supervisor")
@@ -53,7 +55,13 @@ class Lookout:
 
     def _run(self) -> None:
         down = False  # the database did not answer the last look: said once, not ten times a second
-        while not self._stopped.wait(self.every):
+        due = time.monotonic()
+        while True:
+            # at a fixed rate, an interval after the last look began; at once after one that took
+            # longer (and no burst of looks after one that took several intervals)
+            due = max(due + self.every, time.monotonic())
+            if self._stopped.wait(due - time.monotonic()):
+                return
             try:
                 self.look()
             except SQLAlchemyError as exc:  # the database down: the next look tries again
@@ -67,9 +75,3 @@ class Lookout:
             if down:
                 log.info("at-risk looks resumed: the database answers again")
                 down = False
-
-
-def fresh_connections(engine: Engine) -> None:
-    """In a process just forked from one that used ``engine``: leave the parent's pooled connections
-    to it, unclosed, and open this process's own as needed."""
-    engine.dispose(close=False)

@@ -26,15 +26,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import faults
 from .alerts import Alert, Alerts
 from .backlog import clear_at, pace
-from .lookout import Lookout, fresh_connections
+from .lookout import Lookout
 from .queue_depths import QueueDepths, queued_steps
 from .recovery import past_deadline, recover_steps
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
@@ -92,23 +91,9 @@ class Supervisor:
             return {"retried": len(report.retried), "paced": len(report.paced), "failed": len(report.failed),
                     "requeued": len(report.requeued), "scheduler_behind": report.scheduler_behind}
 
+        #: the at-risk looks, taken by a thread of each worker that consumes sas.supervisor (started
+        #: by SasApp when such a worker is ready)
         self.lookout = Lookout(self.watch, settings.at_risk_interval)
-        # weakly, as Celery connects a bound method: an app dropped in a test leaves no handler behind
-        worker_ready.connect(self._worker_ready)
-        worker_shutting_down.connect(self._worker_shutting_down)
-        worker_process_init.connect(self._pool_process)
-
-    def _worker_ready(self, sender: Any = None, **_: Any) -> None:
-        """A worker of this app that consumes the Supervisor's queue looks at the agents' queues."""
-        app = getattr(sender, "app", None)
-        if app is self.celery and SUPERVISOR_QUEUE in app.amqp.queues.consume_from:
-            self.lookout.start()
-
-    def _worker_shutting_down(self, **_: Any) -> None:
-        self.lookout.stop()
-
-    def _pool_process(self, **_: Any) -> None:
-        fresh_connections(self.store.engine)  # not the connections of the lookout's process
 
     def _busy_depths(self) -> dict[str, int]:
         """The busy agents' queue depths, one that could not be read counted as empty: its

@@ -76,7 +76,10 @@ class Watch:
                 read = self.depths.of_busy_agents()
                 unread = [agent for agent, depth in read.items() if depth is None]
                 depths = {agent: depth for agent, depth in read.items() if depth}
-                by_queue = self._judge(depths, unread) if depths or unread else {}
+                if depths or unread:
+                    by_queue = self._judge(depths, unread)
+                else:  # every queue empty: what they held is gone
+                    self._waiting = {}
                 blind = bool(unread)
             else:  # another look was taken just now: this one would judge the margin a second time
                 blind = False

@@ -118,10 +118,11 @@ class SweepTx(TxBase):
         return [as_row(StepRow, r) for r in rows]
 
     def still_running(self, attempts: Collection[tuple[int, int]]) -> set[tuple[int, int]]:
-        """Which of ``attempts`` (a step's id and attempt) are still running."""
+        """Which of ``attempts`` (a step's id and attempt) are still running, in a live run."""
         rows = self.conn.execute(select(steps.c.id, steps.c.attempt)
+                                 .join(runs, runs.c.id == steps.c.run_id)
                                  .where(steps.c.id.in_([step_id for step_id, _ in attempts]),
-                                        steps.c.state == StepState.RUNNING.value))
+                                        steps.c.state == StepState.RUNNING.value, _LIVE))
         return {(step_id, attempt) for step_id, attempt in rows} & set(attempts)
 
     def run_names(self, run_ids: Collection[str]) -> dict[str, tuple[str, str]]:

@@ -171,10 +171,23 @@ def test_the_steps_waiting_when_the_broker_stops_answering_are_told_in_their_las
     with sas.store.begin() as tx:  # one of them was taken just before the broker went away, and completed
         tx.complete_and_advance(runs[2], 0, 1, {}, "test")
     due = min(sas.store.get_steps(run_id)[0].complete_by for run_id in runs[:2])
-    pass_time(sas, due - 1.5 * sas.settings.at_risk_interval, "the steps' last look but one")
+    every = sas.settings.at_risk_interval
+    pass_time(sas, due - 3.5 * every, "the steps' last looks but two")
+    assert look(sas) == []  # due after the look after next: told in one of those
     found = look(sas)
     assert sorted(a.run_id for a in found) == sorted(runs[:2])
     assert all(a.reason.endswith("and the broker not answering on sas.agent.svc") for a in found), found
+
+
+def test_steps_taken_before_the_broker_stopped_answering_are_not_told(silent):
+    """A queue read empty holds none of the steps it held before: an outage after it tells none."""
+    sas, proxy, runs = silent
+    assert len(Pump(sas).take("sas.agent.svc")) == 3  # a worker took them (and works on them still)
+    assert look(sas) == []
+    proxy.cut(60)
+    pass_time(sas, sas.store.get_steps(runs[0])[0].complete_by - 1.5 * sas.settings.at_risk_interval,
+              "the steps' last look")
+    assert look(sas) == []
 
 
 def test_a_supervisor_worker_looks_at_the_queues_itself_while_the_broker_is_down(stack, stack_env, redis_url):
