@@ -283,8 +283,9 @@ def test_a_lost_submit_message_is_re_enqueued_by_the_supervisor(stack, stack_env
 def test_a_submit_whose_first_step_was_never_dispatched_is_recovered_by_the_supervisor(stack, stack_env):
     """By default the submitting process starts its run in the transaction that writes it; a crash
     before the first step's message is sent leaves that step running with nobody on it, and the
-    Supervisor retries it at its complete-by."""
-    shop = shop_app(stack_env, step_timeout=2.0)
+    Supervisor retries it at its complete-by. (Steps of 4 s: on a busy CI machine the example's
+    services once took 2 s to answer the retry, and it expired too.)"""
+    shop = shop_app(stack_env, step_timeout=4.0)
     shop.migrate()
     stack.up()
     run = submit_unsent(shop, "lost-2")
