@@ -11,8 +11,8 @@ take each look once between them (:meth:`Store.take_look`).
 
 The thread runs in the worker's main process, and looks at a fixed rate (a look that took long is
 followed by the next at once, not an interval later): in an outage each look tells the steps due
-before the next (:func:`sas_app.backlog.stranded`), and a step due between two of them would be
-told by neither. Its pool processes, forked from it, open database connections of their own
+before the look after next (:func:`sas_app.backlog.stranded`), and a step due in a gap between
+such windows would be told by none. Its pool processes, forked from it, open database connections of their own
 (:meth:`SasApp._after_fork`).
 """
 
