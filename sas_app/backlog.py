@@ -192,15 +192,12 @@ class Risk:
     @property
     def reason(self) -> str:
         step = self.step
-        if self.broker_down:
-            return (f"step {step.name!r} is likely to miss its complete-by: {self.ahead} message(s) ahead of it "
-                    "and the broker not answering")
-        if self.taken_at is None:
-            return (f"step {step.name!r} is likely to miss its complete-by: {self.ahead} message(s) ahead of it "
-                    "and its agent completed nothing lately")
+        said = f"step {step.name!r} is likely to miss its complete-by"
+        if self.broker_down or self.taken_at is None:
+            why = "the broker not answering" if self.broker_down else "its agent completed nothing lately"
+            return f"{said}: {self.ahead} message(s) ahead of it and {why}"
         late = self.taken_at - (step.complete_by or self.taken_at)
-        return (f"step {step.name!r} is likely to miss its complete-by: taken about {late:.1f}s past it, "
-                f"{self.ahead} message(s) ahead of it")
+        return f"{said}: taken about {late:.1f}s past it, {self.ahead} message(s) ahead of it"
 
 
 def _taken(queued: Sequence[StepRow], start: float, per_second: float) -> tuple[list[float], float]:

@@ -10,7 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from bench.proxy import Proxy
 from sas_app import SasApp, Settings, Step, Workflow
@@ -93,15 +93,11 @@ def test_a_step_whose_agent_queue_is_too_deep_is_flagged_at_risk_once(stack, sta
     stack.wait_ready()
     handles = [shop.submit("order", {"amount": 5}, business_key=f"r-{i}") for i in range(3)]
 
-    def at_risk() -> int:
-        with shop.store.engine.connect() as conn:
-            return conn.execute(select(func.count()).select_from(alerts).where(alerts.c.kind == "at_risk")).scalar()
-
     # each order's reservation and fraud check wait side by side, on two agents' queues
-    wait_for(lambda: at_risk() == 6, 10, "an at-risk alert for each waiting step")
+    wait_for(lambda: len(at_risk_alerts(shop)) == 6, 10, "an at-risk alert for each waiting step")
     for _ in range(3):  # more looks see the same steps at risk: nothing new is raised
         assert look(shop) == []
-    assert at_risk() == 6
+    assert len(at_risk_alerts(shop)) == 6
     stack.agents()
     assert [h.wait(30).process_state for h in handles] == ["processed"] * 3
     for h in handles:
