@@ -200,8 +200,10 @@ def test_a_supervisor_worker_looks_at_the_queues_itself_while_the_broker_is_down
         handles = [shop.submit("order", {"amount": 5}, business_key=f"down-{i}") for i in range(2)]
         wait_for(lambda: all(s.state == "running" for h in handles for s in shop.store.get_steps(h.id)[:2]), 10,
                  "each order's first steps dispatched")
-        since = last_look(shop)
-        wait_for(lambda: last_look(shop) > since + 0.25, 5, "looks at the queues holding them")
+        # looks taken after the steps were dispatched (the store's clock) have read the queues holding
+        # them (a look taken before, or none yet, would not have: the worker had just started)
+        dispatched = max(s.complete_by - s.timeout for h in handles for s in shop.store.get_steps(h.id)[:2])
+        wait_for(lambda: last_look(shop) > dispatched + 0.25, 5, "looks at the queues holding them")
         proxy.cut(60)  # the broker gone for everyone before the steps' last fifth
         wait_for(lambda: len(at_risk_alerts(shop)) == 4, 10, "each waiting step told at risk")
         due = {(s.run_id, s.position): s.complete_by for h in handles for s in shop.store.get_steps(h.id)[:2]}
