@@ -31,11 +31,11 @@ import argparse
 import pickle
 import re
 import sys
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from math import ceil
+from math import ceil, inf
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -125,10 +125,31 @@ class Record:
                           for a in self.by_agent}
         self.start = min(w.sent for ws in self.by_agent.values() for w in ws)
         self.end = max(w.sent for ws in self.by_agent.values() for w in ws) + 10
+        # A message no worker received waited in its queue until the broker was emptied (a FLUSHALL,
+        # a purge: the run's timeline) — left out, a chaos run's backlog just before a FLUSHALL
+        # replayed a third as deep as the Supervisor read it — unless a message sent after it was
+        # received first: then it was not in line (its publish failed, or a worker took it and died)
+        emptied = sorted(d["started_at"] + t["at"] + t.get("took_s", 0.0)
+                         for t in d.get("timeline", ()) if t["kind"] == "empty_broker")
+        self.lost_sent: dict[str, list[float]] = {}
+        self.lost_at: dict[str, list[float]] = {}
+        for agent, ws in self.by_agent.items():
+            # the first receipt of a message sent at or after each one's sending (they are in sent order)
+            first_after = [inf] * (len(ws) + 1)
+            for i in range(len(ws) - 1, -1, -1):
+                got = ws[i].received
+                first_after[i] = min(first_after[i + 1], inf if got is None else got)
+            lost = [(w.sent, min(first_after[bisect_left(self.sent_at[agent], w.sent + alert_quality.OVERTAKE_S)],
+                                 next((at for at in emptied if at > w.sent), self.end)))
+                    for w in ws if w.received is None]
+            self.lost_sent[agent] = sorted(sent for sent, _ in lost)
+            self.lost_at[agent] = sorted(gone for _, gone in lost)
 
     def depth(self, agent: str, now: float) -> int:
-        """How many messages wait in ``agent``'s queue at ``now``: sent and not yet received."""
-        return bisect_right(self.sent_then_received[agent], now) - bisect_right(self.received_at[agent], now)
+        """How many messages wait in ``agent``'s queue at ``now``: sent and not yet received (or, of
+        those never received, not yet lost with the broker's contents)."""
+        return (bisect_right(self.sent_then_received[agent], now) - bisect_right(self.received_at[agent], now)
+                + bisect_right(self.lost_sent[agent], now) - bisect_right(self.lost_at[agent], now))
 
     def queue(self, agent: str, now: float) -> list[Waiting]:
         """The running steps whose messages likely wait in ``agent``'s queue at ``now``, head first:

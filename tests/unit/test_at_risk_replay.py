@@ -40,6 +40,38 @@ def test_a_queue_holds_the_last_dispatched_of_its_running_steps_until_a_worker_r
     assert record.completions("warehouse", T0 + 2) == [T0 + 1.5]
 
 
+def test_a_message_no_worker_received_waits_until_the_broker_is_emptied(tmp_path):
+    """A FLUSHALL (or a purge) takes the messages still waiting: they were never received, and
+    until then they were in line as much as the others (left out, a chaos run's backlog just
+    before a FLUSHALL replayed a third as deep as the Supervisor read it)."""
+    home = kept_run(tmp_path, sent=4, received_first=2)
+    with open(home / JUDGED, "rb") as f:
+        data = pickle.load(f)
+    data["logs"]["agent0"] = "".join(line + "\n" for line in data["logs"]["agent0"].splitlines()[:2])
+    data["timeline"] = [{"at": 3.0, "kind": "empty_broker", "detail": "FLUSHALL", "took_s": 0.01}]
+    with open(home / JUDGED, "wb") as out:
+        pickle.dump(data, out)
+    record = Record(home)
+    assert record.depth("warehouse", T0 + 0.5) == 4
+    assert [w.run_id[-1] for w in record.queue("warehouse", T0 + 2)] == ["2", "3"]  # after the first two
+    assert record.depth("warehouse", T0 + 3.5) == 0 and record.queue("warehouse", T0 + 3.5) == []
+
+
+def test_a_message_not_received_before_one_sent_after_it_was_not_in_line(tmp_path):
+    # the second of four never received, the others received at T0 + 1: its publish failed (or a
+    # worker took it and died), so it waited nowhere once the third was received
+    home = kept_run(tmp_path, sent=4, received_first=4)
+    with open(home / JUDGED, "rb") as f:
+        data = pickle.load(f)
+    data["logs"]["agent0"] = "".join(line + "\n" for i, line in enumerate(data["logs"]["agent0"].splitlines())
+                                     if i != 1)
+    with open(home / JUDGED, "wb") as out:
+        pickle.dump(data, out)
+    record = Record(home)
+    assert record.depth("warehouse", T0 + 0.5) == 4
+    assert record.depth("warehouse", T0 + 1.5) == 0
+
+
 def test_a_replay_raises_each_step_once_and_judges_it_as_the_run_was_judged(tmp_path):
     record = Record(kept_run(tmp_path, sent=4, received_first=1))
 
