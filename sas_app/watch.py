@@ -58,7 +58,7 @@ class Watch:
         self._taken: dict[str, deque[tuple[float, float]]] = {}
         #: per agent, the steps whose messages waited in its queue at the last look that read it
         self._waiting: dict[str, list[StepRow]] = {}
-        self._lock = threading.Lock()  # a worker's pool may be threads
+        self._lock = threading.Lock()  # the lookout's thread, and any caller of Supervisor.watch
 
     def look(self) -> list[Alert]:
         """Judge the queues with messages waiting, record the steps at risk and tell them

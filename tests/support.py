@@ -63,7 +63,7 @@ def pass_time(sas: SasApp, moment: float, what: str) -> None:
 
 
 def look(sas: SasApp) -> list[Any]:
-    """One at-risk look, as beat sends them: an interval after the last (a look sooner than half
+    """One at-risk look, as the lookout takes them: an interval after the last (a look sooner than half
     one after the last taken is skipped); the alerts it raised."""
     pass_time(sas, sas.store.now() + sas.settings.at_risk_interval, "an at-risk interval")
     return sas.supervisor.watch()

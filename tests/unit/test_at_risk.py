@@ -70,16 +70,16 @@ def test_a_queue_looked_at_again_and_again_is_told_of_at_most_once_a_sweep_inter
 
 def test_a_look_sooner_than_half_an_interval_after_the_last_is_skipped_whichever_supervisor_takes_it(
         sas, pump, settings):
-    """Two beats send every look twice, and looks that waited behind a slow task arrive together:
-    each more look in a step's last interval was one more coin toss at the margin. A look less than
-    half an interval after the last one taken, by any Supervisor process, is skipped: one statement."""
+    """Each Supervisor worker's lookout looks, and a look held up arrives beside the next: each
+    more look in a step's last interval is one more coin toss at the margin. A look less than half
+    an interval after the last one taken, by any Supervisor process, is skipped: one statement."""
     other = SasApp(settings, clock=sas.test_clock)  # a second Supervisor process on the same store
     install_test_workflows(other)
     backlog_of(sas, pump, 2, "margin")
     assert len(look(sas)) == 2
 
     with statements_run(other.store.engine) as ran:
-        assert other.supervisor.watch() == []  # the second beat's copy of that look
+        assert other.supervisor.watch() == []  # the other Supervisor worker's look, just after
     assert [statement.split()[0] for statement in ran if statement != "BEGIN IMMEDIATE"] == ["INSERT"]
 
     pass_time(sas, sas.store.now() + settings.at_risk_interval / 2, "half an interval")
