@@ -16,13 +16,12 @@ is not warned of again on a later attempt), and judges those alerts as the run's
 code the run ran should come close (its looks were not always on time; a killed Supervisor or a
 slow look skipped some). Where a look falls within its interval matters — a queue's pace read a
 moment before or after a worker comes back differs — so the replay is run at several phases of
-the interval and averaged (``--phases``); and then, in runs whose looks beat sent as tasks (before
-2026-11-27: now a thread of the Supervisor's worker takes them, a tenth of a second apart, and logs
-none), at the run's own looks, as its Supervisor's worker logged them, each by the pool process
-that took it: behind the Scheduler's tasks they come
-late and unevenly (a tenth of a second apart in theory, half a second or more after a broker's
-outage), and each process knows only what its own looks saw — the regular looks, one process's,
-found a 1,500-order run's backlogs every time where the run itself told half of their steps.
+the interval and averaged (``--phases``); and then at the run's own looks, as its Supervisor's
+worker logged them (``look at …`` lines: the chaos run sets SAS_DEBUG_LOGS=sas.watch), each start
+of the worker knowing only what its own looks saw: a restarted Supervisor takes none until it is
+ready, and its looks come late when its host is busy. Where the run's alerts and the replay's at
+its own looks part, the forecast read the queues otherwise than the record rebuilds them; where
+the replay's at its own looks and at regular ones part, the looks were to blame.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ from typing import Any
 from bench import alert_quality
 from bench.chaos import AT_RISK_INTERVAL, JUDGED
 from sas_app import backlog
-from sas_app.routing import WATCH, agent_queue
-from sas_app.watch import TAKEN_APART
+from sas_app.routing import agent_queue
 
 #: the at-risk window and the completions a look reads (Settings.at_risk_window, recent_completions)
 WINDOW_S = 60.0
@@ -176,32 +174,35 @@ class Record:
         return done[max(lo, hi - MOST):hi][::-1]
 
 
-#: the log of the chaos run's worker that takes the Supervisor's looks: its own, or (in runs before it
-#: had one) the Scheduler's
-SUPERVISOR_LOGS = (Path("logs") / "supervisor.log", Path("logs") / "scheduler.log")
-#: a look the Supervisor took, in its worker's log: Celery's line for the watch task's success
-LOOKED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/(\S+)\] Task "
-                    + re.escape(WATCH) + r"\[\S+\] succeeded in ([0-9.e-]+)s", re.MULTILINE)
+#: the log of the chaos run's worker that takes the Supervisor's looks
+SUPERVISOR_LOG = Path("logs") / "supervisor.log"
+#: a look the Supervisor took, in its worker's log (the chaos run sets SAS_DEBUG_LOGS=sas.watch):
+#: when it read the queues (the store's clock), or when it logged finding no message waiting; and
+#: each start of the worker (:class:`sas_app.processes.Processes` writes one such line a start)
+LOOKED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): DEBUG/MainProcess\] look"
+                    r"(?: at ([0-9.]+):|: no message waits)|^(--- start )", re.MULTILINE)
 
 
-def own_looks(log: str, every: float = AT_RISK_INTERVAL) -> list[tuple[float, str]]:
-    """When each look the run's Supervisor took began (epoch seconds), and which of its worker's
-    pool processes took it, from that worker's log — those that came less than half an interval
-    (:data:`sas_app.watch.TAKEN_APART`) after the last one taken left out, as the Supervisor skips
-    them (its log does not tell a skipped look from one that found nothing at risk)."""
-    kept: list[tuple[float, str]] = []
-    for at, process in sorted((alert_quality.stamp(at) - float(took), process)
-                              for at, process, took in LOOKED.findall(log)):
-        if not kept or at - kept[-1][0] >= every * TAKEN_APART:
-            kept.append((at, process))
-    return kept
+def own_looks(log: str) -> list[tuple[float, str]]:
+    """When each look the run's Supervisor worker took read the queues (epoch seconds), and which
+    start of the worker took it (``"1"``, ``"2"``, …: a worker restarted knows nothing of what it
+    saw before), from that worker's log; skipped looks (another was taken just before) are not
+    looks."""
+    looks: list[tuple[float, str]] = []
+    starts = 0
+    for stamped, at, started in LOOKED.findall(log):
+        if started:
+            starts += 1
+        else:
+            looks.append((float(at) if at else alert_quality.stamp(stamped), str(starts)))
+    return looks
 
 
 def replay(record: Record, forecaster: Forecaster, phase: float = 0.0, every: float = AT_RISK_INTERVAL,
            looks: Sequence[tuple[float, str]] | None = None) -> list[SimpleNamespace]:
     """The at-risk alerts ``forecaster`` would have raised, once a look (``phase`` seconds after
     the first dispatch, and ``every`` seconds after; or at ``looks``, the run's own, each by the
-    pool process that took it: :func:`own_looks`), each step once — on the first attempt found at
+    start of the worker that took it: :func:`own_looks`), each step once — on the first attempt found at
     risk, as the Supervisor's alerts are deduplicated (replayed once per attempt, a step's later
     attempts, most of them missed after the first had, added right alerts the run could not
     raise: a quarter more in a 1,500-order run). No look reads a
@@ -275,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                              "moment a look happens to see a queue moves a run's figures by a few points (default 4)")
     args = parser.parse_args(argv)
     record = Record(args.home)
-    log = next((args.home / name for name in SUPERVISOR_LOGS if (args.home / name).exists()), None)
-    looks = own_looks(log.read_text(errors="replace"), args.every) if log else []
+    log = args.home / SUPERVISOR_LOG
+    looks = own_looks(log.read_text(errors="replace")) if log.exists() else []
     own = [SimpleNamespace(**a) for a in record.data["alerts"]]
     print(f"the run's own alerts: {judged(record, own)}")
     for name, forecaster in FORECASTERS.items():

@@ -160,6 +160,8 @@ class Chaos(Faults):
             "SAS_BROKER_URL": self.broker_url(),
             "SAS_SUPERVISOR_INTERVAL": "1",
             "SAS_AT_RISK_INTERVAL": str(AT_RISK_INTERVAL),
+            # each look logged (the Supervisor's log), for bench.at_risk_replay to replay at them
+            "SAS_DEBUG_LOGS": "sas.watch",
             "SAS_PICKUP_TIMEOUT": "5",
             "SAS_RETRY_BACKOFF": "0.5",
             "SAS_RETRY_BACKOFF_MAX": "4",

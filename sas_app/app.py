@@ -67,6 +67,8 @@ class SasApp:
         if self.settings.faults:
             faults.arm(self.settings.faults, self.settings.home)
         tracing.setup(self.settings.tracing)
+        for name in filter(None, (n.strip() for n in self.settings.debug_logs.split(","))):
+            logging.getLogger(name).setLevel(logging.DEBUG)
         self.store = Store(self.settings.database_url, clock, prepared=self.settings.prepared_statements)
         self._clock = clock
         self.celery = Celery(main, set_as_current=False)

@@ -85,9 +85,9 @@ class Settings:
     #: will drain before a step's complete-by (the at-risk alert). Default 60.
     at_risk_window: float = 60.0
     #: SAS_AT_RISK_INTERVAL — seconds between the Supervisor's looks at the busy agents' queues for
-    #: steps that will likely miss their complete-by (a beat task of its own, cheap while no message
-    #: waits). A step at the margin is judged in its last look: keep it under a thirtieth of the
-    #: shortest step timeout. Default 0.5.
+    #: steps that will likely miss their complete-by (a thread of each worker consuming its queue:
+    #: sas_app.lookout; cheap while no message waits). A step at the margin is judged in its last
+    #: look: keep it under a thirtieth of the shortest step timeout. Default 0.5.
     at_risk_interval: float = 0.5
     #: SAS_PACE_RETRIES — when an agent's queue is too deep to take a new message within a step's
     #: timeout, the Supervisor holds the retries of that agent's expired steps until it has drained
@@ -119,6 +119,9 @@ class Settings:
     #: SAS_TRACING — OpenTelemetry traces: ``otlp`` (to OTEL_EXPORTER_OTLP_ENDPOINT) or ``console``.
     #: Default off.
     tracing: str = ""
+    #: SAS_DEBUG_LOGS — loggers a worker logs at DEBUG, comma-separated: ``sas.watch`` logs each
+    #: at-risk look (each queue's depth, its pace, the steps found at risk). Default none.
+    debug_logs: str = ""
     #: SAS_TASK_EVENTS — workers send Celery task events, so Flower can show every task. Default on.
     task_events: bool = True
     #: SAS_AGENT_CONCURRENCY — default worker concurrency for ``sas worker``. Default 4.

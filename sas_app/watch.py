@@ -14,6 +14,7 @@ held when it last did are told in their last look (:func:`sas_app.backlog.strand
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -34,6 +35,9 @@ from .store import StepRow, Store
 #: within half an interval, precision 0.815 to 0.878 and the wrong alerts at the margin 21 to 11;
 #: regular looks twice as often as the interval the forecast was told, 0.921 to 0.895.
 TAKEN_APART = 0.5
+
+#: each look, at DEBUG (SAS_DEBUG_LOGS=sas.watch): what it read and judged of each queue
+log = logging.getLogger("sas.watch")
 
 
 class Watch:
@@ -80,9 +84,12 @@ class Watch:
                     by_queue = self._judge(depths, unread)
                 else:  # every queue empty: what they held is gone
                     self._waiting = {}
+                    log.debug("look: no message waits")
                 blind = bool(unread)
             else:  # another look was taken just now: this one would judge the margin a second time
                 blind = False
+                log.debug("look skipped: another was taken less than %gs ago",
+                          self.settings.at_risk_interval * TAKEN_APART)
         finally:
             if blind:
                 self._seen_since = None
@@ -95,6 +102,7 @@ class Watch:
         just now (the broker did not answer), judged by what it held when it last did."""
         s = self.settings
         by_queue: dict[str, list[Alert]] = {}
+        said: list[str] = []  # what this look read and judged of each queue, for the debug log
         with self.store.begin() as tx:
             now = tx.now()
             seen_since = now if self._seen_since is None else self._seen_since
@@ -108,19 +116,23 @@ class Watch:
                 queued, _ = queued_steps(tx, agent, depth)
                 waiting[agent] = queued
                 if not queued:
+                    said.append(f"{agent} {depth} waiting, no step running")
                     continue
                 completed, read_at = tx.recent_completions(agent, s.at_risk_window)
                 per_second = draining(completed, read_at, head=queued[0], seen_since=seen_since,
                                       taken=taken.get(queue, ()))
                 if per_second is None:  # a backlog too young to judge
+                    said.append(f"{agent} {depth} waiting, too young to judge")
                     continue
                 risks_of[agent] = forecast(queued, now, per_second, every=s.at_risk_interval,
                                            former=former_pace(completed, read_at))
+                said.append(f"{agent} {depth} waiting, {per_second:.1f}/s, {len(risks_of[agent])} at risk")
             for agent in unread:  # its steps still running wait as they did: nothing is taken meanwhile
                 if waiting.get(agent):
                     still = tx.still_running([(step.id, step.attempt) for step in waiting[agent]])
                     waiting[agent] = [step for step in waiting[agent] if (step.id, step.attempt) in still]
                     risks_of[agent] = stranded(waiting[agent], now, every=s.at_risk_interval)
+                said.append(f"{agent} unread, {len(risks_of.get(agent, ()))} at risk")
             self._waiting = waiting
             for agent, risks in risks_of.items():
                 queue = agent_queue(agent)
@@ -133,6 +145,7 @@ class Watch:
                     alert = None if warning.dedup_key in told else self.alerts.record(tx, warning, instance_id())
                     if alert is not None:
                         by_queue.setdefault(queue, []).append(alert)
+        log.debug("look at %.3f: %s", now, "; ".join(said))
         return by_queue
 
     def note_depths(self, depths: dict[str, int], now: float) -> dict[str, list[tuple[float, float]]]:

@@ -133,22 +133,24 @@ def test_a_replay_tells_the_forecast_when_its_looks_found_the_queue_shorter(tmp_
     assert seen[0.5] == [] and seen[1.0] == seen[1.5] == seen[8.5] == [(0.5, 1.0)]
 
 
-def looked(at: float, process: str, took: float = 0.01) -> str:
-    """The Supervisor worker's log line for a look that began at ``at`` (epoch seconds)."""
+def looked(at: float, took: float = 0.01, found: str = "warehouse 3 waiting, 2.0/s, 0 at risk") -> str:
+    """The Supervisor worker's debug line for a look that read the queues at ``at`` (epoch seconds)."""
     end = datetime.fromtimestamp(at + took).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
-    return (f"[{end}: INFO/{process}] Task sas.supervisor.watch[c51adbfa-f860-4ce2-9d56-4f5249740da6] "
-            f"succeeded in {took}s: 0\n")
+    return f"[{end}: DEBUG/MainProcess] look at {at:.3f}: {found}\n"
 
 
-def test_a_replay_at_the_runs_own_looks_keeps_what_each_pool_process_saw(tmp_path):
-    """Behind the Scheduler's tasks the looks come late and unevenly, shared by the worker's pool
-    processes, each knowing only what its own looks saw."""
+def test_a_replay_at_the_runs_own_looks_keeps_what_each_start_of_the_worker_saw(tmp_path):
+    """A restarted Supervisor worker knows nothing of what its looks saw before; skipped looks are
+    not looks, and one that found nothing waiting is one (its time the log line's)."""
     record = Record(kept_run(tmp_path, sent=4, received_first=1))
-    log = looked(T0 + 0.5, "ForkPoolWorker-1") + looked(T0 + 0.9, "ForkPoolWorker-2") + looked(
-        T0 + 1.2, "ForkPoolWorker-2") + looked(T0 + 1.4, "ForkPoolWorker-1") + "[x: INFO/MainProcess] other\n"
+    nothing = datetime.fromtimestamp(T0 + 1.3).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+    log = ("--- start 10:00:00 sas worker -Q sas.supervisor\n" + looked(T0 + 0.5) + looked(T0 + 0.9)
+           + "[x: DEBUG/MainProcess] look skipped: another was taken less than 0.05s ago\n"
+           + "--- start 10:00:01 sas worker -Q sas.supervisor\n" + looked(T0 + 1.2)
+           + f"[{nothing}: DEBUG/MainProcess] look: no message waits\n" + "[x: INFO/MainProcess] other\n")
     looks = own_looks(log)
-    assert [(round(at - T0, 2), process) for at, process in looks] == [
-        (0.5, "ForkPoolWorker-1"), (0.9, "ForkPoolWorker-2"), (1.2, "ForkPoolWorker-2"), (1.4, "ForkPoolWorker-1")]
+    assert [(round(at - T0, 2), start) for at, start in looks] == [
+        (0.5, "1"), (0.9, "1"), (1.2, "2"), (1.3, "2")]
     seen: list[tuple[float, list]] = []
 
     def noting(queued, now, completed, every, seen_since, taken):
@@ -156,5 +158,6 @@ def test_a_replay_at_the_runs_own_looks_keeps_what_each_pool_process_saw(tmp_pat
         return []
 
     replay(record, noting, looks=looks)
-    # the first received at T0 + 1: each process saw the queue shorter since its own look before
-    assert seen == [(0.5, []), (0.9, []), (1.2, [(0.9, 1.2)]), (1.4, [(0.5, 1.4)])]
+    # the first received at T0 + 1, between the first start's last look and the second's first: the
+    # second did not see the queue get shorter (one worker's looks, kept across starts, would have)
+    assert seen == [(0.5, []), (0.9, []), (1.2, []), (1.3, [])]
