@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from math import ceil, inf
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench import alert_quality
 from bench.chaos import AT_RISK_INTERVAL, JUDGED
@@ -149,15 +149,17 @@ class Record:
         return (bisect_right(self.sent_then_received[agent], now) - bisect_right(self.received_at[agent], now)
                 + bisect_right(self.lost_sent[agent], now) - bisect_right(self.lost_at[agent], now))
 
-    def queue(self, agent: str, now: float) -> list[Waiting]:
+    def queue(self, agent: str, now: float, depth: int | None = None, read_at: float | None = None) -> list[Waiting]:
         """The running steps whose messages likely wait in ``agent``'s queue at ``now``, head first:
-        as many of the last dispatched as messages were sent and not yet received."""
-        depth = self.depth(agent, now)
+        as many of the last dispatched as messages were sent and not yet received — or as
+        ``depth`` says, read at ``read_at`` (as the Supervisor counts them: the last dispatched by
+        then)."""
+        depth = self.depth(agent, now) if depth is None else depth
         if depth <= 0:
             return []
         waiting = self.by_agent[agent]
         found: list[Waiting] = []
-        for i in range(bisect_right(self.sent_at[agent], now) - 1, -1, -1):
+        for i in range(bisect_right(self.sent_at[agent], now if read_at is None else read_at) - 1, -1, -1):
             w = waiting[i]
             if w.ended > now:
                 found.append(w)
@@ -177,36 +179,53 @@ class Record:
 #: the log of the chaos run's worker that takes the Supervisor's looks
 SUPERVISOR_LOG = Path("logs") / "supervisor.log"
 #: a look the Supervisor took, in its worker's log (the chaos run sets SAS_DEBUG_LOGS=sas.watch):
-#: when it read the queues (the store's clock), or when it logged finding no message waiting; and
-#: each start of the worker (:class:`sas_app.processes.Processes` writes one such line a start)
+#: when it judged and when it read the queues (the store's clock), and what it read; or when it
+#: logged finding no message waiting; and each start of the worker (:class:`sas_app.processes.Processes`
+#: writes one such line a start)
 LOOKED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): DEBUG/MainProcess\] look"
-                    r"(?: at ([0-9.]+):|: no message waits)|^(--- start )", re.MULTILINE)
+                    r"(?: at ([0-9.]+) \(queues read at ([0-9.]+)\): (.*)|: no message waits)$|^(--- start )",
+                    re.MULTILINE)
+#: a queue with messages waiting, in such a line
+READ = re.compile(r"(\w+) (\d+) waiting")
 
 
-def own_looks(log: str) -> list[tuple[float, str]]:
-    """When each look the run's Supervisor worker took read the queues (epoch seconds), and which
-    start of the worker took it (``"1"``, ``"2"``, …: a worker restarted knows nothing of what it
-    saw before), from that worker's log; skipped looks (another was taken just before) are not
-    looks."""
-    looks: list[tuple[float, str]] = []
+class Look(NamedTuple):
+    """A look at the queues: when (the store's clock), by which process (what it saw before goes
+    with it), and — a run's own — the depths it read and when (else the record's are taken)."""
+
+    at: float
+    process: str = ""
+    depths: dict[str, int] | None = None
+    read_at: float | None = None
+
+
+def own_looks(log: str) -> list[Look]:
+    """The looks the run's Supervisor worker took, from that worker's log: when each judged, what
+    it read and when, and which start of the worker took it (``"1"``, ``"2"``, …: a worker
+    restarted knows nothing of what it saw before); skipped looks (another was taken just
+    before) are not looks, and one that found no message waiting read every queue empty."""
+    looks: list[Look] = []
     starts = 0
-    for stamped, at, started in LOOKED.findall(log):
+    for stamped, at, read_at, found, started in LOOKED.findall(log):
         if started:
             starts += 1
+        elif at:
+            looks.append(Look(float(at), str(starts), {agent: int(n) for agent, n in READ.findall(found)},
+                              float(read_at)))
         else:
-            looks.append((float(at) if at else alert_quality.stamp(stamped), str(starts)))
+            looks.append(Look(alert_quality.stamp(stamped), str(starts), {}))
     return looks
 
 
 def replay(record: Record, forecaster: Forecaster, phase: float = 0.0, every: float = AT_RISK_INTERVAL,
-           looks: Sequence[tuple[float, str]] | None = None) -> list[SimpleNamespace]:
+           looks: Sequence[Look] | None = None) -> list[SimpleNamespace]:
     """The at-risk alerts ``forecaster`` would have raised, once a look (``phase`` seconds after
     the first dispatch, and ``every`` seconds after; or at ``looks``, the run's own, each by the
-    start of the worker that took it: :func:`own_looks`), each step once — on the first attempt found at
-    risk, as the Supervisor's alerts are deduplicated (replayed once per attempt, a step's later
-    attempts, most of them missed after the first had, added right alerts the run could not
-    raise: a quarter more in a 1,500-order run). No look reads a
-    queue while the broker or the database is down: the Supervisor's read of a queue's depth then
+    start of the worker that took it, with what it read: :func:`own_looks`), each step once — on
+    the first attempt found at risk, as the Supervisor's alerts are deduplicated (replayed once
+    per attempt, a step's later attempts, most of them missed after the first had, added right
+    alerts the run could not raise: a quarter more in a 1,500-order run). No look reads a queue
+    while the broker or the database is down: the Supervisor's read of a queue's depth then
     finds nothing (or it cannot look at all), so the run raised no alert then either — replayed,
     the messages sent before such an outage looked like a backlog, and every one of them missed:
     alerts the run could not raise, right ones, and a precision above the run's. After one, the
@@ -214,13 +233,13 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0, every: fl
     spans between two of its looks that found a queue getting shorter."""
     if looks is None:
         n = ceil((record.end - record.start - phase) / every)
-        looks = [(record.start + phase + i * every, "") for i in range(n)]
+        looks = [Look(record.start + phase + i * every) for i in range(n)]
     alerts: dict[tuple[str, int], SimpleNamespace] = {}
     # per process: each queue's depth at its last look (and when), and the spans it got shorter in
     depth_at: dict[str, dict[str, tuple[float, int]]] = {}
     taken: dict[str, dict[str, deque[tuple[float, float]]]] = {}
     down = [(o.start, o.end) for o in record.data["outages"] if o.worker is None]
-    for now, process in looks:
+    for now, process, read, read_at in looks:
         if not record.start <= now < record.end:
             continue
         seen, shorter = depth_at.setdefault(process, {}), taken.setdefault(process, {})
@@ -230,7 +249,7 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0, every: fl
             continue
         seen_since = max((end for _, end in down if end < now), default=record.start)
         for agent in record.by_agent:
-            depth = record.depth(agent, now)
+            depth = record.depth(agent, now) if read is None else read.get(agent, 0)
             if depth <= 0:
                 seen.pop(agent, None)
                 shorter.pop(agent, None)
@@ -238,7 +257,7 @@ def replay(record: Record, forecaster: Forecaster, phase: float = 0.0, every: fl
             recent = shorter.setdefault(agent, deque())
             backlog.note_shorter(recent, seen.get(agent), depth, now, WINDOW_S)
             seen[agent] = (now, depth)
-            queued = record.queue(agent, now)
+            queued = record.queue(agent, now, depth, read_at)
             if not queued:
                 continue
             for step in forecaster(queued, now, record.completions(agent, now), every, seen_since, list(recent)):

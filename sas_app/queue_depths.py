@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kombu.exceptions import ChannelError
@@ -34,13 +35,27 @@ QUEUE_LOOKS_AT = 5000
 READ_TIMEOUT_S = 2.0
 
 
-def queued_steps(tx: Tx, agent: str, depth: int) -> tuple[list[StepRow], int]:
-    """The steps whose messages likely wait in ``agent``'s queue of ``depth`` messages, its head
-    first (at most :data:`QUEUE_LOOKS_AT`), and how many messages wait behind them not looked at:
-    work still to do; past the running steps they are those of attempts already given up, dropped
+def queued_steps(tx: Tx, agent: str, depth: int, read_at: float | None = None) -> tuple[list[StepRow], int]:
+    """The steps whose messages likely wait in ``agent``'s queue of ``depth`` messages (read at
+    ``read_at``, the store's clock: the steps dispatched since are not among them), its head first
+    (at most :data:`QUEUE_LOOKS_AT`), and how many messages wait behind them not looked at: work
+    still to do; past the running steps they are those of attempts already given up, dropped
     unworked."""
-    queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT) if depth else []
+    queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT, read_at) if depth else []
     return queued, depth - len(queued) if len(queued) == QUEUE_LOOKS_AT else 0
+
+
+@dataclass(frozen=True)
+class Depths:
+    """How many messages wait in the queue of each agent with a step running (``of``; None where
+    the broker did not answer), and when they were read (``at``: the store's clock just before the
+    first read). A step dispatched after ``at`` is not counted in
+    them: counted as waiting, the last dispatched push the queue's head out of its depth (a
+    sweep's retries, dispatched in a batch while a look read the depths, pushed out the steps at
+    the head — those a look in their last interval tells)."""
+
+    of: dict[str, int | None]
+    at: float | None
 
 
 class QueueDepths:
@@ -53,12 +68,13 @@ class QueueDepths:
         #: per thread (a worker's pool may be threads), the connection and the process it was made in
         self._local = threading.local()
 
-    def of_busy_agents(self) -> dict[str, int | None]:
-        """How many messages wait in the queue of each agent with a step running (None where the
-        broker does not answer), read outside any transaction."""
+    def of_busy_agents(self) -> Depths:
+        """How many messages wait in the queue of each agent with a step running, and when they
+        were read, outside any transaction."""
         with self.store.begin() as tx:
             agents = tx.busy_agents()
-        return {agent: self.read(agent_queue(agent)) for agent in agents}
+            at = tx.now() if agents else None
+        return Depths({agent: self.read(agent_queue(agent)) for agent in agents}, at)
 
     def read(self, queue: str) -> int | None:
         """How many messages wait in ``queue``; None if the broker did not answer."""

@@ -98,7 +98,7 @@ class Supervisor:
     def _busy_depths(self) -> dict[str, int]:
         """The busy agents' queue depths, one that could not be read counted as empty: its
         expired steps keep their back-off alone (:meth:`_paced`)."""
-        return {agent: depth or 0 for agent, depth in self.depths.of_busy_agents().items()}
+        return {agent: depth or 0 for agent, depth in self.depths.of_busy_agents().of.items()}
 
     def sweep_once(self) -> SweepReport:
         """One batch of the sweep, timed (what bench/sweep.py measures)."""

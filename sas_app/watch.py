@@ -78,10 +78,10 @@ class Watch:
         try:
             if self.store.take_look(WATCH, self.settings.at_risk_interval * TAKEN_APART):
                 read = self.depths.of_busy_agents()
-                unread = [agent for agent, depth in read.items() if depth is None]
-                depths = {agent: depth for agent, depth in read.items() if depth}
+                unread = [agent for agent, depth in read.of.items() if depth is None]
+                depths = {agent: depth for agent, depth in read.of.items() if depth}
                 if depths or unread:
-                    by_queue = self._judge(depths, unread)
+                    by_queue = self._judge(depths, unread, read.at)
                 else:  # every queue empty: what they held is gone
                     self._waiting = {}
                     log.debug("look: no message waits")
@@ -96,10 +96,11 @@ class Watch:
         self._tell(by_queue)
         return [alert for alerts in by_queue.values() for alert in alerts]
 
-    def _judge(self, depths: dict[str, int], unread: list[str]) -> dict[str, list[Alert]]:
+    def _judge(self, depths: dict[str, int], unread: list[str], read_at: float | None) -> dict[str, list[Alert]]:
         """The at-risk alerts recorded for the queues with messages waiting (``depths``: how
-        many), by queue, each step's once; ``unread``: the agents whose queue could not be read
-        just now (the broker did not answer), judged by what it held when it last did."""
+        many, read at ``read_at``), by queue, each step's once; ``unread``: the agents whose queue
+        could not be read just now (the broker did not answer), judged by what it held when it
+        last did."""
         s = self.settings
         by_queue: dict[str, list[Alert]] = {}
         said: list[str] = []  # what this look read and judged of each queue, for the debug log
@@ -113,7 +114,7 @@ class Watch:
             risks_of: dict[str, list[Risk]] = {}
             for agent, depth in depths.items():
                 queue = agent_queue(agent)
-                queued, _ = queued_steps(tx, agent, depth)
+                queued, _ = queued_steps(tx, agent, depth, read_at)
                 waiting[agent] = queued
                 if not queued:
                     said.append(f"{agent} {depth} waiting, no step running")
@@ -145,7 +146,7 @@ class Watch:
                     alert = None if warning.dedup_key in told else self.alerts.record(tx, warning, instance_id())
                     if alert is not None:
                         by_queue.setdefault(queue, []).append(alert)
-        log.debug("look at %.3f: %s", now, "; ".join(said))
+        log.debug("look at %.3f (queues read at %.3f): %s", now, read_at or now, "; ".join(said))
         return by_queue
 
     def note_depths(self, depths: dict[str, int], now: float) -> dict[str, list[tuple[float, float]]]:

@@ -96,17 +96,19 @@ class SweepTx(TxBase):
             .where(steps.c.state == StepState.RUNNING.value, steps.c.complete_by.is_not(None), _LIVE)
         ).scalars())
 
-    def queued_steps(self, agent: str, depth: int, limit: int) -> list[StepRow]:
+    def queued_steps(self, agent: str, depth: int, limit: int, read_at: float | None = None) -> list[StepRow]:
         """The running steps of ``agent`` whose messages likely wait in its queue, its head first:
-        the ``depth`` dispatched last (a queue is first in, first out; a step's complete-by is its
-        dispatch plus its timeout), at most ``limit`` of them from the head. Undos are left out:
-        sent at the most urgent priority, they are taken before the rest."""
+        the ``depth`` dispatched last (by ``read_at``, when the depth was read, if given; a queue is
+        first in, first out; a step's complete-by is its dispatch plus its timeout), at most
+        ``limit`` of them from the head. Undos are left out: sent at the most urgent priority, they
+        are taken before the rest."""
         dispatched = steps.c.complete_by - steps.c.timeout
+        sent = [] if read_at is None else [dispatched <= read_at]
         newest = (
             select(steps, func.row_number().over(order_by=(dispatched.desc(), steps.c.id.desc())).label("from_tail"))
             .join(runs, runs.c.id == steps.c.run_id)
             .where(steps.c.agent == agent, steps.c.state == StepState.RUNNING.value,
-                   steps.c.complete_by.is_not(None), steps.c.compensates.is_(None), _LIVE)
+                   steps.c.complete_by.is_not(None), steps.c.compensates.is_(None), _LIVE, *sent)
             .subquery()
         )
         rows = self.conn.execute(

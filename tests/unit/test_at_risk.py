@@ -199,6 +199,30 @@ def test_the_steps_counted_as_waiting_are_the_last_dispatched_head_first(sas, pu
         assert [s.run_id for s in tx.queued_steps("svc", 9, 100)] == dispatched
 
 
+def test_steps_dispatched_while_a_look_read_the_depths_do_not_push_the_queues_head_out(sas, pump):
+    """A look reads the queues' depths, then which steps are running: a batch dispatched in
+    between (a sweep's retries) is not in the depth read, and counted as the last dispatched it
+    pushed out the steps at the queue's head — the ones nearest their complete-by."""
+    backlog_of(sas, pump, 5, "head")  # five waiting in the last fifth of their budget: at risk
+    depths = sas.supervisor.watcher.depths
+    read = depths.read
+
+    def read_then_dispatch(queue):
+        depth = read(queue)
+        if not getattr(read_then_dispatch, "done", False):
+            read_then_dispatch.done = True
+            pass_time(sas, sas.store.now(), "a moment after the depth was read")
+            for i in range(5):
+                sas.submit("three", {}, business_key=f"batch-{i}")
+            pump.run(["sas.scheduler"])  # five more dispatched, after the depth was read
+        return depth
+
+    depths.read = read_then_dispatch
+    alerts = look(sas)
+    assert read_then_dispatch.done
+    assert len(alerts) == 5 and {a.business_key for a in alerts} == {f"head-{i}" for i in range(5)}
+
+
 def test_a_message_sent_now_is_taken_once_the_work_ahead_of_it_is_done():
     assert clear_at(waiting(10, 0.0, 10.0), now=0.0, per_second=4.0) == pytest.approx(2.0)  # 5 a second
     doomed = waiting(20, -9.5, 10.0)

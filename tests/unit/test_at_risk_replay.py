@@ -134,30 +134,38 @@ def test_a_replay_tells_the_forecast_when_its_looks_found_the_queue_shorter(tmp_
 
 
 def looked(at: float, took: float = 0.01, found: str = "warehouse 3 waiting, 2.0/s, 0 at risk") -> str:
-    """The Supervisor worker's debug line for a look that read the queues at ``at`` (epoch seconds)."""
+    """The Supervisor worker's debug line for a look that judged at ``at`` (epoch seconds), having
+    read the queues a moment before."""
     end = datetime.fromtimestamp(at + took).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
-    return f"[{end}: DEBUG/MainProcess] look at {at:.3f}: {found}\n"
+    return f"[{end}: DEBUG/MainProcess] look at {at:.3f} (queues read at {at - 0.002:.3f}): {found}\n"
 
 
-def test_a_replay_at_the_runs_own_looks_keeps_what_each_start_of_the_worker_saw(tmp_path):
-    """A restarted Supervisor worker knows nothing of what its looks saw before; skipped looks are
-    not looks, and one that found nothing waiting is one (its time the log line's)."""
+def test_a_replay_at_the_runs_own_looks_judges_what_each_read_and_each_start_of_the_worker_saw(tmp_path):
+    """A run's own looks are replayed with the depths they read, counting the steps dispatched by
+    the time they read them (as the Supervisor does); a restarted Supervisor worker knows nothing
+    of what its looks saw before; skipped looks are not looks, and one that found nothing waiting
+    read every queue empty."""
     record = Record(kept_run(tmp_path, sent=4, received_first=1))
-    nothing = datetime.fromtimestamp(T0 + 1.3).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
-    log = ("--- start 10:00:00 sas worker -Q sas.supervisor\n" + looked(T0 + 0.5) + looked(T0 + 0.9)
+    nothing = datetime.fromtimestamp(T0 + 1.4).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+    log = ("--- start 10:00:00 sas worker -Q sas.supervisor\n" + looked(T0 + 0.2, found="warehouse 2 waiting")
+           + looked(T0 + 0.9, found="warehouse 4 waiting")
            + "[x: DEBUG/MainProcess] look skipped: another was taken less than 0.05s ago\n"
-           + "--- start 10:00:01 sas worker -Q sas.supervisor\n" + looked(T0 + 1.2)
+           + "--- start 10:00:01 sas worker -Q sas.supervisor\n" + looked(T0 + 1.2, found="warehouse 3 waiting")
+           + looked(T0 + 1.3, found="warehouse 2 waiting")
            + f"[{nothing}: DEBUG/MainProcess] look: no message waits\n" + "[x: INFO/MainProcess] other\n")
     looks = own_looks(log)
-    assert [(round(at - T0, 2), start) for at, start in looks] == [
-        (0.5, "1"), (0.9, "1"), (1.2, "2"), (1.3, "2")]
-    seen: list[tuple[float, list]] = []
+    assert [(round(at - T0, 2), start, depths) for at, start, depths, _ in looks] == [
+        (0.2, "1", {"warehouse": 2}), (0.9, "1", {"warehouse": 4}), (1.2, "2", {"warehouse": 3}),
+        (1.3, "2", {"warehouse": 2}), (1.4, "2", {})]
+    seen: list[tuple[float, list, list]] = []
 
     def noting(queued, now, completed, every, seen_since, taken):
-        seen.append((round(now - T0, 1), [(round(a - T0, 1), round(b - T0, 1)) for a, b in taken]))
+        seen.append((round(now - T0, 1), [w.run_id[-1] for w in queued],
+                     [(round(a - T0, 1), round(b - T0, 1)) for a, b in taken]))
         return []
 
     replay(record, noting, looks=looks)
-    # the first received at T0 + 1, between the first start's last look and the second's first: the
-    # second did not see the queue get shorter (one worker's looks, kept across starts, would have)
-    assert seen == [(0.5, []), (0.9, []), (1.2, []), (1.3, [])]
+    # dispatched 0.1 s apart from T0: at T0 + 0.2 (read at T0 + 0.198) two were, and they wait;
+    # the queue read shorter at T0 + 1.2 than at T0 + 0.9, but by another start of the worker
+    assert seen == [(0.2, ["0", "1"], []), (0.9, ["0", "1", "2", "3"], []), (1.2, ["1", "2", "3"], []),
+                    (1.3, ["2", "3"], [(1.2, 1.3)])]
