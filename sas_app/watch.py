@@ -119,14 +119,14 @@ class Watch:
                 if not queued:
                     said.append(f"{agent} {depth} waiting, no step running")
                     continue
-                completed, read_at = tx.recent_completions(agent, s.at_risk_window)
-                per_second = draining(completed, read_at, head=queued[0], seen_since=seen_since,
+                completed, asked_at = tx.recent_completions(agent, s.at_risk_window)
+                per_second = draining(completed, asked_at, head=queued[0], seen_since=seen_since,
                                       taken=taken.get(queue, ()))
                 if per_second is None:  # a backlog too young to judge
                     said.append(f"{agent} {depth} waiting, too young to judge")
                     continue
                 risks_of[agent] = forecast(queued, now, per_second, every=s.at_risk_interval,
-                                           former=former_pace(completed, read_at))
+                                           former=former_pace(completed, asked_at))
                 said.append(f"{agent} {depth} waiting, {per_second:.1f}/s, {len(risks_of[agent])} at risk")
             for agent in unread:  # its steps still running wait as they did: nothing is taken meanwhile
                 if waiting.get(agent):

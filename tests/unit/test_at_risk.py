@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
-from sas_app import SasApp
+from sas_app import SasApp, Step
 from sas_app.backlog import DROPPED_S, clear_at, draining, forecast, pace
 from sas_app.lookout import Lookout
 from sas_app.store.rows import StepRow
@@ -201,26 +201,35 @@ def test_the_steps_counted_as_waiting_are_the_last_dispatched_head_first(sas, pu
 
 def test_steps_dispatched_while_a_look_read_the_depths_do_not_push_the_queues_head_out(sas, pump):
     """A look reads the queues' depths, then which steps are running: a batch dispatched in
-    between (a sweep's retries) is not in the depth read, and counted as the last dispatched it
-    pushed out the steps at the queue's head — the ones nearest their complete-by."""
-    backlog_of(sas, pump, 5, "head")  # five waiting in the last fifth of their budget: at risk
+    between (a sweep's retries) is not in the depths read, and counted as the last dispatched it
+    pushed out the steps at the queues' heads — the ones nearest their complete-by. Two agents'
+    queues, each judged by when its depth was read."""
+    depot = sas.agent("depot")
+    depot.action(lambda payload: {}, name="work")
+    timeout = sas.workflows["three"].steps[0].timeout
+    sas.workflow("elsewhere", [Step("go", "depot.work", timeout=timeout)])
+    heads = [sas.submit("elsewhere", {}, business_key=f"head-depot-{i}").id for i in range(5)]
+    backlog_of(sas, pump, 5, "head")  # five waiting for each agent in the last fifth of their budget: at risk
+    assert {s.state for run in heads for s in sas.store.get_steps(run)} == {"running"}
     depths = sas.supervisor.watcher.depths
     read = depths.read
 
     def read_then_dispatch(queue):
         depth = read(queue)
-        if not getattr(read_then_dispatch, "done", False):
+        if queue == "sas.agent.svc" and not getattr(read_then_dispatch, "done", False):
             read_then_dispatch.done = True
-            pass_time(sas, sas.store.now(), "a moment after the depth was read")
-            for i in range(5):
+            pass_time(sas, sas.store.now(), "a moment after the depths were read")
+            for i in range(5):  # five more for each agent, after both depths were read
                 sas.submit("three", {}, business_key=f"batch-{i}")
-            pump.run(["sas.scheduler"])  # five more dispatched, after the depth was read
+                sas.submit("elsewhere", {}, business_key=f"batch-depot-{i}")
+            pump.run(["sas.scheduler"])
         return depth
 
     depths.read = read_then_dispatch
     alerts = look(sas)
     assert read_then_dispatch.done
-    assert len(alerts) == 5 and {a.business_key for a in alerts} == {f"head-{i}" for i in range(5)}
+    assert sorted(a.business_key for a in alerts) == sorted(
+        [f"head-{i}" for i in range(5)] + [f"head-depot-{i}" for i in range(5)])
 
 
 def test_a_message_sent_now_is_taken_once_the_work_ahead_of_it_is_done():
