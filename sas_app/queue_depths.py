@@ -49,10 +49,10 @@ def queued_steps(tx: Tx, agent: str, depth: int, read_at: float | None = None) -
 class Depths:
     """How many messages wait in the queue of each agent with a step running (``of``; None where
     the broker did not answer), and when they were read (``at``: the store's clock just before the
-    first read). A step dispatched after ``at`` is not counted in
-    them: counted as waiting, the last dispatched push the queue's head out of its depth (a
-    sweep's retries, dispatched in a batch while a look read the depths, pushed out the steps at
-    the head — those a look in their last interval tells)."""
+    first read). A step dispatched after ``at`` is not counted in them: counted as waiting among
+    the last dispatched, such steps (the agents' next steps, retries, dispatched while a
+    look read the depths and then the running steps) pushed as many out at the queue's head —
+    the steps nearest their complete-by, those a look in their last interval tells."""
 
     of: dict[str, int | None]
     at: float | None
