@@ -1,7 +1,8 @@
 """How far an operator can trust a run's at-risk alerts, judged afterwards (a chaos or soak run).
 
 * **Precision**: of the at-risk alerts, the share whose step attempt then did miss its
-  complete-by (the Supervisor gave it up as expired). An alert for a step that finished in time
+  complete-by (the Supervisor gave it up as expired, or it was received past it and run all the
+  same: :func:`ran_late`). An alert for a step that finished in time
   cried wolf.
 * **Recall**: of the step attempts that missed their complete-by *waiting in their agent's queue*
   — the Supervisor gave the attempt up as expired, and no worker had received its message before
@@ -114,6 +115,18 @@ def missed_attempts(event_rows: Iterable[Any], dispatched: Mapping[Attempt, tupl
                 or (e.to_state == "failed" and e.detail.get("error") == EXPIRED_ERROR))}
 
 
+def ran_late(event_rows: Iterable[Any], dispatched: Mapping[Attempt, tuple[float, float]],
+             received: Mapping[Attempt, Received]) -> dict[Attempt, tuple[float, float]]:
+    """Step attempts completed though their message was first received past their complete-by:
+    they missed it too, though nobody gave them up — an agent that cannot read the database's
+    clock (PostgreSQL refusing new connections) runs a step from its receipt, and the Supervisor,
+    refused too, has not expired it by the time it completes (a 30-minute soak's: 28 such steps,
+    received 4-5 s late after a broker's outage, judged as cried wolf by the expiries alone)."""
+    done = [(e.run_id, e.position, e.attempt) for e in event_rows if e.kind == "transition"
+            and e.position is not None and e.from_state == "running" and e.to_state == "completed"]
+    return {a: dispatched[a] for a in done if a in dispatched and a in received and received[a].at > dispatched[a][1]}
+
+
 class Received(NamedTuple):
     """A worker's first receipt of a step attempt's message."""
 
@@ -209,8 +222,8 @@ def judge(alert_rows: Iterable[Any], event_rows: Iterable[Any], logs: Mapping[st
     ``since``)."""
     alert_rows, event_rows = list(alert_rows), list(event_rows)
     dispatched = dispatches(event_rows)
-    missed = missed_attempts(event_rows, dispatched)
     received = first_received(logs)
+    missed = {**missed_attempts(event_rows, dispatched), **ran_late(event_rows, dispatched, received)}
     late = {a: when for a, when in missed.items()
             if when is not None and a in received and received[a].at > when[1]}
     held_up = {a for a, (sent, by) in late.items() if in_outage(sent, by, received[a], outages)}

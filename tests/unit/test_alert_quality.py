@@ -64,6 +64,25 @@ def test_precision_counts_alerts_whose_attempt_missed_and_recall_the_queue_misse
     }
 
 
+def test_a_step_received_past_its_complete_by_and_run_all_the_same_missed_it():
+    """An agent that cannot read the database's clock (PostgreSQL refusing new connections) runs a
+    step from its receipt, and the Supervisor, refused too, has not expired it when it completes:
+    nobody gave it up, but it was taken from its queue seconds past its complete-by. The alert that
+    foresaw it was right; a step completed after a receipt in time was not late."""
+    def completed(run_id: str, position: int) -> Row:
+        return Row(kind="transition", run_id=run_id, position=position, attempt=1, from_state="running",
+                   to_state="completed", detail={})
+
+    events = [dispatched(RUN_A, 1, 1, T0 + 5), completed(RUN_A, 1),   # received at T0 + 9.5, run, completed
+              dispatched(RUN_B, 1, 1, T0 + 5), completed(RUN_B, 1)]   # received in time
+    alerts = [at_risk(RUN_A, 1, 1, T0 + 4.9), at_risk(RUN_B, 1, 1, T0 + 4.9)]
+    logs = {"agent0": received(RUN_A, 1, 1, T0 + 9.5) + received(RUN_B, 1, 1, T0 + 4.95)}
+
+    result = judge(alerts, events, logs)
+    assert (result["alerts_whose_step_missed"], result["precision"]) == (1, 0.5)
+    assert (result["missed_waiting_in_queue"], result["recall"]) == (1, 1.0)
+
+
 def test_the_steps_that_made_it_or_missed_by_less_than_the_margin_are_counted():
     """A queue at capacity: which steps reach its head just in time is a coin toss. The wrong
     alerts and the unforeseen misses that were a fraction of a second from the other outcome are
