@@ -201,9 +201,9 @@ def test_the_steps_counted_as_waiting_are_the_last_dispatched_head_first(sas, pu
 
 def test_steps_dispatched_while_a_look_read_the_depths_do_not_push_the_queues_head_out(sas, pump):
     """A look reads the queues' depths, then which steps are running: a batch dispatched in
-    between (a sweep's retries) is not in the depths read, and counted as the last dispatched it
-    pushed out the steps at the queues' heads — the ones nearest their complete-by. Two agents'
-    queues, each judged by when its depth was read."""
+    between (the agents' next steps, retries) is not in the depths read before it, and counted as
+    the last dispatched it pushed out the steps at the queues' heads — the ones nearest their
+    complete-by. Two agents' queues, whichever is read first."""
     depot = sas.agent("depot")
     depot.action(lambda payload: {}, name="work")
     timeout = sas.workflows["three"].steps[0].timeout
@@ -219,7 +219,7 @@ def test_steps_dispatched_while_a_look_read_the_depths_do_not_push_the_queues_he
         if queue == "sas.agent.svc" and not getattr(read_then_dispatch, "done", False):
             read_then_dispatch.done = True
             pass_time(sas, sas.store.now(), "a moment after the depths were read")
-            for i in range(5):  # five more for each agent, after both depths were read
+            for i in range(5):  # five more for each agent, after svc's depth was read (depot's before or after)
                 sas.submit("three", {}, business_key=f"batch-{i}")
                 sas.submit("elsewhere", {}, business_key=f"batch-depot-{i}")
             pump.run(["sas.scheduler"])
