@@ -35,6 +35,7 @@ from .errors import (
     TransientError,
     WorkflowDefinitionError,
 )
+from .publishes import Publish, headers
 from .routing import (
     SCHEDULER_QUEUE,
     STEP_DEFERRED,
@@ -186,19 +187,26 @@ class AgentRequest(Request):  # type: ignore[misc]
         super().reject(requeue=requeue and not getattr(self, "lost_reported", False))
 
     def _report_lost(self, reason: str) -> bool:
-        kwargs = self.kwargs if isinstance(self.kwargs, dict) else {}
-        try:
-            report = {"run_id": str(kwargs["run_id"]), "position": int(kwargs["position"]),
-                      "attempt": int(kwargs["attempt"]), "reason": reason[:200]}
-        except (KeyError, TypeError, ValueError):
-            return False  # not a step we can name; Celery's default applies
-        try:
-            self.task.app.send_task(STEP_LOST, kwargs=report, queue=SCHEDULER_QUEUE, **confirm_options(self.task.app))
-        except Exception:
-            log.exception("could not report the lost worker of %s; the message goes back to the queue", report)
-            return False
-        log.warning("worker lost while running %s (%s); reported to the Scheduler", report, reason)
-        return True
+        return report_lost(self.task.app, self.kwargs if isinstance(self.kwargs, dict) else {}, reason)
+
+
+def report_lost(celery: Celery, message: dict[str, Any], reason: str) -> bool:
+    """Tell the Scheduler that the worker process running the step of ``message`` (an agent
+    message's arguments) died (``sas.scheduler.step_lost``). False if the step cannot be named
+    or the report cannot be sent: the message then goes back to its queue, as Celery would do."""
+    try:
+        report = {"run_id": str(message["run_id"]), "position": int(message["position"]),
+                  "attempt": int(message["attempt"]), "reason": reason[:200]}
+    except (KeyError, TypeError, ValueError):
+        return False  # not a step we can name; Celery's default applies
+    try:
+        celery.send_task(STEP_LOST, kwargs=report, queue=SCHEDULER_QUEUE, headers=headers(Publish.STEP_LOST),
+                         **confirm_options(celery))
+    except Exception:
+        log.exception("could not report the lost worker of %s; the message goes back to the queue", report)
+        return False
+    log.warning("worker lost while running %s (%s); reported to the Scheduler", report, reason)
+    return True
 
 
 class Agent:
@@ -348,4 +356,6 @@ class Agent:
                 return
             except Exception:
                 log.exception("replying in process failed; sending the reply to the Scheduler's queue")
-        self.celery.send_task(task, kwargs=reply, queue=SCHEDULER_QUEUE, **confirm_options(self.celery))
+        kind = Publish(task.rsplit(".", 1)[1])  # the reply's name: step_done, step_failed, step_deferred
+        self.celery.send_task(task, kwargs=reply, queue=SCHEDULER_QUEUE, headers=headers(kind),
+                              **confirm_options(self.celery))

@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from . import faults, tracing
 from .client import Client, RunHandle, schema_not_ready
 from .errors import DuplicateBusinessKey, InvalidSubmission, SasError
+from .publishes import Publish
 from .routing import asking
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def submit_many(client: Client, items: Iterable[Submission | Mapping[str, Any]])
             Submitted(index, RunHandle(client, written.handle.id, created=False))
     # the Scheduler is asked about the new runs in a message per ADVANCE_CHUNK, not one per run
     for start in range(0, len(created), ADVANCE_CHUNK):
-        client.router.send(asking(created[start:start + ADVANCE_CHUNK]))
+        client.router.send(asking(created[start:start + ADVANCE_CHUNK], Publish.SUBMITTED))
     return [outcomes[i] for i in sorted(outcomes)]
 
 

@@ -22,6 +22,7 @@ from .errors import (
 )
 from .migrate import schema_problem
 from .planner import Moves
+from .publishes import Publish
 from .routing import SUBMIT, Advance, Router
 from .scheduler import Scheduler
 from .settings import Settings
@@ -247,5 +248,5 @@ class Client:
             scheduler.after_commit(tx, moves)
         else:  # the Scheduler's message (were it lost, the Supervisor asks again after SAS_PICKUP_TIMEOUT)
             self.router.relay(tx.outbox)
-            self.router.send(Advance(run.id))
+            self.router.send(Advance(run.id, Publish.SUBMITTED))
         return RunHandle(self, run.id, created=True)

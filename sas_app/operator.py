@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import InvalidOperation, UnknownRun
+from .publishes import Publish
 from .recovery import cancel_run, undo_run
 from .routing import Advance, Router
 from .settings import Settings
@@ -29,7 +30,9 @@ class Operator:
     def resubmit(self, run_id: str, *, by: str, reason: str = "", step: str | None = None,
                  step_input: Any = None) -> None:
         """Put a run in ``error`` back to work from its failed step (not from the start): that step
-        goes to pending with its failure count reset, optionally with an edited input."""
+        goes to pending with its failure count reset, optionally with an edited input. A run that
+        has no failed step — its deadline passed with nothing to undo — goes back to work where it
+        stopped: its stopped steps back to pending, its deadline lifted."""
         _check_reason(by, reason)
         if step_input is not None:
             try:
@@ -40,12 +43,25 @@ class Operator:
             run = _locked(tx, run_id)
             if run.process_state != RunState.ERROR:
                 raise InvalidOperation(f"cannot resubmit run {run_id}: it is {run.process_state}, not error")
-            failed = _step(tx, run, step, (StepState.FAILED,), "resubmit")
+            steps = tx.steps_of(run_id)
+            stopped_at_deadline = step is None and not any(s.state == StepState.FAILED for s in steps)
+            if stopped_at_deadline and step_input is not None:
+                raise InvalidOperation(f"cannot resubmit run {run_id} with an edited input: it has no failed step "
+                                       "to give it to (name one with --step)")
             _check_slot(tx, run, "resubmit")
-            tx.operator_event(run_id, failed.position, "resubmit", by, reason)
-            tx.resubmit_step(failed, self.settings.pickup_timeout, by, step_input)
-            tx.reopen_run(run, RunState.COMPENSATING if failed.is_undo else RunState.PROCESSING, by)
-        self.router.after_commit(tx.outbox, Advance(run_id), *tx.follow_ups)
+            if stopped_at_deadline:
+                _refuse_fan_outs(run, steps)
+                tx.operator_event(run_id, None, "resubmit", by, reason)
+                tx.restart_stopped(run_id, by)
+                undoing = False
+            else:
+                failed = _step(tx, run, step, (StepState.FAILED,), "resubmit")
+                tx.operator_event(run_id, failed.position, "resubmit", by, reason)
+                tx.resubmit_step(failed, self.settings.pickup_timeout, by, step_input)
+                undoing = failed.is_undo
+            tx.reopen_run(run, RunState.COMPENSATING if undoing else RunState.PROCESSING, by)
+            asked = tx.ask(run_id, Publish.RESUBMITTED, self.settings.pickup_timeout)
+        self.router.after_commit(tx.outbox, asked, *tx.follow_ups)
 
     def mark_done(self, run_id: str, step: str, *, by: str, reason: str = "", result: Any = None) -> None:
         """Record a step an operator completed by hand (or decided to skip) as completed; the run
@@ -70,7 +86,8 @@ class Operator:
                 tx.mark_compensated(run_id, target.compensates, by)
             if run.process_state == RunState.ERROR:
                 tx.reopen_run(run, RunState.COMPENSATING if target.is_undo else RunState.PROCESSING, by)
-        self.router.after_commit(tx.outbox, Advance(run_id), *tx.follow_ups)
+            asked = tx.ask(run_id, Publish.MARKED_DONE, self.settings.pickup_timeout)
+        self.router.after_commit(tx.outbox, asked, *tx.follow_ups)
 
     def pause(self, run_id: str, *, by: str, reason: str = "") -> None:
         """Dispatch no further step of this run until :meth:`resume` (a running step finishes)."""
@@ -89,7 +106,8 @@ class Operator:
             if not tx.set_paused(run, None):
                 raise InvalidOperation(f"cannot resume run {run_id}: it is {run.process_state} and not paused")
             tx.operator_event(run_id, None, "resume", by, reason)
-        self.router.after_commit(tx.outbox, Advance(run_id), *tx.follow_ups)
+            asked = tx.ask(run_id, Publish.RESUMED, self.settings.pickup_timeout)
+        self.router.after_commit(tx.outbox, asked, *tx.follow_ups)
 
     def cancel(self, run_id: str, *, by: str, reason: str = "") -> str:
         """Stop a pending or processing run: no further step starts, and whatever may have been done
@@ -102,8 +120,8 @@ class Operator:
             tx.operator_event(run_id, None, "cancel", by, reason)
             why = f"cancelled by {by}" + (f": {reason}" if reason else "")
             state = cancel_run(tx, run, why, self.settings, by=by)
-        self.router.after_commit(tx.outbox, Advance(run_id) if state == RunState.COMPENSATING else None,
-                                 *tx.follow_ups)
+        undoing = state == RunState.COMPENSATING
+        self.router.after_commit(tx.outbox, Advance(run_id, Publish.CANCELLED) if undoing else None, *tx.follow_ups)
         return state
 
     def compensate(self, run_id: str, *, by: str, reason: str = "") -> None:
@@ -118,7 +136,7 @@ class Operator:
             why = f"compensated by {by}" + (f": {reason}" if reason else "")
             if not undo_run(tx, run, why, self.settings, actor=by):
                 raise InvalidOperation(f"cannot compensate run {run_id}: none of its steps has anything to undo")
-        self.router.after_commit(tx.outbox, Advance(run_id), *tx.follow_ups)
+        self.router.after_commit(tx.outbox, Advance(run_id, Publish.COMPENSATE), *tx.follow_ups)
 
 
 def done_message(action: str, run_id: str, *, step: str | None = None, state: str | None = None) -> str:
@@ -138,6 +156,15 @@ def _check_slot(tx: Tx, run: RunRow, action: str) -> None:
     if len(holders) >= run.max_running:
         raise InvalidOperation(f"cannot {action} run {run.id}: its key {run.slot!r} runs at most {run.max_running} "
                                f"at once and {', '.join(holders)} hold(s) it; try again once they end")
+
+
+def _refuse_fan_outs(run: RunRow, steps: list[StepRow]) -> None:
+    """A run stopped at its deadline in the middle of a ``for_each`` cannot be put back where it
+    stopped (its branches were stopped with it): refused, nothing changed."""
+    fanned = [s.name for s in steps if s.state == StepState.STOPPED and (s.for_each is not None or s.is_branch)]
+    if fanned:
+        raise InvalidOperation(f"cannot resubmit run {run.id}: it stopped in the middle of fan-out step(s) "
+                               f"{', '.join(sorted(set(fanned)))}; compensate it or submit it again")
 
 
 def _locked(tx: Tx, run_id: str) -> RunRow:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .alerts import Alert, Alerts
 from .graph import Graph, fan_out_list, step_input, to_start
+from .publishes import Publish
 from .recovery import fail_run
 from .routing import Advance, AgentMessage
 from .settings import Settings, instance_id
@@ -48,8 +49,9 @@ class Dispatch:
         # effect left standing. Only an undo: retries sent first starve the first attempts behind
         # them in a lasting backlog (measured: see the README's Performance section).
         urgency = URGENT if self.undoes is not None else self.run.priority
+        why = Publish.DISPATCH if self.undoes is None else Publish.UNDO_DISPATCH
         return AgentMessage(step.agent, step.action, step.run_id, step.position, step.attempt, step.timeout,
-                            urgency, self.kwargs())
+                            urgency, self.kwargs(), why)
 
     def kwargs(self) -> dict[str, Any]:
         kwargs = {
@@ -98,7 +100,7 @@ class Moves:
         later = next((m for m in self.messages if isinstance(m, Advance) and m.delay > 0), None)
         if seconds > 0 and (later is None or seconds < later.delay):
             self.messages = [m for m in self.messages if m is not later]
-            self.messages.append(Advance(run_id, seconds))
+            self.messages.append(Advance(run_id, Publish.BACKOFF, seconds))
 
 
 class Planner:
@@ -112,8 +114,10 @@ class Planner:
 
     def next(self, tx: Tx, run: RunRow) -> Moves:
         """Within the run's transaction: start every step that may start now (or the next undo,
-        while compensating), or finish the run when nothing is left."""
+        while compensating), or finish the run when nothing is left. The run has been looked at:
+        a complete-by it had for being asked about is cleared (:meth:`Tx.ask`)."""
         moves = Moves()
+        tx.looked_at(run)
         self._plan(tx, run, moves)
         return moves
 
@@ -224,7 +228,7 @@ class Planner:
             child_id, child_key(run.id, step.name, started.attempt), step_input(run, step), priority=run.priority,
             parent_run_id=run.id, parent_position=step.position, depth=run.depth + 1,
         ), self.settings.pickup_timeout)
-        moves.messages.append(Advance(child.id))
+        moves.messages.append(Advance(child.id, Publish.CHILD_STARTED))
 
     def _children_ended(self, tx: Tx, run: RunRow, graph: Graph, moves: Moves) -> str | None:
         """Steps waiting for a child run that has ended: processed, the step completes with its

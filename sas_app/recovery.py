@@ -28,6 +28,7 @@ from typing import Any
 
 from .alerts import COMPENSATION_FAILED, COMPENSATION_STUCK, DEADLINE, ESCALATED, FAILED, Alert, Alerts
 from .graph import Graph
+from .publishes import Publish
 from .routing import Advance
 from .settings import Settings
 from .states import EXPIRED_ERROR, Cause, RunState, StepState
@@ -117,7 +118,7 @@ def _cancel_children(tx: Tx, run: RunRow, steps: Sequence[StepRow], reason: str,
         if not undo_run(tx, locked, why, settings, actor=actor, cancelled_by=actor):
             tx.finish_run(child.id, RunState.CANCELLED, from_state=locked.process_state, actor=actor, error=why,
                           cancelled_by=actor)
-        tx.follow_ups.append(Advance(child.id))
+        tx.follow_ups.append(Advance(child.id, Publish.CHILD_CANCELLED))
 
 
 def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: Cause, detail: str, *,

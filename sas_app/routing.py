@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.entity import Exchange, Queue
 
+from .publishes import Publish, headers
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -96,9 +97,11 @@ class Notification:
 
 @dataclass(frozen=True)
 class Advance:
-    """Ask the Scheduler about a run, after ``delay`` seconds (a back-off not yet over)."""
+    """Ask the Scheduler about a run, after ``delay`` seconds (a back-off not yet over); ``why``
+    names the publish (:class:`Publish`: what recovers it if it is lost)."""
 
     run_id: str
+    why: Publish
     delay: float = 0.0
 
     def __str__(self) -> str:
@@ -112,16 +115,17 @@ class AdvanceEach:
     Scheduler's worker a message per run."""
 
     run_ids: tuple[str, ...]
+    why: Publish
     delay: float = 0.0
 
     def __str__(self) -> str:
         return f"the Scheduler's message for {len(self.run_ids)} runs"
 
 
-def asking(run_ids: Sequence[str], delay: float = 0.0) -> Advance | AdvanceEach:
+def asking(run_ids: Sequence[str], why: Publish, delay: float = 0.0) -> Advance | AdvanceEach:
     """The Scheduler's message about ``run_ids``: an :class:`Advance` for one run (as Flower
     shows it, with its id), an :class:`AdvanceEach` for more."""
-    return Advance(run_ids[0], delay) if len(run_ids) == 1 else AdvanceEach(tuple(run_ids), delay)
+    return Advance(run_ids[0], why, delay) if len(run_ids) == 1 else AdvanceEach(tuple(run_ids), why, delay)
 
 
 #: what Flower shows of an agent's message (see AgentMessage.describe)
@@ -140,6 +144,7 @@ class AgentMessage:
     timeout: float
     urgency: int
     kwargs: dict[str, Any]
+    why: Publish
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.position} attempt {self.attempt}"
@@ -190,11 +195,12 @@ class Router:
             if isinstance(message, Advance):
                 self.celery.send_task(ADVANCE, args=[message.run_id], queue=SCHEDULER_QUEUE,
                                       countdown=self._countdown(message.delay), argsrepr=f"['{message.run_id}']",
-                                      **self.confirm)
+                                      headers=headers(message.why), **self.confirm)
             elif isinstance(message, AdvanceEach):
                 self.celery.send_task(ADVANCE_EACH, args=[list(message.run_ids)], queue=SCHEDULER_QUEUE,
                                       countdown=self._countdown(message.delay),
-                                      argsrepr=f"[{len(message.run_ids)} runs]", **self.confirm)
+                                      argsrepr=f"[{len(message.run_ids)} runs]", headers=headers(message.why),
+                                      **self.confirm)
             else:
                 self.celery.send_task(
                     agent_task_name(message.agent, message.action),
@@ -208,6 +214,7 @@ class Router:
                     time_limit=message.timeout + 5,
                     argsrepr="()",
                     kwargsrepr=message.describe(),
+                    headers=headers(message.why),
                     **self.confirm,
                 )
             return True
@@ -239,7 +246,7 @@ class Router:
                     queue = reply_queue(note.reply_to)
                     producer.publish(note.body, exchange=queue.exchange, routing_key=note.reply_to,
                                      declare=[queue], serializer="json", retry=True, retry_policy=self.retry_policy,
-                                     **self.confirm)
+                                     headers=headers(Publish.NOTIFIED), **self.confirm)
             self.mark_sent([n.id for n in notes])
         except Exception:
             log.exception("could not relay %d notification(s); the Supervisor will", len(notes))

@@ -23,6 +23,7 @@ from .alerts import Alerts
 from .errors import InvalidSignal, UnknownRun
 from .graph import Graph
 from .planner import Dispatch, HasAction, Moves, Planner
+from .publishes import Publish
 from .recovery import fail_run, recover_step
 from .routing import ADVANCE, ADVANCE_EACH, STEP_DEFERRED, STEP_DONE, STEP_FAILED, STEP_LOST, Advance, Router
 from .settings import Settings, instance_id
@@ -119,6 +120,7 @@ class Scheduler:
             restarted = tx.restart_retries(run_ids, self.instance_id)
             moves = Moves()
             for run, step, steps in restarted:
+                tx.looked_at(run)
                 moves.extend(self.planner.dispatch(tx, run, step, Graph(steps).results()))
         self.after_commit(tx, moves)
         done = {run.id for run, _, _ in restarted}
@@ -203,7 +205,7 @@ class Scheduler:
             if run is None or not deferred:
                 self._stale(tx, run, position, attempt, "step_deferred")
                 return
-        self.after_commit(tx, Moves([Advance(run_id, max(float(delay), 0.0))]))
+        self.after_commit(tx, Moves([Advance(run_id, Publish.BACKOFF, max(float(delay), 0.0))]))
 
     def step_lost(self, run_id: str, position: int, attempt: int, reason: str) -> None:
         """The worker process running this attempt died (reported by its worker's main process).
@@ -222,7 +224,8 @@ class Scheduler:
                                    actor=self.instance_id)
         log.warning("run %s step %s attempt %s: worker lost (%s); %s", run_id, position, attempt, reason,
                     "failed for good" if outcome.failed else f"retry in {outcome.backoff:.1f}s")
-        retry: list[Dispatch | Advance] = [] if outcome.escalated else [Advance(run_id, outcome.backoff)]
+        retry: list[Dispatch | Advance] = [] if outcome.escalated else [Advance(run_id, Publish.BACKOFF,
+                                                                               outcome.backoff)]
         self.after_commit(tx, Moves(retry, [outcome.alert]))
 
     def signal(self, run_id: str, event: str, payload: Any, by: str) -> str:
@@ -252,8 +255,8 @@ class Scheduler:
                 if known:  # this process has the run's code: it ends the wait and starts what follows
                     moves = self.planner.next(tx, run)
                     status = tx.signal_status(signal_id)
-                else:  # kept: the Scheduler consumes it (or, were this message lost, the wait's timeout does)
-                    moves.messages.append(Advance(run.id))
+                else:  # kept: the Scheduler consumes it
+                    moves.messages.append(tx.ask(run.id, Publish.SIGNALLED, self.settings.pickup_timeout))
         log.info("%s: signal %r %s", what, event, status)
         self.after_commit(tx, moves)
         return status

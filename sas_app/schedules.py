@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from croniter import croniter  # type: ignore[import-untyped]
 
 from .errors import WorkflowDefinitionError
+from .publishes import Publish
 from .recovery import cancel_run
 from .routing import SUPERVISOR_QUEUE, TICK, Advance, Router
 from .settings import Settings, instance_id
@@ -148,7 +149,7 @@ class Schedules:
                     started.append(run_id)
             if ticks:
                 tx.set_last_tick(schedule.name, ticks[-1])
-        self.router.after_commit(tx.outbox, *(Advance(run_id) for run_id in started), *tx.follow_ups)
+        self.router.after_commit(tx.outbox, *(Advance(run_id, Publish.SCHEDULED) for run_id in started), *tx.follow_ups)
         return started
 
     def _start(self, tx: Tx, schedule: Schedule, tick: float) -> str | None:
@@ -166,7 +167,7 @@ class Schedules:
                     state = cancel_run(tx, locked, f"cancelled by schedule {schedule.name}: tick {key}",
                                        self.settings, by=f"schedule:{schedule.name}")
                     if state == RunState.COMPENSATING:
-                        tx.follow_ups.append(Advance(run.id))
+                        tx.follow_ups.append(Advance(run.id, Publish.CANCELLED))
         workflow = self.workflows[schedule.workflow]
         run_id = uuid.uuid4().hex
         payload = {**schedule.payload, "scheduled_for": key.split("@", 1)[1]}

@@ -12,8 +12,10 @@ It only decides and asks; the Scheduler and the agents do the work. Each sweep, 
   (:mod:`sas_app.recovery` decides);
 * every run past its workflow's deadline raises one alert and is undone (or goes to ``error``
   when there is nothing to undo);
-* every run or step left ``pending`` past its complete-by (the Scheduler's message was lost) gets a
-  new complete-by and the Scheduler is asked again.
+* every run or step whose complete-by passed with no Scheduler acting on it — a run pending, a
+  live run asked about (an operator's resume, a step marked done), a step whose back-off or wait
+  is over: the Scheduler's message was lost — gets a new complete-by and the Scheduler is asked
+  again. Every message sas_app sends has such a row behind it (:mod:`sas_app.publishes`).
 
 Expired rows are read with ``FOR UPDATE SKIP LOCKED``, so Supervisors running at once take
 disjoint rows, and each transition is fenced on the step's attempt, so none is recovered twice.
@@ -34,6 +36,7 @@ from . import faults
 from .alerts import Alert, Alerts
 from .backlog import clear_at, pace
 from .lookout import Lookout
+from .publishes import Publish
 from .queue_depths import QueueDepths, queued_steps
 from .recovery import past_deadline, recover_steps
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
@@ -175,14 +178,14 @@ class Supervisor:
         for backoff, run_ids in by_backoff.items():
             log.warning("%d step(s) passed complete-by; retry in %.1fs: runs %s", len(run_ids), backoff,
                         _listed(run_ids))
-            self.router.send(asking(run_ids, backoff))
+            self.router.send(asking(run_ids, Publish.RETRY, backoff))
         if requeued:
             log.warning("%d run(s) waited past complete-by for the Scheduler; asking again: %s", len(requeued),
                         _listed(requeued))
-            self.router.send(asking(requeued))
+            self.router.send(asking(requeued, Publish.REQUEUED))
         self.alerts.emit_grouped(raised)
         if failed:
-            self.router.send(asking(failed))  # to undo them, those being compensated
+            self.router.send(asking(failed, Publish.UNDO))  # to undo them, those being compensated
         for follow_up in tx.follow_ups:  # a child run ended, or is being cancelled with its parent
             self.router.send(follow_up)
         report.retried += retried

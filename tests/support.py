@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from queue import Empty
 from typing import Any, TypeVar
@@ -16,6 +17,8 @@ from sqlalchemy import Engine, event
 
 from sas_app import SasApp
 from sas_app.processes import wait_until
+from sas_app.publishes import HEADER
+from sas_app.states import TERMINAL_RUN_STATES
 
 T = TypeVar("T")
 
@@ -100,6 +103,27 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
         raise AssertionError(str(exc)) from None
 
 
+def drive(sas: SasApp, pump: Pump, run_ids: Iterable[str], rounds: int = 60) -> None:
+    """Run every message; while any of ``run_ids`` is live or has a notification not relayed,
+    move the store's clock to the next thing due (or a pick-up time on, when nothing is: a child's
+    end, an unsent notification wait that long to be found) and sweep — until all have ended and
+    been told, in at most ``rounds`` rounds."""
+    ids = list(run_ids)
+    for _ in range(rounds):
+        pump.run_due()
+        runs = [sas.store.get_run(run_id) for run_id in ids]
+        # every notification not relayed (a negative age: those written this very moment too)
+        unsent = {note.body["run_id"] for note in sas.store.unsent(older_than=-60, limit=1000)}
+        if all(run is not None and run.process_state in TERMINAL_RUN_STATES for run in runs) and not unsent & set(ids):
+            return
+        now = sas.store.now()
+        due = [t for t in (sas.store.next_due(), pump.next_held()) if t is not None and t > now]
+        pass_time(sas, min(due, default=now + sas.settings.pickup_timeout), "the next thing due")
+        sas.supervisor.sweep()
+    states = {run_id: getattr(sas.store.get_run(run_id), "process_state", None) for run_id in ids}
+    raise AssertionError(f"runs still live after {rounds} rounds: {states}")
+
+
 @dataclass(frozen=True)
 class Message:
     task: str
@@ -109,13 +133,43 @@ class Message:
     #: the broker's priority it was published with (None: none)
     priority: int | None = None
 
+    def countdown(self) -> float:
+        """Seconds until its ETA, as a worker would hold it: 0 without one; with one, at least a
+        millisecond, so that a message published with a countdown waits for the clock to move even
+        when its ETA passed on this host's clock while the store's clock stood still."""
+        eta = self.headers.get("eta")
+        return max(datetime.fromisoformat(eta).timestamp() - time.time(), 0.001) if eta else 0.0
+
 
 class Pump:
     """Reads the app's queues on a real kombu broker (``memory://`` in unit tests) and runs each
-    message's task body in this process: the real handlers, the real serialisation, no workers."""
+    message's task body in this process: the real handlers, the real serialisation, no workers.
+
+    After each message it checks the promise every publish keeps: no live run is left with
+    nothing due in the store (:meth:`Store.stranded_runs`). :meth:`lose` drops messages of one
+    kind as a broker would."""
 
     def __init__(self, sas: SasApp) -> None:
         self.sas = sas
+        #: kinds of message (:class:`Publish` values) still to drop, and how many of each
+        self.to_lose: dict[str, int] = {}
+        #: the kinds of the messages dropped so far, in order
+        self.lost: list[str] = []
+        #: messages published with a countdown, held until the store's clock reaches their time
+        #: (:meth:`run_due`)
+        self.held: list[tuple[float, Message]] = []
+
+    def lose(self, kind: str, times: int = 1) -> None:
+        """Drop the next ``times`` messages of ``kind`` (their ``sas_publish`` header) unrun."""
+        self.to_lose[kind] = self.to_lose.get(kind, 0) + times
+
+    def _dropped(self, message: Message) -> bool:
+        kind = message.headers.get(HEADER)
+        if not self.to_lose.get(kind, 0):
+            return False
+        self.to_lose[kind] -= 1
+        self.lost.append(kind)
+        return True
 
     def queues(self) -> list[str]:
         return self.sas.queues()
@@ -144,6 +198,31 @@ class Pump:
 
     def execute(self, message: Message) -> None:
         self.sas.celery.tasks[message.task].run(*message.args, **message.kwargs)
+        stranded = self.sas.store.stranded_runs()
+        assert not stranded.count, f"after {message.task}: run {stranded.example} is live with nothing due"
+
+    def run_due(self, limit: int = 1000) -> int:
+        """:meth:`run` as a worker does it: a message published with a countdown (a back-off) is
+        held until the store's clock has moved that far, and run by a later call. Returns how
+        many ran."""
+        ran = 0
+        while ran < limit:
+            now = self.sas.store.now()
+            for message in (m for q in self.queues() for m in self.take(q)):
+                self.held.append((now + message.countdown(), message))
+            due = [m for at, m in self.held if at <= now]
+            if not due:
+                return ran
+            self.held = [(at, m) for at, m in self.held if at > now]
+            for message in due:
+                if not self._dropped(message):
+                    self.execute(message)
+                    ran += 1
+        raise AssertionError(f"still busy after {limit} messages: a message loop?")
+
+    def next_held(self) -> float | None:
+        """When the soonest message held for its countdown is due (the store's clock)."""
+        return min((at for at, _ in self.held), default=None)
 
     def run(self, queues: Iterable[str] | None = None, limit: int = 1000) -> int:
         """Run messages until the given queues (default: all) are empty; return how many ran."""
@@ -154,6 +233,8 @@ class Pump:
             if not batch:
                 return ran
             for message in batch:
+                if self._dropped(message):
+                    continue
                 self.execute(message)
                 ran += 1
         raise AssertionError(f"still busy after {limit} messages: a message loop?")

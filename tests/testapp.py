@@ -2,7 +2,8 @@
 
 ``payload["script"][step]`` is a list of outcomes, one per delivery of that step to the agent:
 ``"ok"`` (reply with a result), ``"permanent"`` (non-transient fault), ``"transient"`` (raise a
-transient fault; the agent retries it), ``"hang"`` (stop silently, as past complete-by). Once the
+transient fault; the agent retries it), ``"hang"`` (stop silently, as past complete-by),
+``"deferred"`` (the agent's breaker is open: it defers the step for 0.05 s). Once the
 list is used up the last outcome repeats; with no script a step just succeeds. An undo is scripted
 under its own name, ``"undo:<step>"``.
 """
@@ -13,6 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from sas_app import AgentCall, PermanentError, SasApp, Sleep, Step, StepExpired, TransientError, WaitFor
+from sas_app.breaker import BreakerOpen
 
 #: every call an agent received, per idempotency key: (attempt, outcome)
 CALLS: dict[str, list[tuple[int, str]]] = defaultdict(list)
@@ -29,6 +31,8 @@ def scripted(call: AgentCall) -> dict[str, Any]:
         raise TransientError(f"{call.step} busy")
     if outcome == "hang":
         raise StepExpired(call.step)
+    if outcome == "deferred":
+        raise BreakerOpen("svc", 0.05)
     if call.index is not None:
         return {"step": call.step, "item": call.item, "index": call.index}
     return {"step": call.step, "attempt": call.attempt, "key": call.idempotency_key,

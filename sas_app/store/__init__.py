@@ -7,8 +7,8 @@ clock; ``transitions`` the fenced transitions of runs and steps; ``submission`` 
 ``slots`` one run at a time per key, ``schedules`` scheduled starts; ``compensation``,
 ``operations`` and ``sweep`` the transitions of undoing a run, of operators and the Supervisor's
 queries; ``retention`` deleting old finished runs; ``breakers`` agents' circuit breakers;
-``queries`` and ``observe`` the read-only ones; ``database`` the :class:`Store` that opens
-transactions. Nothing here sends a message.
+``queries``, ``observe`` and ``diagnosis`` (what ``sas doctor`` checks) the read-only ones;
+``database`` the :class:`Store` that opens transactions. Nothing here sends a message.
 """
 
 from .database import Store, Tx, dumps_payload, stored_object

@@ -18,6 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from ..routing import Notification
 from .breakers import StoreState
 from .children import ChildTx
+from .diagnosis import Diagnosis
 from .engine import Clock, db_now, make_engine
 from .fan_out import FanOutTx
 from .hot_path import HotPathTx
@@ -40,7 +41,7 @@ class Tx(HotPathTx, OperationsTx, SweepTx, RetryTx, FanOutTx, SubmissionTx, Chil
     """Every transition, inside one transaction (see :meth:`Store.begin`)."""
 
 
-class Store(Queries, Retention):
+class Store(Queries, Diagnosis, Retention):
     """The durable truth: runs, steps and their history. ``clock`` (SQLite only) replaces the
     database's clock, for tests that move time forward instead of waiting."""
 

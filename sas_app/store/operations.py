@@ -10,7 +10,7 @@ from sqlalchemy import update
 from ..states import EventKind, RunState, StepState
 from .engine import db_now
 from .rows import RunRow, StepRow
-from .tables import runs
+from .tables import runs, steps
 from .transitions import TxBase, run_in
 
 
@@ -39,6 +39,19 @@ class OperationsTx(TxBase):
             self.transition(step.run_id, step.position, StepState.FAILED, StepState.PENDING, attempt=step.attempt,
                             actor=actor)
         return won is not None
+
+    def restart_stopped(self, run_id: str, actor: str) -> None:
+        """A run's stopped workflow steps (its deadline stopped them) → pending, their failure
+        count reset: the Scheduler starts them again, a sleep or a wait from its beginning."""
+        stopped = self.conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.compensates.is_(None), steps.c.state == StepState.STOPPED.value)
+            .values(state=StepState.PENDING.value, failure_count=0, escalated=0, not_before=None, complete_by=None,
+                    locked_by=None, error=None, updated_at=db_now())
+            .returning(steps.c.position, steps.c.attempt)
+        ).all()
+        for position, attempt in stopped:
+            self.transition(run_id, position, StepState.STOPPED, StepState.PENDING, attempt=attempt, actor=actor)
 
     def complete_by_hand(self, step: StepRow, result: Any, actor: str) -> bool:
         """not_started | pending | failed → completed, for a step an operator did by hand."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from sqlalchemy import and_, func, or_, select, update
 
+from ..publishes import Publish
 from ..routing import Advance
 from ..states import EventKind, RunState
 from .engine import db_now
@@ -45,7 +46,8 @@ class SlotTx(TxBase):
         claimed = self.claimed(self.conn.execute(CLAIM_SLOT_RUN, {"b_run_id": run.id, "b_locked_by": locked_by})
                                .first(), locked_by)
         if claimed is not None and holders + 1 < run.max_running:  # room for the next in line too
-            self.follow_ups += [Advance(i) for i in self.next_in_line(run.workflow, run.slot, run.id)]
+            self.follow_ups += [Advance(i, Publish.SLOT_FREED)
+                                for i in self.next_in_line(run.workflow, run.slot, run.id)]
         return claimed
 
     def slot_holders(self, run: RunRow) -> list[str]:

@@ -2,7 +2,7 @@
 running at once take disjoint rows, and what an at-risk warning is judged by.
 
 Each walks a partial index over live rows only (``ix_steps_live_complete_by``,
-``ix_runs_pending_complete_by``), so its cost follows the number of rows that are due, not the
+``ix_runs_due``), so its cost follows the number of rows that are due, not the
 size of the table.
 """
 
@@ -15,7 +15,7 @@ from sqlalchemy import func, select, update
 from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from .engine import db_now
 from .rows import RunRow, StepRow, as_row
-from .tables import alerts, runs, steps
+from .tables import DUE_RUN_STATES, alerts, runs, steps
 from .transitions import TxBase, run_in
 
 _LIVE = run_in(*LIVE_RUN_STATES)  # through the run's primary key: see run_in
@@ -49,14 +49,16 @@ class SweepTx(TxBase):
         return [as_row(RunRow, r) for r in rows]
 
     def requeue_stalled(self, pickup_timeout: float, limit: int, actor: str) -> list[str]:
-        """Pending runs and pending steps that no Scheduler picked up by their complete-by (a lost
-        message): push their complete-by forward and return their run ids to be re-enqueued. Two
-        statements whatever the number (each an UPDATE of the rows a ``SKIP LOCKED`` select took),
-        and their events in the transaction's one insert."""
+        """Runs and pending steps that no Scheduler picked up by their complete-by (a lost
+        message): a pending run not claimed, a live run asked about and not looked at
+        (:meth:`TxBase.ask`), a step whose back-off or wait is over. Their complete-by is pushed
+        forward and their run ids returned, to be asked about again. Two statements whatever the
+        number (each an UPDATE of the rows a ``SKIP LOCKED`` select took), and their events in the
+        transaction's one insert."""
         now = db_now()
         stalled_runs = (
             select(runs.c.id)
-            .where(runs.c.process_state == RunState.PENDING.value, runs.c.complete_by < now)
+            .where(runs.c.process_state.in_(DUE_RUN_STATES), runs.c.complete_by < now)
             .order_by(runs.c.complete_by)
             .limit(limit)
             .with_for_update(skip_locked=True)
@@ -65,8 +67,8 @@ class SweepTx(TxBase):
             update(runs)
             .where(runs.c.id.in_(stalled_runs.scalar_subquery()))
             .values(complete_by=now + pickup_timeout, updated_at=now)
-            .returning(runs.c.id)
-        ).scalars().all()
+            .returning(runs.c.id, runs.c.process_state)
+        ).all()
         stalled_steps = (
             select(steps.c.id)
             .join(runs, runs.c.id == steps.c.run_id)
@@ -81,12 +83,13 @@ class SweepTx(TxBase):
             .values(complete_by=now + pickup_timeout, updated_at=now)
             .returning(steps.c.run_id, steps.c.position, steps.c.attempt)
         ).all()
-        for run_id in moved_runs:
-            self.event(run_id, None, EventKind.REQUEUE, RunState.PENDING, RunState.PENDING, actor=actor)
+        for run_id, state in moved_runs:
+            self.event(run_id, None, EventKind.REQUEUE, state, state, actor=actor)
         for run_id, position, attempt in moved_steps:
             self.event(run_id, position, EventKind.REQUEUE, StepState.PENDING, StepState.PENDING,
                        attempt=attempt, actor=actor)
-        return [*moved_runs, *(run_id for run_id, _, _ in moved_steps)]
+        return list(dict.fromkeys([*(run_id for run_id, _ in moved_runs),
+                                   *(run_id for run_id, _, _ in moved_steps)]))
 
     def busy_agents(self) -> list[str]:
         """The agents with a step running in a live run (whose queues an at-risk warning looks at)."""

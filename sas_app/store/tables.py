@@ -36,8 +36,11 @@ metadata = MetaData()
 _json = JSON().with_variant(JSONB(), "postgresql")
 _event_id = BigInteger().with_variant(Integer(), "sqlite")
 
-#: the predicates of the Supervisor's partial indexes (migration 0015)
-RUNS_PENDING_DUE = "complete_by IS NOT NULL AND process_state = 'pending'"
+#: the run states in which a run's complete-by is due: pending (to be picked up), processing or
+#: compensating (asked about, to be looked at: see TxBase.ask)
+DUE_RUN_STATES = ("pending", "processing", "compensating")
+#: the predicates of the Supervisor's partial indexes (migrations 0015, 0017)
+RUNS_DUE = "complete_by IS NOT NULL AND process_state IN ('pending', 'processing', 'compensating')"
 STEPS_LIVE_DUE = "complete_by IS NOT NULL AND state IN ('pending', 'running')"
 
 runs = Table(
@@ -50,7 +53,8 @@ runs = Table(
     Column("payload", _json, nullable=False),
     Column("process_state", String(20), nullable=False, server_default="pending"),
     Column("locked_by", String(200)),
-    # While pending: the time by which a Scheduler must have picked the run up.
+    # While pending: the time by which a Scheduler must have picked the run up; while processing or
+    # compensating, if set: by which it must have looked at the run it was asked about (TxBase.ask).
     Column("complete_by", Double),
     Column("failure_count", Integer, nullable=False, server_default="0"),
     Column("reply_to", String(200)),
@@ -82,15 +86,16 @@ runs = Table(
     Column("updated_at", Double, nullable=False),
     UniqueConstraint("workflow", "business_key", name="uq_runs_workflow_business_key"),
 )
-# The Supervisor's search for runs whose submit message was lost: only pending runs are indexed.
-# ``complete_by IS NOT NULL`` keeps the index out of the way of a fenced update of one run ("this
-# id, if still pending"), which implies the rest of the predicate: with the statistics taken before
-# a burst of submits, the planner would walk every pending run there instead of the primary key.
+# The Supervisor's search for runs whose Scheduler's message was lost: only live runs with a due
+# time are indexed. ``complete_by IS NOT NULL`` keeps the index out of the way of a fenced update
+# of one run ("this id, if still pending"), which implies the rest of the predicate: with the
+# statistics taken before a burst of submits, the planner would walk every pending run there
+# instead of the primary key.
 Index(
-    "ix_runs_pending_complete_by",
+    "ix_runs_due",
     runs.c.complete_by,
-    postgresql_where=text(RUNS_PENDING_DUE),
-    sqlite_where=text(RUNS_PENDING_DUE),
+    postgresql_where=text(RUNS_DUE),
+    sqlite_where=text(RUNS_DUE),
 )
 # A schedule's live runs (its overlap policy).
 Index("ix_runs_schedule", runs.c.schedule, runs.c.process_state, postgresql_where=text("schedule IS NOT NULL"),
@@ -171,7 +176,7 @@ steps = Table(
 )
 # The sweep reads only live steps (pending or running), ordered by complete-by: its cost follows
 # the number of live steps past their deadline, not the size of the table. (``complete_by IS NOT
-# NULL``: as for ix_runs_pending_complete_by, so that a fenced update of one step keeps to the
+# NULL``: as for ix_runs_due, so that a fenced update of one step keeps to the
 # primary key — 5 ms a step with 10,000 in flight otherwise.)
 Index(
     "ix_steps_live_complete_by",

@@ -17,8 +17,9 @@ from sqlalchemy import ColumnElement, Connection, bindparam, func, insert, selec
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 
+from ..publishes import Publish
 from ..routing import Advance, Notification
-from ..states import TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState, Word
+from ..states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState, Word
 from .engine import PG_NOW, db_now
 from .prepared import PREPARED, rows
 from .recordset import insert_from_json, rows_parameter
@@ -219,6 +220,24 @@ class TxBase:
             self.transition(run_id, None, from_state, to_state, actor=actor, detail={"error": error} if error else None)
         return won
 
+    def ask(self, run_id: str, why: Publish, pickup_timeout: float) -> Advance:
+        """The Scheduler's message about a run this transaction leaves with nothing else due (an
+        operator resumed it, marked a step done, a signal was kept for it): unless it has one, the
+        run gets a complete-by ``pickup_timeout`` from now, which the sweep finds if the message is
+        lost and the Scheduler clears when it looks at the run (:meth:`looked_at`)."""
+        now = db_now()
+        self.conn.execute(update(runs).where(runs.c.id == run_id, run_in(RunState.PENDING.value, *LIVE_RUN_STATES))
+                          .values(complete_by=func.coalesce(runs.c.complete_by, now + pickup_timeout),
+                                  updated_at=now))
+        return Advance(run_id, why)
+
+    def looked_at(self, run: RunRow) -> None:
+        """The Scheduler has looked at a live run it was asked about (:meth:`ask`): its
+        complete-by is cleared. A pending run's is its pick-up time, which its claim clears."""
+        if run.complete_by is not None and run.process_state in LIVE_RUN_STATES:
+            self.conn.execute(update(runs).where(runs.c.id == run.id, run_in(*LIVE_RUN_STATES))
+                              .values(complete_by=None))
+
     def count_run_failure(self, run_id: str) -> None:
         """The run's FailureCount: one more failed attempt of any of its steps."""
         self.conn.execute(update(runs).where(runs.c.id == run_id).values(failure_count=runs.c.failure_count + 1))
@@ -247,9 +266,10 @@ class TxBase:
         """A run has ended (in any way): its parent's Scheduler is asked about it, and the next run
         waiting for its concurrency key's slot about that, once this transaction commits."""
         if parent_run_id is not None:
-            self.follow_ups.append(Advance(parent_run_id))
+            self.follow_ups.append(Advance(parent_run_id, Publish.CHILD_ENDED))
         if slot is not None:
-            self.follow_ups += [Advance(next_id) for next_id in self.next_in_line(workflow, slot, run_id)]
+            self.follow_ups += [Advance(next_id, Publish.SLOT_FREED)
+                                for next_id in self.next_in_line(workflow, slot, run_id)]
 
     def next_in_line(self, workflow: str, slot: str, other_than: str, limit: int = 1) -> list[str]:
         """The oldest pending runs of ``workflow`` with concurrency key ``slot`` (but ``other_than``)."""

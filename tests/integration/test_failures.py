@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import subprocess
 import time
 from collections import Counter
 from datetime import datetime
@@ -16,7 +17,7 @@ import redis
 from bench.rabbitmq_node import purge_queues
 from tests.integration.conftest import shop_app
 from tests.integration.rabbitmq import rabbitmqctl
-from tests.integration.stack import clock_off_by
+from tests.integration.stack import SAS, clock_off_by
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -162,3 +163,30 @@ def test_rabbitmq_restarted_and_its_queues_purged_mid_run_loses_no_order(stack, 
     charges = Counter(e["order_id"] for e in stack.ledger() if e["action"] == "charge")
     assert set(charges.values()) == {1} and len(charges) == 10
     shop.store.dispose()
+
+
+def test_a_run_resumed_while_the_scheduler_is_down_ends_though_the_broker_lost_the_resume(stack, shop, redis_url):
+    """As an operator met it: a run paused while its first step ran; once that step completed, the
+    Scheduler's worker stopped, the run resumed (``sas resume``), the broker's database emptied —
+    the resume's message with it — and the Scheduler's worker started again. The run asked about
+    has a complete-by of its own: the Supervisor finds it and the run ends processed."""
+    stack.up()
+    handle = shop.submit("order", {"amount": 4, "faults": {"reserve": "latency:2"}}, business_key="resumed")
+    subprocess.run([SAS, "pause", handle.id, "--by", "ops", "--reason", "check the stock"], env=stack.env,
+                   check=True, timeout=60, capture_output=True)
+    wait_for(lambda: {s.state for s in handle.status().steps if s.name in ("reserve_stock", "fraud_check")}
+             == {"completed"}, 30, "the steps under way to complete")
+    stack.kill("scheduler")
+    assert [s.state for s in handle.status().steps][2:] == ["not_started"] * 3
+
+    resumed = subprocess.run([SAS, "resume", handle.id, "--by", "ops", "--reason", "stock is fine"], env=stack.env,
+                             timeout=60, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    redis.Redis.from_url(redis_url).flushdb()  # the resume's message lost, as a failover would lose it
+    stack.scheduler()
+
+    view = handle.wait(60)
+    assert view.process_state == "processed"
+    asked = [e for e in view.events if e.kind == "requeue" and e.position is None]
+    assert [(e.from_state, e.to_state) for e in asked] == [("processing", "processing")]
+    assert [e["order_id"] for e in stack.ledger() if e["action"] == "charge"] == ["resumed"]

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from sas_app import Step, WaitFor, Workflow
+from sas_app import InvalidOperation, Step, WaitFor, Workflow
 from sas_app.errors import WorkflowDefinitionError
 from sas_app.store.tables import alerts
 from tests.support import pass_time
@@ -63,6 +63,47 @@ def test_a_run_never_picked_up_before_its_deadline_goes_to_error(sas, pump):
     view = handle.status()
     assert view.process_state == "error" and "passed its deadline" in view.run.error
     assert [k for k, _ in _alerts(sas, handle.id)] == ["deadline"]
+
+
+def test_a_run_never_picked_up_before_its_deadline_can_be_resubmitted_and_then_runs_from_its_start(sas, pump):
+    handle = sas.submit(_claim(sas), {}, business_key="d2-again")
+    pump.purge()
+    pass_time(sas, handle.status().run.deadline, "the deadline")
+    sas.supervisor.sweep()
+    assert handle.status().process_state == "error"
+
+    sas.resubmit(handle.id, by="ops", reason="the Scheduler is back")
+    pump.run()
+    view = handle.status()
+    assert (view.process_state, view.run.deadline, view.step("file").state) == ("processing", None, "completed")
+    sas.signal(handle.id, "approval", {"approved": True})
+    pump.run()
+    assert handle.status().process_state == "processed"
+    assert [e.detail["action"] for e in handle.status().events if e.kind == "operator"] == ["resubmit"]
+
+
+def test_a_run_stopped_at_its_deadline_with_nothing_to_undo_resumes_where_it_stopped(sas, pump):
+    """Its wait was stopped by the deadline; resubmitted, the wait starts again (no failed step to
+    give an edited input to: that is refused, nothing changed)."""
+    deadline = timedelta(hours=2) if sas.test_clock is not None else timedelta(seconds=0.5)
+    sas.register(Workflow("due_wait", [WaitFor("manager", "approval", timeout=86400),
+                                       Step("pay", "svc.work", timeout=5)], deadline=deadline))
+    handle = sas.submit("due_wait", {}, business_key="d4")
+    pump.run()
+    pass_time(sas, handle.status().run.deadline, "the deadline")
+    sas.supervisor.sweep()
+    view = handle.status()
+    assert (view.process_state, view.step("manager").state) == ("error", "stopped")
+
+    with pytest.raises(InvalidOperation, match="it has no failed step to give it to"):
+        sas.resubmit(handle.id, by="ops", step_input={"x": 1})
+    assert handle.status().process_state == "error"
+    sas.resubmit(handle.id, by="ops", reason="approver back from leave")
+    pump.run()
+    assert (handle.status().process_state, handle.status().step("manager").state) == ("processing", "pending")
+    sas.signal(handle.id, "approval", {"approved": True})
+    pump.run()
+    assert handle.status().process_state == "processed"
 
 
 def test_a_run_that_ends_in_time_is_left_alone(sas, pump):

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from sas_app import SasApp, Step, Submission
+from sas_app.publishes import Publish
 from sas_app.routing import Advance
 from tests.support import backoff_over, expire, pass_time, statements_run, sweep_after_expiry
 from tests.testapp import install_test_workflows
@@ -228,7 +229,7 @@ def test_a_stalled_run_is_not_asked_about_again_while_the_schedulers_queue_is_no
     handle = sas.submit("three", {}, business_key="behind")
     behind = sas.submit("three", {}, business_key="queued")
     pump.take("sas.scheduler")  # both messages lost; then one for the second run waits there
-    sas.router.send(Advance(behind.id))
+    sas.router.send(Advance(behind.id, Publish.SUBMITTED))
     pass_time(sas, sas.store.get_run(handle.id).complete_by, "the pending run's complete-by")
 
     report = sas.supervisor.sweep()

@@ -1,0 +1,100 @@
+"""What ``sas doctor`` reads of the store: the invariants the Supervisor keeps, each counted with an
+example run — live runs with nothing due, rows left long past their due time, notifications never
+relayed, attempts that left ``running`` twice — how long ago a Supervisor last swept, and when the
+next thing is due.
+
+Unlike the sweep's queries these read every live run (or a window of the history), not a partial
+index of due rows: they are for an operator's command, a probe or a scrape, never for each sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, Select, and_, exists, func, literal, or_, select, union_all
+
+from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
+from .engine import db_now
+from .tables import DUE_RUN_STATES, events, outbox, runs, steps, supervisors
+
+#: runs that are the Scheduler's or its agents' to move on (a paused run waits for an operator)
+_WORKING = (RunState.PENDING.value, *LIVE_RUN_STATES)
+_LIVE_STEP_STATES = (StepState.PENDING.value, StepState.RUNNING.value)
+#: runs a deadline still applies to (one being undone is past it, or was stopped for another reason)
+_BEFORE_DEADLINE = (RunState.PENDING.value, RunState.PROCESSING.value)
+
+
+@dataclass(frozen=True)
+class Found:
+    """How many rows a check found, and one of their runs (None when it found none)."""
+
+    count: int
+    example: str | None = None
+
+
+class Diagnosis:
+    engine: Engine
+
+    def stranded_runs(self) -> Found:
+        """Live runs, not paused, with nothing due: no complete-by of their own, no step running
+        (a child run's step runs while its child does), none pending with a due time. Nothing
+        would ever move such a run on; sas_app writes none (every message it sends has a row
+        behind it), so any found is a bug to report."""
+        live_step = exists().where(steps.c.run_id == runs.c.id, or_(
+            steps.c.state == StepState.RUNNING.value,
+            and_(steps.c.state == StepState.PENDING.value, steps.c.complete_by.is_not(None))))
+        return self._found(select(runs.c.id).where(runs.c.process_state.in_(_WORKING), runs.c.paused_by.is_(None),
+                                                   runs.c.complete_by.is_(None), ~live_step))
+
+    def overdue(self, late: float) -> Found:
+        """Runs and live steps of live runs whose due time passed more than ``late`` seconds ago:
+        a Supervisor would have acted on them by now (none is sweeping, or it cannot keep up)."""
+        before = db_now() - late
+        due_runs = select(runs.c.id).where(runs.c.process_state.in_(DUE_RUN_STATES), runs.c.complete_by < before)
+        due_steps = (select(steps.c.run_id).join(runs, runs.c.id == steps.c.run_id)
+                     .where(steps.c.state.in_(_LIVE_STEP_STATES), steps.c.complete_by < before,
+                            runs.c.process_state.in_(LIVE_RUN_STATES)))
+        past_deadline = select(runs.c.id).where(runs.c.process_state.in_(_BEFORE_DEADLINE), runs.c.deadline < before)
+        rows = union_all(due_runs, due_steps, past_deadline).subquery()
+        return self._found(select(rows.c[0]))
+
+    def unsent_notifications(self, late: float) -> Found:
+        """Notifications written more than ``late`` seconds ago and never relayed."""
+        return self._found(select(outbox.c.run_id).where(outbox.c.sent_at.is_(None),
+                                                         outbox.c.created_at < db_now() - late))
+
+    def attempts_ended_twice(self, since: float) -> Found:
+        """Step attempts that left ``running`` more than once in the last ``since`` seconds of the
+        history (each attempt is fenced: one reply, one expiry or one worker lost ends it)."""
+        left = (select(events.c.run_id)
+                .where(events.c.kind == EventKind.TRANSITION.value, events.c.position.is_not(None),
+                       events.c.from_state == StepState.RUNNING.value, events.c.at >= db_now() - since)
+                .group_by(events.c.run_id, events.c.position, events.c.attempt)
+                .having(func.count() > 1).subquery())
+        return self._found(select(left.c.run_id))
+
+    def last_sweep_age(self) -> float | None:
+        """Seconds since any Supervisor last swept (None: none ever did)."""
+        with self.engine.connect() as conn:
+            last = conn.execute(select(func.max(supervisors.c.last_sweep_at))).scalar_one()
+            return None if last is None else float(conn.execute(select(db_now() - literal(last))).scalar_one())
+
+    def next_due(self) -> float | None:
+        """The soonest time the Supervisor will act on something (the database's clock): a run's or a
+        live step's complete-by, a live run's deadline. None if nothing is due."""
+        soonest = union_all(
+            select(func.min(runs.c.complete_by)).where(runs.c.process_state.in_(DUE_RUN_STATES)),
+            select(func.min(steps.c.complete_by)).join(runs, runs.c.id == steps.c.run_id)
+            .where(steps.c.state.in_(_LIVE_STEP_STATES), runs.c.process_state.in_(LIVE_RUN_STATES)),
+            select(func.min(runs.c.deadline)).where(runs.c.process_state.in_(_BEFORE_DEADLINE)),
+        ).subquery()
+        with self.engine.connect() as conn:
+            due = conn.execute(select(func.min(soonest.c[0]))).scalar_one()
+        return None if due is None else float(due)
+
+    def _found(self, ids: Select[Any]) -> Found:
+        found = ids.subquery()
+        with self.engine.connect() as conn:
+            count, example = conn.execute(select(func.count(), func.min(found.c[0]))).one()
+        return Found(int(count), example)
