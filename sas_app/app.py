@@ -27,6 +27,7 @@ from .bulk import Submission, Submitted, submit_many
 from .celery_config import celery_settings
 from .checks import check_workflow
 from .client import Client, RunHandle, RunView
+from .doctor import Doctor
 from .errors import WorkflowDefinitionError
 from .migrate import ensure_schema, migrate, schema_lock, schema_problem
 from .operator import Operator
@@ -91,6 +92,7 @@ class SasApp:
         self.signals = Signals(self.store, self.settings, self.scheduler, self.celery)
         self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
         self.retention = Retention(self.store, self.settings, self.celery)
+        self.doctor = Doctor(self.store, self.celery, self.settings, lambda: [a.queue for a in self.agents.values()])
         worker_process_init.connect(self._after_fork, weak=True)
         worker_ready.connect(self._worker_ready, weak=True)
         worker_shutting_down.connect(self._worker_shutting_down, weak=True)

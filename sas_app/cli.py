@@ -22,8 +22,8 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import cli_operate, cli_serve
-from .cli_base import DEFAULT_APP, Context, console, fail, one_line, pass_ctx
-from .errors import SasError
+from .cli_base import DEFAULT_APP, Context, console, fail, pass_ctx
+from .errors import SasError, one_line
 from .graph import Graph
 from .processes import hold_lifeline
 from .settings import redact_url

@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 
 from .app import SasApp
-from .errors import SasError
+from .errors import SasError, one_line
 from .settings import mask_secrets
 
 DEFAULT_APP = "workers.app:sas"
@@ -41,13 +41,6 @@ def load_app(spec: str) -> SasApp:
 def fail(message: str) -> NoReturn:
     click.echo(f"error: {mask_secrets(message)}", err=True)
     sys.exit(2)
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as one line: its type and the first line of its message (SQLAlchemy's go on with
-    the statement and its parameters)."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def run_celery(app: SasApp, argv: list[str]) -> None:

@@ -1,14 +1,18 @@
 """``sas`` commands of an operator: ``resubmit``, ``mark-done``, ``pause``, ``resume``, ``cancel``
 and ``compensate`` (each refused with a clear message when the run's state does not allow it, and
-recorded with who and why), ``signal`` (ends a run's wait) and ``purge`` (retention)."""
+recorded with who and why), ``signal`` (ends a run's wait), ``purge`` (retention) and ``doctor``
+(is the deployment healthy: :mod:`sas_app.doctor`)."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 
 import click
+from rich.table import Table
 
-from .cli_base import Context, fail, json_option, operate, operator_options, pass_ctx
+from .cli_base import Context, console, fail, json_option, operate, operator_options, pass_ctx
 from .errors import SasError
 from .operator import done_message
 
@@ -127,4 +131,36 @@ def purge(ctx: Context, older_than: str, states: str, batch: int, dry_run: bool)
                f"({rate:.0f} runs/s)")
 
 
-COMMANDS = [resubmit, signal, mark_done, pause, resume, cancel, compensate, purge]
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: ok, and each check.")
+@click.option("--late", type=click.FloatRange(min=0), default=None,
+              help="Seconds past its due time before something counts as overdue "
+                   "[default: SAS_PICKUP_TIMEOUT + 10 x SAS_SUPERVISOR_INTERVAL].")
+@click.option("--since", type=click.FloatRange(min=0), default=86400, show_default=True,
+              help="Seconds of history read for attempts ended twice.")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds the broker and the workers may take to answer.")
+@click.option("--repair", is_flag=True, help="Hand live runs with nothing due to the Supervisor first.")
+@operator_options
+@pass_ctx
+def doctor(ctx: Context, as_json: bool, late: float | None, since: float, timeout: float, repair: bool, by: str,
+           reason: str) -> None:
+    """Check a deployment as the chaos run does: the store, the broker, the Supervisor, the workers
+    and their clocks, and that no run is left behind. Exits 0 when every check holds, 1 otherwise."""
+    repaired = ctx.app.doctor.repair(by) if repair else []
+    checks = ctx.app.doctor.examine(late=late, since=since, timeout=timeout)
+    healthy = all(check.ok for check in checks)
+    if as_json:
+        click.echo(json.dumps({"ok": healthy, "repaired": repaired, "checks": [c.as_dict() for c in checks]}))
+    else:
+        if repair:
+            click.echo(f"handed {len(repaired)} run(s) with nothing due to the Supervisor")
+        table = Table("check", "", "found", "example", "detail", "what to do")
+        for c in checks:
+            state = "ok" if c.ok else "not checked" if c.count is None else "PROBLEM"
+            table.add_row(c.name, state, "" if c.count is None else str(c.count), c.example or "", c.detail, c.advice)
+        console.print(table)
+    sys.exit(0 if healthy else 1)
+
+
+COMMANDS = [resubmit, signal, mark_done, pause, resume, cancel, compensate, purge, doctor]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import click
 
-from .cli_base import Context, fail, one_line, pass_ctx, run_celery
+from .cli_base import Context, fail, pass_ctx, run_celery
+from .errors import one_line
 from .migrate import schema_problem
 
 

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def one_line(exc: BaseException) -> str:
+    """An error as one line: its type and the first line of its message (SQLAlchemy's go on with
+    the statement and its parameters)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 class SasError(Exception):
     """Base of every error sas_app raises on purpose."""
 

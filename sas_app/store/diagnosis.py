@@ -25,6 +25,18 @@ _LIVE_STEP_STATES = (StepState.PENDING.value, StepState.RUNNING.value)
 _BEFORE_DEADLINE = (RunState.PENDING.value, RunState.PROCESSING.value)
 
 
+def stranded() -> Select[tuple[str]]:
+    """The ids of live runs, not paused, with nothing due: no complete-by of their own, no step
+    running (a child run's step runs while its child does), none pending with a due time. Nothing
+    would ever move such a run on; sas_app leaves none (every message it sends has a row behind
+    it), so any found is a bug to report."""
+    live_step = exists().where(steps.c.run_id == runs.c.id, or_(
+        steps.c.state == StepState.RUNNING.value,
+        and_(steps.c.state == StepState.PENDING.value, steps.c.complete_by.is_not(None))))
+    return select(runs.c.id).where(runs.c.process_state.in_(_WORKING), runs.c.paused_by.is_(None),
+                                   runs.c.complete_by.is_(None), ~live_step)
+
+
 @dataclass(frozen=True)
 class Found:
     """How many rows a check found, and one of their runs (None when it found none)."""
@@ -37,15 +49,8 @@ class Diagnosis:
     engine: Engine
 
     def stranded_runs(self) -> Found:
-        """Live runs, not paused, with nothing due: no complete-by of their own, no step running
-        (a child run's step runs while its child does), none pending with a due time. Nothing
-        would ever move such a run on; sas_app writes none (every message it sends has a row
-        behind it), so any found is a bug to report."""
-        live_step = exists().where(steps.c.run_id == runs.c.id, or_(
-            steps.c.state == StepState.RUNNING.value,
-            and_(steps.c.state == StepState.PENDING.value, steps.c.complete_by.is_not(None))))
-        return self._found(select(runs.c.id).where(runs.c.process_state.in_(_WORKING), runs.c.paused_by.is_(None),
-                                                   runs.c.complete_by.is_(None), ~live_step))
+        """Live runs, not paused, with nothing due (:func:`stranded`)."""
+        return self._found(stranded())
 
     def overdue(self, late: float) -> Found:
         """Runs and live steps of live runs whose due time passed more than ``late`` seconds ago:

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import update
 
 from ..states import EventKind, RunState, StepState
+from .diagnosis import stranded
 from .engine import db_now
 from .rows import RunRow, StepRow
 from .tables import runs, steps
@@ -61,6 +62,17 @@ class OperationsTx(TxBase):
             self.transition(step.run_id, step.position, step.state, StepState.COMPLETED, attempt=step.attempt,
                             actor=actor, detail={"by_hand": True})
         return won is not None
+
+    def hand_over_stranded(self, by: str) -> list[str]:
+        """Live runs with nothing due (:func:`sas_app.store.diagnosis.stranded`) get a complete-by of
+        now, so that the Supervisor's next sweep asks the Scheduler about them; each gets an
+        operator event. Returns their ids."""
+        now = db_now()
+        ids = list(self.conn.execute(update(runs).where(runs.c.id.in_(stranded().scalar_subquery()))
+                                     .values(complete_by=now, updated_at=now).returning(runs.c.id)).scalars())
+        for run_id in ids:
+            self.operator_event(run_id, None, "repair", by, "live with nothing due: handed to the Supervisor")
+        return ids
 
     def set_paused(self, run: RunRow, paused_by: str | None) -> bool:
         """Pause (``paused_by`` set) or resume (None) a pending or processing run."""

@@ -16,12 +16,15 @@ whose run is in error or unfinished), ``sas_stale_replies_total``,
 ``sas_breaker_state{agent}`` (0 closed, 1 half-open, 2 open),
 ``sas_metrics_caught_up`` (0 while a dashboard started over a long history is still reading it,
 ``MAX_BATCHES`` x ``BATCH`` events a scrape: the counters are left out until then, so that
-``rate()`` never sees the history arrive as a burst).
+``rate()`` never sees the history arrive as a burst), ``sas_doctor_problems{check}`` (what ``sas
+doctor`` counts, each check made at most every ``DOCTOR_EVERY`` seconds; one it could not make is
+left out) and ``sas_doctor_ok`` (1 when every check holds).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from ..doctor import Check
 from ..states import TERMINAL_RUN_STATES, EventKind, RunState, StepState
 from ..store.observe import HistoryEvent, Observer
 
@@ -43,6 +47,9 @@ MARGIN = 5.0
 BATCH = 20_000
 MAX_BATCHES = 10
 BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
+#: seconds between two examinations of ``sas doctor``'s checks (they read every live run and ask
+#: the workers, for up to a second)
+DOCTOR_EVERY = 30.0
 
 
 class StoreCollector(Collector):
@@ -62,6 +69,7 @@ class StoreCollector(Collector):
         self.stale = 0
         self.durations: dict[str, list[int]] = {}
         self.duration_sums: dict[str, float] = {}
+        self.examined: tuple[float, list[Check]] | None = None
 
     def follow(self) -> bool:
         """Count the events written since the last scrape, in id order, up to the first one younger
@@ -171,6 +179,17 @@ class StoreCollector(Collector):
                      ["agent"], (((name,), BREAKER_STATES.get(agent.breaker.state, 0))
                                  for name, agent in self.sas.agents.items()
                                  if agent.breaker is not None))
+        checks = self._doctor()
+        yield family(GaugeMetricFamily, "sas_doctor_problems", "What sas doctor finds wrong, by check (0: healthy)",
+                     ["check"], (((c.name,), c.count) for c in checks if c.count is not None))
+        yield GaugeMetricFamily("sas_doctor_ok", "1 when every check of sas doctor holds, else 0",
+                                value=1 if all(c.ok for c in checks) else 0)
+
+    def _doctor(self) -> list[Check]:
+        """``sas doctor``'s checks, made again once :data:`DOCTOR_EVERY` seconds have passed."""
+        if self.examined is None or time.monotonic() - self.examined[0] >= DOCTOR_EVERY:
+            self.examined = (time.monotonic(), self.sas.doctor.examine(timeout=1.0))
+        return self.examined[1]
 
 
 def family(kind: type[CounterMetricFamily] | type[GaugeMetricFamily], name: str, documentation: str,

@@ -8,8 +8,10 @@ import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import update
 
 from sas_app import WaitFor, Workflow
+from sas_app.store.tables import runs
 from sas_app.web.dashboard import create_dashboard, parse_basic_auth
 from tests.support import sweep_after_expiry
 
@@ -147,6 +149,23 @@ def test_the_metrics_count_what_the_history_holds(client, filled):
     # a second scrape reads only what is new, and counts nothing twice
     again = client.get("/metrics").get_data(as_text=True)
     assert 'sas_alerts_total{kind="failed"} 1.0' in again
+
+
+def test_the_metrics_carry_what_sas_doctor_finds(client, sas, pump):
+    """A run left live with nothing due (its pause lifted behind sas_app's back) is counted."""
+    handle = sas.submit("three", {}, business_key="left")
+    pump.run(["sas.scheduler"])
+    sas.pause(handle.id, by="ops")
+    pump.run()
+    with sas.store.engine.begin() as conn:
+        conn.execute(update(runs).where(runs.c.id == handle.id).values(paused_by=None))
+
+    text = client.get("/metrics").get_data(as_text=True)
+    samples = {(s.name, tuple(s.labels.items())): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("sas_doctor_problems", (("check", "stranded_runs"),))] == 1
+    assert samples[("sas_doctor_problems", (("check", "attempts_ended_twice"),))] == 0
+    assert samples[("sas_doctor_ok", ())] == 0
 
 
 def test_basic_auth_as_flower_takes_it(sas):
