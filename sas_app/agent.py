@@ -240,8 +240,10 @@ class Agent:
         it fails the task, visibly in Flower; the Supervisor recovers the step). With a
         ``db_clock`` (the state store's clock) a step's time left is measured against its
         complete-by on the database's clock, so a worker whose own clock is off still stops in time
-        and drops a message that waited past it. ``clock`` measures the time a step has taken
-        (this process's monotonic clock; the app's injected clock in tests)."""
+        and drops a message that waited past it; while that clock cannot be read (None) no step is
+        run — its time left cannot be judged — and the Supervisor retries it at its complete-by.
+        ``clock`` measures the time a step has taken (this process's monotonic clock; the app's
+        injected clock in tests)."""
         self.celery = celery
         self.name = name
         self.queue = agent_queue(name)
@@ -288,12 +290,18 @@ class Agent:
             self.execute(action, message)
 
     def execute(self, action: AgentAction, message: dict[str, Any]) -> None:
+        db_now = self.db_clock() if self.db_clock else None
         try:
-            call = AgentCall.from_message(message, self.db_clock() if self.db_clock else None, self.clock)
+            call = AgentCall.from_message(message, db_now, self.clock)
         except (KeyError, TypeError, ValueError) as exc:
             log.error("agent %s rejected a malformed message (%s): %r", action.qualname, exc, message)
             return
         where = f"{action.qualname} run {call.run_id} step {call.step} attempt {call.attempt}"
+        if self.db_clock is not None and db_now is None:
+            # Its time left cannot be judged: the message may have waited past its complete-by, and
+            # a retry may be under way. Not run; the Supervisor retries the step at its complete-by.
+            log.warning("%s: the database's clock cannot be read; not run", where)
+            return
         if call.budget <= 0:
             log.warning("%s: waited in the queue past its complete-by; dropped unrun", where)
             return

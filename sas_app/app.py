@@ -24,7 +24,7 @@ from .agent import Agent
 from .alerts import Alerts, load_hook
 from .breaker import STORE_FRESH, RedisState
 from .bulk import Submission, Submitted, submit_many
-from .celery_config import celery_settings
+from .celery_config import celery_settings, with_own
 from .checks import check_workflow
 from .client import Client, RunHandle, RunView
 from .doctor import Doctor
@@ -32,7 +32,7 @@ from .errors import WorkflowDefinitionError
 from .migrate import ensure_schema, migrate, schema_lock, schema_problem
 from .operator import Operator
 from .retention import Retention
-from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, Router
+from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, confirm_options
 from .scheduler import Scheduler
 from .schedules import Schedule, Schedules
 from .settings import Settings, redact_url
@@ -73,9 +73,10 @@ class SasApp:
         self.store = Store(self.settings.database_url, clock, prepared=self.settings.prepared_statements)
         self._clock = clock
         self.celery = Celery(main, set_as_current=False)
-        self.celery.conf.update(celery_settings(self.settings))
-        if celery_config:
-            self.celery.conf.update(_own_settings(celery_config))
+        conf = celery_settings(self.settings)
+        self.celery.conf.update(with_own(conf, _own_settings(celery_config)) if celery_config else conf)
+        # beat's publishes wait for the broker's confirm no longer than the router's do
+        self.celery.conf.beat_schedule[SWEEP]["options"].update(confirm_options(self.celery))
         self.celery.sas = self
         self.alerts = Alerts(load_hook(self.settings.alert_hook), self.settings.alert_webhook,
                              self.settings.alert_webhook_timeout)

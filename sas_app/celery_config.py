@@ -4,17 +4,22 @@
 ``SasApp`` applies :func:`celery_settings` to the Celery app it builds, so two apps with
 different settings can live in one process (tests do this). A deployment's own Celery settings
 (the repository's ``celeryconfig.py``, or any module named by ``SasApp(celery_config=...)``) are
-applied on top.
+applied on top (:func:`with_own`): a setting they name wins, but ``broker_transport_options`` is
+merged key by key, so that setting one transport option does not silently drop sas_app's others
+(publisher confirms on RabbitMQ, the visibility timeout on Redis).
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
 from . import filesystem_transport, reconnect, redis_transport
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP
 from .settings import Settings
+
+log = logging.getLogger("sas")
 
 #: On RabbitMQ: a publish returns once the broker has taken the message (publisher confirms), so
 #: one lost in a broker restart is an error here rather than silence; every queue Celery declares
@@ -93,3 +98,21 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
             "polling_interval": 0.05,
         }
     return conf
+
+
+def with_own(conf: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """``conf`` (sas_app's) with a deployment's own settings on top; their
+    ``broker_transport_options`` merged into sas_app's, with a log line naming what was kept and a
+    warning when they turn publisher confirms off."""
+    merged = {**conf, **own}
+    ours, theirs = conf.get("broker_transport_options") or {}, own.get("broker_transport_options")
+    if isinstance(theirs, dict):
+        kept = sorted(set(ours) - set(theirs))
+        merged["broker_transport_options"] = {**ours, **theirs}
+        if kept:
+            log.info("broker_transport_options: your Celery config's are merged into sas_app's, which keeps %s",
+                     ", ".join(f"{key}={ours[key]!r}" for key in kept))
+        if ours.get("confirm_publish") and not theirs.get("confirm_publish", True):
+            log.warning("broker_transport_options: your Celery config turns publisher confirms off: a message "
+                        "the broker drops is then not known to be lost until the Supervisor finds its step")
+    return merged

@@ -23,7 +23,7 @@ from .errors import (
 from .migrate import schema_problem
 from .planner import Moves
 from .publishes import Publish
-from .routing import SUBMIT, Advance, Router
+from .routing import SUBMIT, Advance, Router, confirm_options
 from .scheduler import Scheduler
 from .settings import Settings
 from .states import TERMINAL_RUN_STATES
@@ -151,7 +151,8 @@ class Client:
                 handle = self.submit(workflow, payload, business_key=business_key, reply_to=reply_to,
                                      priority=priority)
             except SchemaNotReady as exc:  # not the submission's fault: it is taken once migrated
-                raise task.retry(exc=exc, countdown=min(2.0 ** task.request.retries, 30.0)) from None
+                raise task.retry(exc=exc, countdown=min(2.0 ** task.request.retries, 30.0),
+                                 **confirm_options(task.app)) from None
             except SasError as exc:
                 log.error("submission of %r (business key %r) refused: %s", workflow, business_key, exc)
                 if isinstance(reply_to, str) and 0 < len(reply_to) <= 200:
@@ -160,7 +161,8 @@ class Client:
                                                   "run_id": None, "reason": str(exc)})
                 return {"refused": str(exc)}
             except Exception as exc:  # the store is down: the submission must not be lost
-                raise task.retry(exc=exc, countdown=min(2.0 ** task.request.retries, 30.0)) from None
+                raise task.retry(exc=exc, countdown=min(2.0 ** task.request.retries, 30.0),
+                                 **confirm_options(task.app)) from None
             return {"run_id": handle.id, "created": handle.created}
 
     def handle(self, run_id: str) -> RunHandle:

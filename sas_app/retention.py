@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from .routing import PURGE, SUPERVISOR_QUEUE
+from .routing import PURGE, SUPERVISOR_QUEUE, confirm_options
 from .settings import Settings
 from .states import TERMINAL_RUN_STATES
 from .store import Store
@@ -83,7 +83,7 @@ class Retention:
         if self.older_than is not None:
             celery.conf.beat_schedule[PURGE] = {
                 "task": PURGE, "schedule": timedelta(seconds=INTERVAL),
-                "options": {"queue": SUPERVISOR_QUEUE, "expires": INTERVAL},
+                "options": {"queue": SUPERVISOR_QUEUE, "expires": INTERVAL, **confirm_options(celery)},
             }
 
     def run(self) -> Purged:

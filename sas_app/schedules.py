@@ -27,7 +27,7 @@ from croniter import croniter  # type: ignore[import-untyped]
 from .errors import WorkflowDefinitionError
 from .publishes import Publish
 from .recovery import cancel_run
-from .routing import SUPERVISOR_QUEUE, TICK, Advance, Router
+from .routing import SUPERVISOR_QUEUE, TICK, Advance, Router, confirm_options
 from .settings import Settings, instance_id
 from .states import RunState
 from .store import Store, Tx, stored_object
@@ -120,7 +120,7 @@ class Schedules:
         interval = self.settings.supervisor_interval
         self.celery.conf.beat_schedule[TICK] = {
             "task": TICK, "schedule": timedelta(seconds=interval),
-            "options": {"queue": SUPERVISOR_QUEUE, "expires": max(interval, 1.0)},
+            "options": {"queue": SUPERVISOR_QUEUE, "expires": max(interval, 1.0), **confirm_options(self.celery)},
         }
         return schedule
 

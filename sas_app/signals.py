@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidSignal, SasError, UnknownRun
-from .routing import SIGNAL
+from .routing import SIGNAL, confirm_options
 from .scheduler import Scheduler
 from .settings import Settings
 from .store import Store, stored_object
@@ -57,7 +57,7 @@ class Signals:
             except Exception as exc:  # the store is down (a failover, a deadlock): the signal must not be lost
                 wait = min(2.0 ** task.request.retries, 30.0)
                 log.warning("signal %r not recorded (%s); trying again in %.0f s", event, exc, wait)
-                raise task.retry(exc=exc, countdown=wait) from None
+                raise task.retry(exc=exc, countdown=wait, **confirm_options(task.app)) from None
             return {"run_id": receipt.run_id, "status": receipt.status}
 
     def send(self, run: str | tuple[str, str], event: str, payload: Any = None, *, by: str = "") -> SignalReceipt:

@@ -47,6 +47,8 @@ class Store(Queries, Diagnosis, Retention):
 
     #: seconds between two measurements of this host's clock against the database's
     CLOCK_CHECK_INTERVAL = 60.0
+    #: how long a measured offset serves while the database cannot be asked again
+    CLOCK_OFFSET_KEPT = 3600.0
 
     def __init__(self, url: str, clock: Clock | None = None, *, prepared: bool = True) -> None:
         self.url = url
@@ -73,8 +75,9 @@ class Store(Queries, Diagnosis, Retention):
 
     def db_clock(self) -> float | None:
         """The database's clock, read as this host's clock plus its offset from the database's,
-        measured at most a minute ago (one query then; none in between). None if the database
-        cannot be asked now."""
+        measured at most a minute ago (one query then; none in between). While the database
+        cannot be asked, the last offset measured serves for up to :attr:`CLOCK_OFFSET_KEPT`
+        (hosts' clocks drift apart by milliseconds an hour); None when there is none that recent."""
         checked = self._clock_checked
         if checked is None or time.monotonic() - checked > self.CLOCK_CHECK_INTERVAL:
             try:
@@ -82,7 +85,9 @@ class Store(Queries, Diagnosis, Retention):
                 database = self.now()
                 after = time.time()
             except Exception:
-                return None
+                if checked is None or time.monotonic() - checked > self.CLOCK_OFFSET_KEPT:
+                    return None
+                return time.time() + self._clock_offset
             self._clock_offset = database - (before + after) / 2
             self._clock_checked = time.monotonic()
         return time.time() + self._clock_offset

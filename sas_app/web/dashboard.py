@@ -24,7 +24,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, abort, get_flashed_messages, redirect, render_template, request
+from flask import Flask, Response, abort, flash, get_flashed_messages, redirect, render_template, request
 from flask_wtf.csrf import CSRFProtect, generate_csrf  # type: ignore[import-untyped]
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -117,8 +117,7 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         waiting = [s for s in view.steps if live and s.in_store and s.state == StepState.PENDING and s.not_before]
         return render_template("run.html", view=view, lanes=lanes, t0=t0, t1=t1, now=now,
                                children=sas.store.children(run_id), waiting=waiting,
-                               signals=sas.store.signals_of(run_id), sent=request.args.get("sent"),
-                               done=get_flashed_messages())
+                               signals=sas.store.signals_of(run_id), done=get_flashed_messages())
 
     @app.post("/runs/<run_id>/signal")
     def send_signal(run_id: str) -> Any:
@@ -134,7 +133,8 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
             abort(404, f"no run with id {run_id!r}")
         except SasError as exc:
             abort(409, str(exc))
-        return redirect(f"/runs/{run_id}?sent={decision}d: {receipt.status}", code=303)
+        flash(f"signal {decision}d: {receipt.status}")  # in the session, not the URL: no link can fake it
+        return redirect(f"/runs/{run_id}", code=303)
 
     app.register_blueprint(actions(sas))
 

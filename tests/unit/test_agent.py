@@ -197,3 +197,35 @@ def test_after_the_reset_timeout_one_probe_closes_the_breaker(sas, pump):
     replies = pump.take("sas.scheduler")
     assert [(r.task, r.kwargs["run_id"]) for r in replies] == [("sas.scheduler.step_deferred", "r1"),
                                                                ("sas.scheduler.step_done", "r2")]
+
+
+def test_the_database_s_clock_falls_back_to_its_last_offset_then_to_nothing(sas, monkeypatch):
+    """While the database cannot be asked, the offset measured last serves for up to an hour;
+    past that the store's clock is unknown."""
+    store = sas.store
+    store.CLOCK_CHECK_INTERVAL = 0.0  # measured again at every read
+    sas.test_clock.now = time.time() + 42  # the database's clock 42 s ahead of this host's
+    assert store.db_clock() == pytest.approx(time.time() + 42, abs=0.5)
+
+    def refused():
+        raise ConnectionRefusedError("the database does not answer")
+
+    monkeypatch.setattr(store, "now", refused)
+    assert store.db_clock() == pytest.approx(time.time() + 42, abs=0.5)
+    store.CLOCK_OFFSET_KEPT = 0.0
+    assert store.db_clock() is None
+
+
+def test_a_step_is_not_run_while_the_database_s_clock_cannot_be_read(sas, pump):
+    """Its time left cannot be judged (its message may have waited past its complete-by): the
+    action is not called and nothing is replied; the Supervisor retries it at its complete-by."""
+    blind = sas.agent("blind", db_clock=lambda: None)
+    seen = []
+    action = blind.action(lambda call: seen.append(call.attempt), name="act")
+    sas.celery.tasks[f"sas.agent.blind.{action.name}"].run(**message())
+    assert seen == [] and pump.take("sas.scheduler") == []
+
+    able = sas.agent("able", db_clock=lambda: time.time())
+    action = able.action(lambda call: seen.append(call.attempt), name="act")
+    sas.celery.tasks[f"sas.agent.able.{action.name}"].run(**message())
+    assert seen == [1] and [m.task for m in pump.take("sas.scheduler")] == ["sas.scheduler.step_done"]

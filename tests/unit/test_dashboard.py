@@ -269,7 +269,10 @@ def test_a_waiting_run_is_approved_from_its_page_behind_auth_and_csrf(sas, pump)
     assert sas.store.signals_of(waiting.id) == []
     sent = app.post(f"/runs/{waiting.id}/signal", data={**form, "csrf_token": token}, headers=ops)
     assert sent.status_code == 303
+    assert sent.location == f"/runs/{waiting.id}"  # the notice is not in the URL, where a link could fake it
     assert "signal approved: consumed" in app.get(sent.location, headers=ops).get_data(as_text=True)
+    forged = app.get(f"/runs/{waiting.id}?sent=approved: consumed", headers=ops).get_data(as_text=True)
+    assert "approved: consumed" not in forged
     pump.run()
     view = waiting.status()
     assert (view.process_state, view.step("manager").result) == ("processed", {"approved": True, "by": "ops"})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sas_app import Producer, SasApp, Settings, Step, Workflow, WorkflowDefinitionError
+from sas_app.routing import CONFIRM_TIMEOUT
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -51,3 +52,43 @@ def test_a_step_that_could_outlive_the_consumer_timeout_is_refused_with_both_num
     raised.register(Workflow("slow", [Step("work", "svc.work", timeout=3600)]))
     with pytest.raises(ValueError, match="broker_consumer_timeout must be positive"):
         Settings(broker_url=AMQP, broker_consumer_timeout=0)
+
+
+def test_beat_s_publishes_wait_for_rabbitmq_s_confirm_no_longer_than_the_router_s(tmp_path):
+    """A publish waits for the broker's confirm at most CONFIRM_TIMEOUT: beat's sweep, schedule
+    ticks and retention too, not for ever on a broker that does not answer."""
+    app = SasApp(Settings(broker_url=AMQP, home=tmp_path / "home", retention="30d"))
+    app.agent("svc").action(lambda call: {}, name="work")
+    app.workflow("nightly", [Step("a", "svc.work")])
+    app.schedule("nightly", cron="0 2 * * *")
+    entries = app.celery.conf.beat_schedule
+    assert {name: entry["options"].get("confirm_timeout") for name, entry in entries.items()} == {
+        "sas.supervisor.sweep": CONFIRM_TIMEOUT, "sas.schedules.tick": CONFIRM_TIMEOUT,
+        "sas.retention.purge": CONFIRM_TIMEOUT}
+    on_redis = SasApp(Settings(broker_url="redis://127.0.0.1:6379/0", home=tmp_path / "r"))
+    assert "confirm_timeout" not in on_redis.celery.conf.beat_schedule["sas.supervisor.sweep"]["options"]
+    app.store.dispose()
+    on_redis.store.dispose()
+
+
+def test_a_deployment_s_transport_options_are_merged_into_sas_app_s_not_put_in_their_place(tmp_path, caplog,
+                                                                                           monkeypatch):
+    """A celeryconfig that sets one transport option keeps publisher confirms (with a log line
+    saying so); one that turns them off is obeyed, with a warning."""
+    (tmp_path / "own_config.py").write_text("broker_transport_options = {'max_retries': 3}\n")
+    (tmp_path / "no_confirms.py").write_text("broker_transport_options = {'confirm_publish': False}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with caplog.at_level("INFO", logger="sas"):
+        app = SasApp(Settings(broker_url=AMQP, home=tmp_path / "home"), celery_config="own_config")
+    assert app.celery.conf.broker_transport_options == {"confirm_publish": True, "max_retries": 3}
+    assert app.router.confirm == {"confirm_timeout": CONFIRM_TIMEOUT}
+    assert "which keeps confirm_publish=True" in caplog.text
+    with caplog.at_level("INFO", logger="sas"):
+        off = SasApp(Settings(broker_url=AMQP, home=tmp_path / "home"), celery_config="no_confirms")
+    assert off.celery.conf.broker_transport_options == {"confirm_publish": False}
+    assert "turns publisher confirms off" in caplog.text
+    redis_app = SasApp(Settings(broker_url="redis://127.0.0.1:6379/0", home=tmp_path / "r", visibility_timeout=7200),
+                       celery_config="own_config")
+    assert redis_app.celery.conf.broker_transport_options == {"visibility_timeout": 7200, "max_retries": 3}
+    for a in (app, off, redis_app):
+        a.store.dispose()
