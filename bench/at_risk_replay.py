@@ -128,7 +128,7 @@ class Record:
         # replayed a third as deep as the Supervisor read it — unless a message sent after it was
         # received first: then it was not in line (its publish failed, or a worker took it and died)
         emptied = sorted(d["started_at"] + t["at"] + t.get("took_s", 0.0)
-                         for t in d.get("timeline", ()) if t["kind"] == "empty_broker")
+                         for t in d.get("timeline", ()) if t["kind"] in ("empty_broker", "operator_pause"))
         self.lost_sent: dict[str, list[float]] = {}
         self.lost_at: dict[str, list[float]] = {}
         for agent, ws in self.by_agent.items():

@@ -20,7 +20,10 @@ seeded random schedule, it:
   connection and refuses new ones for a while) while the others carry on;
 * pauses an agent worker (SIGSTOP) past complete-by and resumes it (a zombie that wakes up late);
 * kills an agent after its remote call succeeded but before its reply (fault point);
-* asks an agent worker for a warm shutdown (SIGTERM) mid-step and starts it again.
+* asks an agent worker for a warm shutdown (SIGTERM) mid-step and starts it again;
+* acts as an operator (:mod:`bench.chaos_operators`): pauses an order and resumes it with the
+  resume's message lost (the Scheduler's worker down, the broker emptied), marks a step done,
+  cancels an order, resubmits one in error.
 
 Then it heals everything, waits for every run to end, and checks the invariants against the state
 store and the services' own ledgers: **no run lost**, **no effect applied twice**, **no run left
@@ -145,6 +148,8 @@ class Chaos(Faults):
         self.background: list[threading.Thread] = []
         self.proxy: Proxy | None = None
         self.watch: Watch | None = None
+        self.operated: dict[str, str] = {}
+        self.operator_submitted = 0
 
     # setting up ---------------------------------------------------------------------------------
 
@@ -367,6 +372,14 @@ class Chaos(Faults):
         children_lost = sum(self.fleet.log(n).count("Task handler raised error: WorkerLostError")
                             for n in self.agent_names)
         leaks = self.secrets_in_logs()
+        # what became of the orders an operator acted on, and whether any run is live with nothing due
+        operated = Counter(f"{kind} -> {run_rows[self.accepted[key]].process_state}"
+                           for key, kind in self.operated.items() if self.accepted.get(key) in run_rows)
+        stranded = self.sas.store.stranded_runs()
+        # paused orders whose resume's message was lost: the Supervisor asked about them again
+        paused = {self.accepted[key] for key, kind in self.operated.items() if kind == "operator_pause"}
+        asked_again = {e.run_id for e in event_rows if e.run_id in paused and e.kind == "requeue"
+                       and e.position is None and e.from_state == "processing"}
 
         outages = self.outages()
         # what the at-risk judge read, for replaying the forecast on this run (bench.at_risk_replay)
@@ -420,6 +433,9 @@ class Chaos(Faults):
             "latency_s": {"p50": percentile(latency, 50), "p99": percentile(latency, 99),
                           "orders_processed_p50": percentile(plain, 50), "orders_processed_p99": percentile(plain, 99)},
             "poison": poison,
+            "operators": {"submitted": self.operator_submitted, "outcomes": dict(sorted(operated.items())),
+                          "paused_asked_again": len(asked_again)},
+            "stranded_runs": stranded.count,
             "held_orders": self.held.check(),
             "agent_children_lost": children_lost,
             "at_risk": {**alert_quality.judge(alert_rows, event_rows, {n: self.fleet.log(n) for n in self.agent_names},
@@ -439,7 +455,7 @@ class Chaos(Faults):
             result["soak"] = {"seconds": self.args.soak, **judge(self.watch, min(SOAK_WINDOW_S, self.args.soak / 3))}
         soak = result.get("soak", {})
         result["invariants_hold"] = not (result["lost"] or result["effects_applied_twice"] or moved_twice
-                                         or result["outbox_unsent"]
+                                         or result["outbox_unsent"] or stranded.count
                                          or soak.get("memory_flat") is False or soak.get("connections_flat") is False
                                          or result["held_orders"]["wrong"]
                                          or result["effects_left_standing"] or result["not_terminal_within_bound"]

@@ -14,15 +14,18 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.alert_quality import Outage, ready_times
+from bench.chaos_operators import KINDS as OPERATOR_KINDS
+from bench.chaos_operators import Operators
 from bench.proxy import Proxy
 from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
 from sas_app.processes import Processes, Stopped
 
-#: what the schedule can do, each at least ``--each`` times ("poison" submits a poison order)
+#: what the schedule can do, each at least ``--each`` times ("poison" submits a poison order; the
+#: operators' are :mod:`bench.chaos_operators`)
 KINDS = ("kill_agent", "kill_scheduler", "kill_supervisor", "restart_broker", "restart_postgres", "zombie",
          "kill_after_call", "warm_shutdown", "empty_broker", "poison", "broker_outage", "refuse_connections",
-         "slow_sweeps", "partition_worker")
+         "slow_sweeps", "partition_worker", *OPERATOR_KINDS)
 #: how long the broker stays down in a broker outage: past every step's complete-by (5 s at most)
 OUTAGE_S = 7.0
 #: how long PostgreSQL refuses new connections (its connection limit reached) in that fault
@@ -43,7 +46,7 @@ def plan_chaos(each: int, window: float, rng: random.Random) -> list[tuple[float
     return sorted(events)
 
 
-class Faults:
+class Faults(Operators):
     """Injects one fault of a kind at a time (:meth:`inject`), or a whole schedule (:meth:`chaos`)."""
 
     fleet: Processes
@@ -85,6 +88,8 @@ class Faults:
 
     def inject(self, kind: str) -> str:
         fleet, servers, rng = self.fleet, self.servers, self.rng
+        if kind in OPERATOR_KINDS:
+            return self.operate(kind)
         if kind == "kill_agent":
             name = rng.choice(self.agent_names)
             fleet.restart(name)

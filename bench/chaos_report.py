@@ -84,6 +84,10 @@ def print_report(r: dict[str, Any]) -> None:
         "of the wrong, {unforeseen_within_margin} of the unforeseen".format(**r["at_risk"], margin=MARGIN_S),
         "poison orders: " + ", ".join(f"{p['key']} {p['state']} after {p['charge_attempts']} attempts"
                                       for p in r["poison"]),
+        "operators' orders: " + (", ".join(f"{n} x {what}" for what, n in r["operators"]["outcomes"].items())
+                                 or "none") + f" ({r['operators']['submitted']} submitted for them; "
+        f"{r['operators']['paused_asked_again']} paused asked about again after their resume was lost); "
+        f"live runs with nothing due: {r['stranded_runs']}",
         f"notifications (orders that asked to be told): {r['notifications']}, left in the outbox {r['outbox_unsent']}",
         *([soak_line(r["soak"])] if "soak" in r else []),
         "invariants: " + ("hold" if r["invariants_hold"] else "BROKEN"),
