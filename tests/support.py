@@ -104,13 +104,16 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
 
 
 def drive(sas: SasApp, pump: Pump, run_ids: Iterable[str], rounds: int = 60) -> None:
-    """Run every message; while any of ``run_ids`` is live or has a notification not relayed,
-    move the store's clock to the next thing due (or a pick-up time on, when nothing is: a child's
-    end, an unsent notification wait that long to be found) and sweep — until all have ended and
-    been told, in at most ``rounds`` rounds."""
+    """Run every message (checking that no run is left live with nothing due); while any of
+    ``run_ids`` is live or has a notification not relayed, move the store's clock to the next
+    thing due (or a pick-up time on, when nothing is: a child's end, an unsent notification wait
+    that long to be found) and sweep — until all have ended and been told, in at most ``rounds``
+    rounds."""
     ids = list(run_ids)
     for _ in range(rounds):
         pump.run_due()
+        stranded = sas.store.stranded_runs()
+        assert not stranded.count, f"run {stranded.example} is live with nothing due"
         runs = [sas.store.get_run(run_id) for run_id in ids]
         # every notification not relayed (a negative age: those written this very moment too)
         unsent = {note.body["run_id"] for note in sas.store.unsent(older_than=-60, limit=1000)}
@@ -133,6 +136,13 @@ class Message:
     #: the broker's priority it was published with (None: none)
     priority: int | None = None
 
+    def run_ids(self) -> list[str]:
+        """The runs the message is about (a Scheduler's message, an agent's, a reply)."""
+        named = self.kwargs.get("run_id") or self.kwargs.get("run_ids") or (self.args[0] if self.args else None)
+        if isinstance(named, str):
+            return [named]
+        return [run_id for run_id in named or () if isinstance(run_id, str)]
+
     def countdown(self) -> float:
         """Seconds until its ETA, as a worker would hold it: 0 without one; with one, at least a
         millisecond, so that a message published with a countdown waits for the clock to move even
@@ -145,9 +155,9 @@ class Pump:
     """Reads the app's queues on a real kombu broker (``memory://`` in unit tests) and runs each
     message's task body in this process: the real handlers, the real serialisation, no workers.
 
-    After each message it checks the promise every publish keeps: no live run is left with
-    nothing due in the store (:meth:`Store.stranded_runs`). :meth:`lose` drops messages of one
-    kind as a broker would."""
+    After each message it runs it checks the promise every publish keeps: none of the runs the
+    message names is left live with nothing due in the store (:meth:`Store.stranded_runs`).
+    :meth:`lose` drops messages of one kind as a broker would."""
 
     def __init__(self, sas: SasApp) -> None:
         self.sas = sas
@@ -174,22 +184,28 @@ class Pump:
     def queues(self) -> list[str]:
         return self.sas.queues()
 
-    def take(self, queue: str) -> list[Message]:
-        """Remove and return every message waiting on ``queue`` without running it."""
-        taken: list[Message] = []
+    def drain(self, queue: str) -> list[Any]:
+        """Remove and return every message waiting on ``queue`` (kombu's messages, JSON only)."""
+        drained = []
         with self.sas.celery.connection_for_read() as conn:
             simple = conn.SimpleQueue(queue, no_ack=True, accept=["json"])
             try:
                 while True:
                     try:
-                        raw = simple.get(block=False)
+                        drained.append(simple.get(block=False))
                     except Empty:
                         break
-                    args, kwargs, _ = raw.decode()
-                    taken.append(Message(raw.headers["task"], list(args), dict(kwargs), dict(raw.headers),
-                                         raw.properties.get("priority")))
             finally:
                 simple.close()
+        return drained
+
+    def take(self, queue: str) -> list[Message]:
+        """Remove and return every task message waiting on ``queue`` without running it."""
+        taken = []
+        for raw in self.drain(queue):
+            args, kwargs, _ = raw.decode()
+            taken.append(Message(raw.headers["task"], list(args), dict(kwargs), dict(raw.headers),
+                                 raw.properties.get("priority")))
         return taken
 
     def purge(self) -> None:
@@ -198,7 +214,11 @@ class Pump:
 
     def execute(self, message: Message) -> None:
         self.sas.celery.tasks[message.task].run(*message.args, **message.kwargs)
-        stranded = self.sas.store.stranded_runs()
+
+    def _execute_checked(self, message: Message) -> None:
+        """:meth:`execute`, then the promise checked for the runs it names."""
+        self.execute(message)
+        stranded = self.sas.store.stranded_runs(among=message.run_ids())
         assert not stranded.count, f"after {message.task}: run {stranded.example} is live with nothing due"
 
     def run_due(self, limit: int = 1000) -> int:
@@ -216,7 +236,7 @@ class Pump:
             self.held = [(at, m) for at, m in self.held if at > now]
             for message in due:
                 if not self._dropped(message):
-                    self.execute(message)
+                    self._execute_checked(message)
                     ran += 1
         raise AssertionError(f"still busy after {limit} messages: a message loop?")
 
@@ -235,7 +255,7 @@ class Pump:
             for message in batch:
                 if self._dropped(message):
                     continue
-                self.execute(message)
+                self._execute_checked(message)
                 ran += 1
         raise AssertionError(f"still busy after {limit} messages: a message loop?")
 

@@ -9,6 +9,7 @@ index of due rows: they are for an operator's command, a probe or a scrape, neve
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +49,10 @@ class Found:
 class Diagnosis:
     engine: Engine
 
-    def stranded_runs(self) -> Found:
-        """Live runs, not paused, with nothing due (:func:`stranded`)."""
-        return self._found(stranded())
+    def stranded_runs(self, among: Collection[str] | None = None) -> Found:
+        """Live runs, not paused, with nothing due (:func:`stranded`); only ``among`` these, if given."""
+        ids = stranded()
+        return self._found(ids if among is None else ids.where(runs.c.id.in_(list(among))))
 
     def overdue(self, late: float) -> Found:
         """Runs and live steps of live runs whose due time passed more than ``late`` seconds ago:
