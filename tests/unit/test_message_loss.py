@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sas_app import SasApp, Step, Workflow
+from sas_app import Escalate, SasApp, Sleep, Step, WaitFor, Workflow
 from sas_app.agent import report_lost
 from sas_app.publishes import Publish
 from tests.support import Pump, drive, pass_time
@@ -29,13 +29,13 @@ REPLY_TO = "loss.replies"
 #: a story: given the app, its pump and a business key, it does what makes sas_app publish the kind
 #: it is filed under, and returns the runs whose end is compared
 Story = Callable[[SasApp, Pump, str], list[str]]
-STORIES: dict[Publish, Story] = {}
+STORIES: dict[Publish, list[Story]] = {}
 
 
 def story(*kinds: Publish) -> Callable[[Story], Story]:
     def file(fn: Story) -> Story:
         for kind in kinds:
-            STORIES[kind] = fn
+            STORIES.setdefault(kind, []).append(fn)
         return fn
     return file
 
@@ -108,6 +108,24 @@ def a_submit_the_broker_lost(sas: SasApp, pump: Pump, key: str) -> list[str]:
     handle = sas.submit("three", {}, business_key=key)
     pump.take("sas.scheduler")  # lost: the Supervisor asks again
     return [handle.id]
+
+
+@story(Publish.REQUEUED)
+def a_sleep_that_wakes(sas: SasApp, pump: Pump, key: str) -> list[str]:
+    """The sweep asks the Scheduler to wake it once its time has come."""
+    return [sas.submit("short_nap", {}, business_key=key).id]
+
+
+@story(Publish.REQUEUED)
+def a_step_retried_after_its_escalation_s_wait(sas: SasApp, pump: Pump, key: str) -> list[str]:
+    """At its threshold the step waits its escalation's extended period in the store; the sweep
+    asks the Scheduler to retry it once that is over."""
+    return [sas.submit("escalating", {"script": {"flaky": ["hang", "hang", "ok"]}}, business_key=key).id]
+
+
+@story(Publish.UNDO)
+def a_run_past_its_deadline(sas: SasApp, pump: Pump, key: str) -> list[str]:
+    return [sas.submit("due_soon", {}, business_key=key).id]
 
 
 @story(Publish.UNDO)
@@ -195,8 +213,15 @@ def a_signal_sent_by_a_process_without_the_workflow(sas: SasApp, pump: Pump, key
 
 @pytest.fixture
 def sas(sas: SasApp) -> SasApp:
-    sas.register(Workflow("one_per_key", [Step("a", "svc.work", timeout=sas.workflows["three"].steps[0].timeout)],
-                          concurrency_key="customer"))
+    timeout = sas.workflows["three"].steps[0].timeout
+    sas.register(Workflow("one_per_key", [Step("a", "svc.work", timeout=timeout)], concurrency_key="customer"))
+    sas.register(Workflow("short_nap", [Sleep("nap", seconds=0.5), Step("a", "svc.work", timeout=timeout)]))
+    sas.register(Workflow("escalating", [
+        Step("first", "svc.work", timeout=timeout, compensate="svc.undo"),
+        Step("flaky", "svc.work", timeout=timeout, max_failures=2, compensate="svc.undo",
+             on_exhausted=Escalate(wait=1.0, retries=1, then="compensate"))]))
+    sas.register(Workflow("due_soon", [Step("file", "svc.work", timeout=timeout, compensate="svc.undo"),
+                                       WaitFor("manager", "approval", timeout=86400)], deadline=1.0))
     return sas
 
 
@@ -215,9 +240,10 @@ def test_every_kind_of_publish_has_a_loss_story():
     assert set(Publish) - set(STORIES) == set()
 
 
-@pytest.mark.parametrize("kind", list(Publish), ids=str)
-def test_a_message_lost_once_leaves_the_run_to_end_as_it_would_have(sas: SasApp, pump: Pump, kind: Publish):
-    tell = STORIES[kind]
+@pytest.mark.parametrize("kind, tell", [(kind, tell) for kind in Publish for tell in STORIES.get(kind, [])],
+                         ids=lambda x: str(x) if isinstance(x, Publish) else x.__name__)
+def test_a_message_lost_once_leaves_the_run_to_end_as_it_would_have(sas: SasApp, pump: Pump, kind: Publish,
+                                                                    tell: Story):
     started = sas.store.now()
     as_is = tell(sas, pump, f"{kind}-as-is")
     drive(sas, pump, as_is)
