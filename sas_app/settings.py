@@ -33,8 +33,9 @@ class Settings:
     home: Path = field(default_factory=lambda: _home(os.environ))
     #: SAS_SUPERVISOR_INTERVAL — seconds between Supervisor sweeps (beat schedule). Default 5.
     supervisor_interval: float = 5.0
-    #: SAS_PICKUP_TIMEOUT — seconds a pending run or step may wait for the Scheduler before the
-    #: Supervisor re-sends the Scheduler's message (a lost message). Default 30.
+    #: SAS_PICKUP_TIMEOUT — seconds a pending run or step, or a run the Scheduler was asked about
+    #: (an operator resumed it), may wait for the Scheduler before the Supervisor re-sends the
+    #: Scheduler's message (a lost message). Default 30.
     pickup_timeout: float = 30.0
     #: SAS_RETRY_BACKOFF — first back-off, in seconds, before the Supervisor retries a step that
     #: passed its complete-by; doubled for each further failure. Default 0.5.

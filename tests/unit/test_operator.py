@@ -68,6 +68,10 @@ def test_pause_stops_further_steps_until_resume(sas, pump):
     assert [s.state for s in view.steps] == ["completed", "not_started", "not_started"]
 
     sas.resume(handle.id, by="dan", reason="all clear")
+    asked = handle.status().run.complete_by  # by when the Scheduler must have looked at it
+    assert asked == pytest.approx(sas.store.now() + sas.settings.pickup_timeout, abs=0.05)
+    pump.run(["sas.scheduler"])
+    assert handle.status().run.complete_by is None  # it looked: nothing for the sweep to ask again
     pump.run()
     assert handle.status().process_state == "processed"
 
