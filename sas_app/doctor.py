@@ -99,14 +99,15 @@ class Doctor:
             "schema": self._schema, "supervisor": lambda: self._supervisor(late), "stranded_runs": self._stranded,
             "overdue": lambda: self._overdue(late), "unsent_notifications": lambda: self._unsent(late),
             "attempts_ended_twice": lambda: self._twice(since)}
+        broker_checks: dict[str, Callable[[], Check]] = {
+            "workers": lambda: self._workers(answers), "clocks": lambda: self._clocks(answers)}
         for name, check in store_checks.items():
             found[name] = check() if up else Check(name, None, detail="not checked: the database does not answer")
-        if found["broker"].ok:
-            found["workers"], found["clocks"] = self._workers(answers), self._clocks(answers) if up else \
-                Check("clocks", None, detail="not checked: the database does not answer")
-        else:
-            found["workers"], found["clocks"] = (Check(name, None, detail="not checked: the broker does not answer")
-                                                 for name in ("workers", "clocks"))
+        for name, check in broker_checks.items():
+            found[name] = check() if found["broker"].ok else Check(name, None,
+                                                                   detail="not checked: the broker does not answer")
+        if not up:  # a worker's clock is judged against the database's
+            found["clocks"] = Check("clocks", None, detail="not checked: the database does not answer")
         return [found[name] for name in CHECKS]
 
     def repair(self, by: str) -> list[str]:

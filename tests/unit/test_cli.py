@@ -169,3 +169,18 @@ def test_purge_deletes_old_finished_runs_and_says_how_many(sas_cli):
     assert bad.returncode == 2 and "'a month' is not a duration" in bad.stderr
     assert "states must be finished ones" in sas_cli("purge", "--older-than", "1d", "--state", "processing",
                                                      ok=False).stderr
+
+
+def test_doctor_on_a_store_that_is_down_names_it_and_checks_nothing_that_needs_it(sas_cli):
+    """Exit 1 with the database named (its password masked); the checks that read the store say
+    they were not made, rather than failing with a traceback."""
+    down = {"SAS_DATABASE_URL": f"postgresql+psycopg2://sas:{PASSWORD}@127.0.0.1:1/sas"}
+    result = sas_cli("doctor", "--json", "--timeout", "0.5", ok=False, extra_env=down)
+    assert result.returncode == 1, result.stderr
+    found = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert found["database"]["count"] == 1 and "OperationalError" in found["database"]["detail"]
+    assert found["database"]["example"] == "postgresql+psycopg2://127.0.0.1:1/…"
+    assert {name for name, c in found.items() if c["count"] is None} == {
+        "schema", "supervisor", "stranded_runs", "overdue", "unsent_notifications", "attempts_ended_twice", "clocks"}
+    assert found["broker"]["ok"] and found["workers"]["count"] == 6  # the embedded broker: nobody consumes
+    assert PASSWORD not in result.stdout + result.stderr and "Traceback" not in result.stderr
