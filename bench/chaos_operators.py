@@ -34,8 +34,9 @@ from sas_app.states import RunState, StepState
 T = TypeVar("T")
 
 KINDS = ("operator_pause", "operator_mark_done", "operator_cancel", "operator_resubmit")
-#: how long a paused order stays paused before it is resumed (its steps under way end meanwhile)
-PAUSED_S = 2.0
+#: how long a paused order stays paused before it is resumed, and at most how much longer it waits
+#: for its steps under way to end (a step hung past its complete-by is given up by then)
+PAUSED_S, SETTLE_S = 2.0, 10.0
 #: an order that ends in error: its card declined, the release of its stock refused the first time
 ENDS_IN_ERROR = {"amount": 9.0, "faults": {"charge": "permanent", "release": "permanent@1"}}
 #: how long the resubmit waits for its order to reach error
@@ -139,8 +140,13 @@ class Operators:
     def _resume_lost(self, key: str, run_id: str) -> str:
         """The paused order resumed while the Scheduler's worker is down, then the broker emptied
         before it starts again: the resume's message is lost (a frozen worker would not do: Redis
-        hands a message to a consumer blocked in BRPOP even while its process is stopped)."""
+        hands a message to a consumer blocked in BRPOP even while its process is stopped). It waits
+        for the order's steps under way to end first (at most :data:`SETTLE_S`): one completing after
+        the resume would move the order on by itself."""
         time.sleep(PAUSED_S)
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline and self._running(run_id):
+            time.sleep(0.25)
         self.fleet.kill("scheduler")
         try:
             _patiently(lambda: self.sas.resume(run_id, by=BY, reason="stock is fine"))
@@ -150,6 +156,13 @@ class Operators:
         finally:
             self.fleet.start("scheduler", wait=False)
         return f"{key}: paused {PAUSED_S:g}s, resumed while the Scheduler's worker was down, then {emptied}"
+
+    def _running(self, run_id: str) -> bool:
+        """Whether a step of the run is running (True, to wait on, while the store cannot say)."""
+        try:
+            return any(s.state == StepState.RUNNING for s in self.sas.store.get_steps(run_id))
+        except Exception:
+            return True
 
     def _resubmit(self) -> str:
         self.operator_submitted += 1
