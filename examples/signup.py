@@ -44,8 +44,8 @@ def delete(call: AgentCall) -> dict[str, str]:
 
 @mailer.action
 def welcome(call: AgentCall) -> dict[str, str]:
-    if call.attempt == 1 and call.payload.get("flaky_mailer"):
-        raise TransientError("mail server busy")  # retried with back-off while complete-by allows
+    if call.try_number == 1 and call.payload.get("flaky_mailer"):
+        raise TransientError("mail server busy")  # retried in-process with back-off: try 2 gets through
     sent = HOME / "sent.jsonl"
     line = json.dumps({"key": call.idempotency_key, "to": call.payload["email"]})
     if line not in (sent.read_text().splitlines() if sent.exists() else []):

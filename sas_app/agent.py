@@ -26,7 +26,7 @@ from celery.worker.request import Request
 from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
-from . import faults
+from . import faults as fault_points
 from .breaker import Breaker, BreakerOpen, LocalState, SharedState
 from .errors import (
     PermanentError,
@@ -35,12 +35,14 @@ from .errors import (
     TransientError,
     WorkflowDefinitionError,
 )
+from .fault_log import FaultLog, describe
 from .publishes import Publish, headers
 from .routing import (
     SCHEDULER_QUEUE,
     STEP_DEFERRED,
     STEP_DONE,
     STEP_FAILED,
+    STEP_FAULTS,
     STEP_LOST,
     agent_queue,
     agent_task_name,
@@ -59,11 +61,15 @@ class Replies(Protocol):
     Scheduler's queue instead."""
 
     def step_done(self, run_id: str, position: int, attempt: int, result: Any = None,
-                  results: dict[str, Any] | None = None) -> None: ...
+                  results: dict[str, Any] | None = None, faults: dict[str, Any] | None = None) -> None: ...
 
-    def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None: ...
+    def step_failed(self, run_id: str, position: int, attempt: int, error: str,
+                    faults: dict[str, Any] | None = None) -> None: ...
 
-    def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str) -> None: ...
+    def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str,
+                      faults: dict[str, Any] | None = None) -> None: ...
+
+    def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any]) -> None: ...
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -99,6 +105,9 @@ class AgentCall:
     #: On a branch of a ``for_each`` step: its element of the list, and its index there.
     item: Any = None
     index: int | None = None
+    #: This attempt's try in this worker: 1, then 2, 3… each time the agent retries a transient
+    #: fault in-process (``attempt`` stays the same: it is the fencing token of the whole attempt).
+    try_number: int = 1
     #: The clock the budget is measured on: this process's, or a test's injected one.
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
     started: float = field(init=False, repr=False)
@@ -228,8 +237,9 @@ class Agent:
         db_clock: Callable[[], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``breaker_fail_max`` transient failures in a row open this agent's circuit breaker for
-        ``breaker_reset`` seconds (0 disables it); its state is kept in ``breaker_state()`` (Redis or
+        """``breaker_fail_max`` attempts in a row failing transiently (an attempt's in-process
+        retries count once) open this agent's circuit breaker for ``breaker_reset`` seconds (0
+        disables it); its state is kept in ``breaker_state()`` (Redis or
         the state store, each read trusted ``breaker_fresh`` seconds; by default this process's).
         ``rate_limit`` (Celery's, e.g. ``"10/s"``) caps each worker's calls of each action;
         concurrency is the ``-c`` of the workers consuming ``sas.agent.<name>``.
@@ -305,36 +315,47 @@ class Agent:
         if call.budget <= 0:
             log.warning("%s: waited in the queue past its complete-by; dropped unrun", where)
             return
+        faults = FaultLog()
         try:
-            result = self._call_with_retries(action, call)
+            result = self._call_with_retries(action, call, faults, where)
             json.dumps(result, allow_nan=False)
         except (StepExpired, SoftTimeLimitExceeded):
             log.warning("%s: complete-by passed; stopping without a reply", where)
+            self._keep_faults(call, faults)
             return
         except StaleAttempt as exc:
             log.warning("%s: superseded (%s); stopping without a reply", where, exc)
+            self._keep_faults(call, faults)
             return
         except BreakerOpen as exc:
+            if exc.fault is not None:  # this call's failure opened it
+                faults.add(exc.fault)
             log.warning("%s: %s; deferring the step", where, exc)
-            self._reply(STEP_DEFERRED, call, delay=exc.delay, reason=str(exc))
+            self._reply(STEP_DEFERRED, call, faults, delay=exc.delay, reason=str(exc))
             return
         except PermanentError as exc:
-            self._reply(STEP_FAILED, call, error=str(exc) or type(exc).__name__)
+            log.info("%s: permanent fault: %s", where, describe(exc))
+            self._reply(STEP_FAILED, call, faults, error=str(exc) or type(exc).__name__)
             return
         except Exception as exc:
             if is_transient(exc):
-                log.warning("%s: still failing when complete-by came (%s); no reply", where, exc)
+                log.warning("%s: still failing when complete-by came (%s); no reply", where, describe(exc))
+                self._keep_faults(call, faults)
                 return
             log.exception("%s: unexpected error, reported as a permanent failure", where)
-            self._reply(STEP_FAILED, call, error=f"{type(exc).__name__}: {exc}")
+            self._reply(STEP_FAILED, call, faults, error=describe(exc))
             return
-        faults.hit("agent.after_call")
+        fault_points.hit("agent.after_call")
         if call.remaining() <= 0:
             log.warning("%s: result came after complete-by; not replying", where)
+            self._keep_faults(call, faults)
             return
-        self._reply(STEP_DONE, call, result=result)
+        self._reply(STEP_DONE, call, faults, result=result)
 
-    def _call_with_retries(self, action: AgentAction, call: AgentCall) -> Any:
+    def _call_with_retries(self, action: AgentAction, call: AgentCall, faults: FaultLog, where: str) -> Any:
+        """The action, retried in-process on transient faults while complete-by allows. The
+        breaker counts a failure once per attempt (its first try): one step retried here cannot
+        open it for everyone, while failures of distinct steps in a row still do."""
         if call.remaining() <= 0:
             raise StepExpired(call.step)
         for attempt in Retrying(
@@ -345,25 +366,47 @@ class Agent:
             reraise=True,
         ):
             with attempt:
+                call.try_number = attempt.retry_state.attempt_number
                 if call.remaining() <= 0:
                     raise StepExpired(call.step)
-                faults.hit("agent.before_call", call.step)
-                if self.breaker is None:
-                    return action(call)
-                return self.breaker.call(action, call, lasts=max(call.remaining(), 0.0))
+                fault_points.hit("agent.before_call", call.step)
+                try:
+                    if self.breaker is None:
+                        return action(call)
+                    return self.breaker.call(action, call, lasts=max(call.remaining(), 0.0),
+                                             counted=call.try_number == 1)
+                except Exception as exc:
+                    if is_transient(exc):
+                        log.info("%s try %d: transient fault: %s", where, call.try_number, faults.add(exc))
+                    raise
         raise StepExpired(call.step)  # pragma: no cover - Retrying either returns or raises
 
-    def _reply(self, task: str, call: AgentCall, **outcome: Any) -> None:
+    def _keep_faults(self, call: AgentCall, faults: FaultLog) -> None:
+        """An attempt that ends without a reply (its complete-by passed, or it was superseded)
+        still has its faults written to its history."""
+        summary = faults.summary()
+        if summary is not None:
+            self._send(STEP_FAULTS, {"run_id": call.run_id, "position": call.position, "attempt": call.attempt,
+                                     "faults": summary})
+
+    def _reply(self, task: str, call: AgentCall, faults: FaultLog, **outcome: Any) -> None:
         reply = {"run_id": call.run_id, "position": call.position, "attempt": call.attempt, **outcome}
         if task == STEP_DONE:
             reply["results"] = call.results
+        summary = faults.summary()
+        if summary is not None:  # only then: the reply of a step that went smoothly is unchanged
+            reply["faults"] = summary
+        self._send(task, reply)
+
+    def _send(self, task: str, reply: dict[str, Any]) -> None:
+        """To the Scheduler's handler in this process, or failing that to its queue."""
+        name = task.rsplit(".", 1)[1]  # step_done, step_failed, step_deferred, step_faults
         if self.replies is not None:
-            handler: Callable[..., None] = getattr(self.replies, task.rsplit(".", 1)[1])
+            handler: Callable[..., None] = getattr(self.replies, name)
             try:
                 handler(**reply)
                 return
             except Exception:
                 log.exception("replying in process failed; sending the reply to the Scheduler's queue")
-        kind = Publish(task.rsplit(".", 1)[1])  # the reply's name: step_done, step_failed, step_deferred
-        self.celery.send_task(task, kwargs=reply, queue=SCHEDULER_QUEUE, headers=headers(kind),
+        self.celery.send_task(task, kwargs=reply, queue=SCHEDULER_QUEUE, headers=headers(Publish(name)),
                               **confirm_options(self.celery))

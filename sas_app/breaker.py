@@ -1,6 +1,11 @@
 """A circuit breaker per agent, shared by every worker process (pybreaker over a shared state), so
 that when a remote service keeps failing the agents stop calling it.
 
+It counts failures of distinct calls: an attempt's first try counts, its in-process retries do not
+(their successes still close the count), so one step retried five times cannot open the breaker
+for every run, while five steps in a row failing at their first try — a service down for
+everyone — open it as before. Any success in between starts the count again.
+
 While the breaker is open a call is not made: the agent defers the step (it goes back to pending
 until the breaker may close, and its failure budget is untouched). Once the reset timeout has
 passed, exactly one process at a time — the holder of a short lock in the shared state — makes a
@@ -18,7 +23,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Protocol, TypeVar
 
@@ -103,11 +109,13 @@ class LocalState:
 
 
 class BreakerOpen(Exception):
-    """The agent's breaker is open (or another process is probing): retry after ``delay`` s."""
+    """The agent's breaker is open (or another process is probing): retry after ``delay`` s.
+    ``fault``: the failure that opened it, when this call's was that one."""
 
-    def __init__(self, agent: str, delay: float) -> None:
+    def __init__(self, agent: str, delay: float, fault: BaseException | None = None) -> None:
         super().__init__(f"circuit breaker of agent {agent!r} is open; retry in {delay:.1f}s")
         self.delay = delay
+        self.fault = fault
 
 
 class _Storage(pybreaker.CircuitBreakerStorage):
@@ -119,6 +127,16 @@ class _Storage(pybreaker.CircuitBreakerStorage):
         super().__init__(namespace)
         self._shared, self._ns, self._fresh = shared, namespace, fresh
         self._seen: dict[str, tuple[str | None, float]] = {}
+        self._retrying = threading.local()  # this thread's call is an in-process retry
+
+    @contextmanager
+    def retry(self, retrying: bool) -> Iterator[None]:
+        """Within: a failure is not counted when ``retrying`` (it was, at the attempt's first try)."""
+        self._retrying.on = retrying
+        try:
+            yield
+        finally:
+            self._retrying.on = False
 
     def forget(self) -> None:
         """Read every key afresh next time."""
@@ -151,7 +169,8 @@ class _Storage(pybreaker.CircuitBreakerStorage):
         return int(self._read("fail_counter") or 0)
 
     def increment_counter(self) -> None:
-        self._incr("fail_counter")
+        if not getattr(self._retrying, "on", False):
+            self._incr("fail_counter")
 
     def _zero(self, key: str) -> None:
         self._shared.zero(f"{self._ns}:{key}")
@@ -221,13 +240,14 @@ class Breaker:
         waited = (datetime.now(timezone.utc) - opened_at).total_seconds() if opened_at else self.reset_timeout
         return max(self.reset_timeout - waited, 0.0)
 
-    def call(self, fn: Callable[..., T], *args: Any, lasts: float = 0.0) -> T:
+    def call(self, fn: Callable[..., T], *args: Any, lasts: float = 0.0, counted: bool = True) -> T:
         """Call ``fn(*args)`` through the breaker; ``lasts``: the longest the call may take (a
-        probe holds the probe lock that long)."""
+        probe holds the probe lock that long); ``counted``: False for an in-process retry of a
+        call whose failure was counted already."""
         breaker = self._get()
         state = breaker.current_state
         if state == pybreaker.STATE_CLOSED:
-            return self._call(breaker, fn, *args)
+            return self._call(breaker, fn, *args, counted=counted)
         wait = self.open_for()
         if wait > 0:
             raise BreakerOpen(self.agent, wait)
@@ -243,12 +263,17 @@ class Breaker:
         finally:
             self._state.release(probe)
 
-    def _call(self, breaker: pybreaker.CircuitBreaker, fn: Callable[..., T], *args: Any) -> T:
+    def _call(self, breaker: pybreaker.CircuitBreaker, fn: Callable[..., T], *args: Any,
+              counted: bool = True) -> T:
+        assert self._storage is not None
         try:
-            return breaker.call(fn, *args)
-        except pybreaker.CircuitBreakerError:
-            log.error("agent %s: breaker opened after %d failures", self.agent, self.fail_max)
-            raise BreakerOpen(self.agent, self.reset_timeout) from None
+            with self._storage.retry(not counted):
+                return breaker.call(fn, *args)
+        except pybreaker.CircuitBreakerError as exc:
+            fault = exc.__context__  # the failure that reached the threshold
+            log.error("agent %s: breaker opened after %d failed calls in a row; the last: %s", self.agent,
+                      self.fail_max, fault)
+            raise BreakerOpen(self.agent, self.reset_timeout, fault) from None
 
     @property
     def state(self) -> str:

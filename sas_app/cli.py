@@ -23,17 +23,40 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import cli_operate, cli_serve
 from .cli_base import DEFAULT_APP, Context, console, fail, pass_ctx
-from .errors import SasError, one_line
+from .errors import SasError, UnknownWorkflow, one_line
 from .graph import Graph
 from .processes import hold_lifeline
 from .settings import redact_url
 from .states import RUN_STATES
-from .web.formatting import does, when
+from .web.formatting import detail_text, does, when
+
+#: ``sas --help`` lists the commands by who uses them; any other (added by an installed package)
+#: comes last
+SECTIONS = {
+    "Run a deployment": ["migrate", "worker", "beat", "dashboard", "flower", "doctor", "purge"],
+    "Submit and look at runs": ["submit", "runs", "show", "schedules", "signal"],
+    "Operate runs": ["pause", "resume", "cancel", "compensate", "resubmit", "mark-done"],
+    "Try it: the order example": ["demo", "payment-service", "warehouse-service"],
+}
 
 
 class SasGroup(click.Group):
     """The ``sas`` command: a state store or broker that is down, or a URL that does not parse,
-    ends any command with one line naming the problem (passwords masked), not a traceback."""
+    ends any command with one line naming the problem (passwords masked), not a traceback. Its
+    help lists the commands in :data:`SECTIONS`."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        listed = {name for names in SECTIONS.values() for name in names}
+        others = sorted(set(self.list_commands(ctx)) - listed)
+        for title, names in [*SECTIONS.items(), ("Added by installed packages", others)]:
+            rows = []
+            for name in names:
+                command = self.get_command(ctx, name)
+                if command is not None and not command.hidden:
+                    rows.append((name, command.get_short_help_str(formatter.width - 6 - max(map(len, names)))))
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -50,7 +73,7 @@ class SasGroup(click.Group):
 
 @click.group(cls=SasGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--app", "spec", envvar="SAS_APP", default=DEFAULT_APP, show_default=True,
-              help="The SasApp to use, as module:attribute (env SAS_APP).")
+              help="The SasApp to use, as module:attribute (env SAS_APP); the default is the order example.")
 @click.pass_context
 def main(ctx: click.Context, spec: str) -> None:
     """sas_app: the Scheduler Agent Supervisor pattern on Celery."""
@@ -76,6 +99,8 @@ def submit(ctx: Context, workflow: str, business_key: str, payload: str, wait_fo
         if wait_for is not None:
             view = handle.wait(wait_for)
             click.echo(view.process_state)
+    except UnknownWorkflow as exc:
+        fail(f"{exc} ({ctx.which_app()})")
     except (SasError, TimeoutError) as exc:
         fail(str(exc))
 
@@ -172,11 +197,11 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         for sig in signals:
             table.add_row(when(sig.received_at), sig.event, sig.status, sig.sent_by or "", json.dumps(sig.payload))
         console.print(table)
-    history = Table("at", "step", "event", "from", "to", "attempt", "actor")
+    history = Table("at", "step", "event", "from", "to", "attempt", "actor", "detail")
     for e in view.events:
         history.add_row(when(e.at), "-" if e.position is None else str(e.position), e.kind,
                         e.from_state or "", e.to_state or "", "" if e.attempt is None else str(e.attempt),
-                        e.actor or "")
+                        e.actor or "", detail_text(e.detail))
     console.print(history)
 
 

@@ -77,6 +77,9 @@ class Publish(Word):
     STEP_DEFERRED = "step_deferred"
     #: reported by a worker's main process when its pool process died mid-step
     STEP_LOST = "step_lost"
+    #: the transient faults of an attempt that ended without a reply (its complete-by passed): only
+    #: history; the step, running with its complete-by, is retried by the Supervisor either way
+    STEP_FAULTS = "step_faults"
 
     # -- a submitter's notification (its reply_to queue) ----------------------------------------------
     #: the outbox row, unsent until the broker has taken it: the sweep relays it under the same id

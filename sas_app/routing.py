@@ -38,6 +38,7 @@ STEP_DONE = "sas.scheduler.step_done"
 STEP_FAILED = "sas.scheduler.step_failed"
 STEP_DEFERRED = "sas.scheduler.step_deferred"
 STEP_LOST = "sas.scheduler.step_lost"
+STEP_FAULTS = "sas.scheduler.step_faults"
 SWEEP = "sas.supervisor.sweep"
 #: the at-risk look (not a task: each Supervisor worker's lookout takes one every
 #: SAS_AT_RISK_INTERVAL, see sas_app.lookout), by this name in the ``looks`` table

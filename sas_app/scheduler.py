@@ -18,14 +18,25 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import faults
+from . import faults as fault_points
 from .alerts import Alerts
 from .errors import InvalidSignal, UnknownRun
+from .fault_log import from_message as fault_summary
 from .graph import Graph
 from .planner import Dispatch, HasAction, Moves, Planner
 from .publishes import Publish
 from .recovery import fail_run, recover_step
-from .routing import ADVANCE, ADVANCE_EACH, STEP_DEFERRED, STEP_DONE, STEP_FAILED, STEP_LOST, Advance, Router
+from .routing import (
+    ADVANCE,
+    ADVANCE_EACH,
+    STEP_DEFERRED,
+    STEP_DONE,
+    STEP_FAILED,
+    STEP_FAULTS,
+    STEP_LOST,
+    Advance,
+    Router,
+)
 from .settings import Settings, instance_id
 from .states import LIVE_RUN_STATES, Cause, EventKind, RunState, SignalStatus, StepState
 from .store import RunRow, Store, Tx
@@ -67,7 +78,9 @@ class Scheduler:
 
     def _register_tasks(self) -> None:
         # Late acks: a scheduler killed mid-handler leaves the message to be redelivered; every
-        # handler is fenced, so running it twice is harmless.
+        # handler is fenced, so running it twice is harmless. A reply takes fields it does not know
+        # (``**newer``): one from an agent of a newer release, during a rolling upgrade, is handled
+        # with what this release knows rather than refused and left to the Supervisor.
         options: dict[str, Any] = {
             "shared": False, "acks_late": True, "reject_on_worker_lost": True, "ignore_result": True,
         }
@@ -84,22 +97,30 @@ class Scheduler:
 
         @self.celery.task(name=STEP_DONE, **options)
         def step_done(run_id: str, position: int, attempt: int, result: Any = None,
-                      results: dict[str, Any] | None = None) -> None:
+                      results: dict[str, Any] | None = None, faults: Any = None, **newer: Any) -> None:
             if well_formed("step_done", run_id, position, attempt) and (results is None or isinstance(results, dict)):
-                self.step_done(run_id, position, attempt, result, results)
+                self.step_done(run_id, position, attempt, result, results, fault_summary(faults))
 
         @self.celery.task(name=STEP_FAILED, **options)
-        def step_failed(run_id: str, position: int, attempt: int, error: str = "") -> None:
+        def step_failed(run_id: str, position: int, attempt: int, error: str = "", faults: Any = None,
+                        **newer: Any) -> None:
             if well_formed("step_failed", run_id, position, attempt):
-                self.step_failed(run_id, position, attempt, str(error))
+                self.step_failed(run_id, position, attempt, str(error), fault_summary(faults))
 
         @self.celery.task(name=STEP_DEFERRED, **options)
-        def step_deferred(run_id: str, position: int, attempt: int, delay: float = 1.0, reason: str = "") -> None:
+        def step_deferred(run_id: str, position: int, attempt: int, delay: float = 1.0, reason: str = "",
+                          faults: Any = None, **newer: Any) -> None:
             if well_formed("step_deferred", run_id, position, attempt) and isinstance(delay, (int, float)):
-                self.step_deferred(run_id, position, attempt, delay, str(reason))
+                self.step_deferred(run_id, position, attempt, delay, str(reason), fault_summary(faults))
+
+        @self.celery.task(name=STEP_FAULTS, **options)
+        def step_faults(run_id: str, position: int, attempt: int, faults: Any = None, **newer: Any) -> None:
+            summary = fault_summary(faults)
+            if well_formed("step_faults", run_id, position, attempt) and summary is not None:
+                self.step_faults(run_id, position, attempt, summary)
 
         @self.celery.task(name=STEP_LOST, **options)
-        def step_lost(run_id: str, position: int, attempt: int, reason: str = "") -> None:
+        def step_lost(run_id: str, position: int, attempt: int, reason: str = "", **newer: Any) -> None:
             if well_formed("step_lost", run_id, position, attempt):
                 self.step_lost(run_id, position, attempt, str(reason))
 
@@ -145,7 +166,8 @@ class Scheduler:
         return self.planner.dispatch(tx, run, first, {}) if first is not None else self.planner.next(tx, run)
 
     def step_done(
-        self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any] | None = None
+        self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any] | None = None,
+        faults: dict[str, Any] | None = None,
     ) -> None:
         """An agent's success reply: record it if that attempt still runs, then go on.
 
@@ -155,6 +177,7 @@ class Scheduler:
         reading the run's steps."""
         with self.store.begin() as tx:
             done = tx.complete_and_advance(run_id, position, attempt, result, self.instance_id)
+            self._faults(tx, run_id, position, attempt, faults)
             if done.step is None or done.run is None:
                 self._stale(tx, done.run, position, attempt, "step_done")
                 return
@@ -175,11 +198,13 @@ class Scheduler:
                     moves.extend(self.planner.next(tx, done.run))
         self.after_commit(tx, moves)
 
-    def step_failed(self, run_id: str, position: int, attempt: int, error: str) -> None:
+    def step_failed(self, run_id: str, position: int, attempt: int, error: str,
+                    faults: dict[str, Any] | None = None) -> None:
         """An agent's non-transient fault: the step fails with one alert, and the run is undone
         (or goes to ``error`` when there is nothing to undo, or when an undo itself failed)."""
         with self.store.begin() as tx:
             run = tx.lock_run(run_id)
+            self._faults(tx, run_id, position, attempt, faults)
             failed = None
             if run is not None and run.process_state in LIVE_RUN_STATES:
                 failed = tx.fail_step(run_id, position, attempt, error, actor=self.instance_id, count_failure=True)
@@ -193,11 +218,13 @@ class Scheduler:
             moves.alerts.insert(0, alert)
         self.after_commit(tx, moves)
 
-    def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str) -> None:
+    def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str,
+                      faults: dict[str, Any] | None = None) -> None:
         """The agent did not call its service (its circuit breaker is open): the step waits
         ``delay`` seconds, back in pending, without counting a failure."""
         with self.store.begin() as tx:
             run = tx.lock_run(run_id)
+            self._faults(tx, run_id, position, attempt, faults)
             deferred = False
             if run is not None and run.process_state in LIVE_RUN_STATES:
                 deferred = tx.defer_step(run_id, position, attempt, max(float(delay), 0.0),
@@ -227,6 +254,12 @@ class Scheduler:
         retry: list[Dispatch | Advance] = [] if outcome.escalated else [Advance(run_id, Publish.BACKOFF,
                                                                                outcome.backoff)]
         self.after_commit(tx, Moves(retry, [outcome.alert]))
+
+    def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any]) -> None:
+        """The transient faults of an attempt that ended without a reply: written to the run's
+        history (the step itself is the Supervisor's, at its complete-by)."""
+        with self.store.begin() as tx:
+            self._faults(tx, run_id, position, attempt, faults)
 
     def signal(self, run_id: str, event: str, payload: Any, by: str) -> str:
         """Record a signal for the run's wait for ``event`` and, if the run is waiting there, end
@@ -275,6 +308,13 @@ class Scheduler:
                 log.info("advance: run %s waits for a slot of its concurrency key", run_id)
         return run
 
+    def _faults(self, tx: Tx, run_id: str, position: int, attempt: int, faults: dict[str, Any] | None) -> None:
+        """An attempt's transient faults, as one event of its run's history (one INSERT, only when
+        the agent met any, for a run that exists)."""
+        if faults and tx.lock_run(run_id) is not None:
+            tx.event(run_id, position, EventKind.FAULTS, None, None, attempt=attempt, actor=self.instance_id,
+                     detail=faults)
+
     def _stale(self, tx: Tx, run: RunRow | None, position: int, attempt: int, kind: str) -> None:
         if run is None:
             log.warning("%s for unknown run; ignored", kind)
@@ -289,6 +329,6 @@ class Scheduler:
             self.alerts.emit(alert)
         if not moves.messages and not tx.outbox and not tx.follow_ups:
             return
-        faults.hit("scheduler.after_commit")
+        fault_points.hit("scheduler.after_commit")
         self.router.after_commit(tx.outbox, *(m.message() if isinstance(m, Dispatch) else m for m in moves.messages),
                                  *tx.follow_ups)

@@ -56,6 +56,7 @@ class EventKind(Word):
     REQUEUE = "requeue"  # the Supervisor asked the Scheduler again about a pending run or step
     OPERATOR = "operator"  # an operator acted (detail: action, by, reason)
     SIGNAL = "signal"  # a signal arrived for a wait (detail: event, status, by)
+    FAULTS = "faults"  # an attempt's transient faults (detail: count, first, last), once it ended
 
 
 class Cause(Word):
@@ -63,6 +64,7 @@ class Cause(Word):
 
     EXPIRED = "expired"  # its complete-by passed (found by the Supervisor)
     WORKER_LOST = "worker_lost"  # its worker process died (reported by the worker's main process)
+    DEFERRED = "deferred"  # its agent did not call the service (its breaker open): no failure counted
 
 
 class SignalStatus(Word):

@@ -51,6 +51,8 @@ def _service_command(name: str, port: int, what: str) -> click.Command:
     @click.option("--permanent-rate", type=float, default=0.0, help="Share of requests refused for good.")
     @click.option("--latency-rate", type=float, default=0.0, help="Share of requests delayed 0.2 s.")
     @click.option("--crash-rate", type=float, default=0.0, help="Share of requests that crash the service.")
+    @click.option("--down-rate", type=float, default=0.0, help="Share of requests answered 503 every time "
+                  "(1: the service is down for everyone).")
     def command(host: str, port: int, ledger: str | None, seed: int | None, **rates: float) -> None:
         from . import remote_service
 

@@ -104,11 +104,19 @@ def call_service(service: str, verb: str, action: str, call: AgentCall) -> dict[
     if response.status_code == 409:
         raise StaleAttempt(f"{service} refused {verb} {action}: {response.json().get('error')}")
     if response.status_code >= 500 or response.status_code == 429:
-        raise TransientError(f"{service} answered {response.status_code}")
+        raise TransientError(f"{service} answered {response.status_code}: {_error_of(response)}")
     if response.status_code >= 400:
-        raise PermanentError(f"{service} refused {action}: {response.json().get('error', response.status_code)}")
+        raise PermanentError(f"{service} refused {action}: {_error_of(response)}")
     data: dict[str, Any] = response.json()
     return {"effect_id": data["effect_id"]}
+
+
+def _error_of(response: httpx.Response) -> str:
+    """What a service said went wrong: its JSON ``error``, or the start of its body."""
+    try:
+        return str(response.json().get("error") or response.status_code)
+    except ValueError:
+        return response.text[:200] or str(response.status_code)
 
 
 def record_order(conn: Connection, run: RunRow) -> None:

@@ -21,6 +21,9 @@ Faults, per request (``"fault"`` in the JSON body) or per process (``POST /fault
 ``permanent``     422 refused (a declined card, no stock), every time
 ``crash[@A]``     (on attempt A) the process exits at once, before applying anything
 
+Process-wide, ``down`` at rate 1 (``POST /faults {"down": 1}``) answers every request 503: the
+service is down for everyone until the rates are set again.
+
 Run it with ``sas payment-service --port 8765`` or ``sas warehouse-service --port 8766``.
 """
 
@@ -71,6 +74,7 @@ FAULT_KINDS = {
     "permanent": "permanent",
     "latency": "latency:0.2",
     "crash": "crash",
+    "down": f"transient:{2**31}",
 }
 
 

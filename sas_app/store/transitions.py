@@ -391,7 +391,7 @@ class TxBase:
                                not_before=now + delay, complete_by=now + delay + pickup_timeout)
         if won:
             self.transition(run_id, position, StepState.RUNNING, StepState.PENDING, attempt=attempt, actor=actor,
-                            detail={"deferred": delay, "reason": reason})
+                            detail={"deferred": delay, "reason": Cause.DEFERRED.value, "message": reason})
         return won is not None
 
     def move_step(self, step: StepRow, new: str, *, actor: str, detail: Any = None, **values: Any) -> StepRow | None:

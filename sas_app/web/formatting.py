@@ -26,11 +26,14 @@ EPOCH_FIELDS = frozenset({"complete_by"})
 
 
 def detail_text(detail: Any) -> str:
-    """An event's detail for people: ``key: value`` pairs, epoch times as UTC times."""
+    """An event's detail for people: ``key: value`` pairs, epoch times as UTC times; an attempt's
+    transient faults as how many, the first and the last."""
     if not detail:
         return ""
     if not isinstance(detail, dict):
         return str(detail)
+    if detail.keys() == {"count", "first", "last"}:
+        return faults_text(detail)
     parts = []
     for key, value in detail.items():
         if key in EPOCH_FIELDS and isinstance(value, (int, float)):
@@ -46,3 +49,13 @@ def does(step: StepRow) -> str:
     if step.is_wait:
         return f"waits for {step.event!r} ({step.on_timeout} after {step.timeout:g} s)"
     return "sleeps" if step.is_sleep else f"{step.agent}.{step.action}"
+
+
+def faults_text(faults: dict[str, Any]) -> str:
+    """``3 transient faults: card gateway timeout; … the last: card gateway timeout``."""
+    count, last = faults.get("count", 0), list(faults.get("last") or [])
+    text = f"{count} transient fault{'s' if count != 1 else ''}: {faults.get('first')}"
+    if last:
+        skipped = count - 1 - len(last)
+        text += f"; {'… ' if skipped > 0 else ''}then: {'; '.join(last)}"
+    return text

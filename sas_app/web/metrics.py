@@ -9,7 +9,8 @@ history in the store when the dashboard starts, and ``rate()`` reads them as usu
 
 Series: ``sas_runs{workflow,state}``, ``sas_runs_finished_total{workflow,state}``,
 ``sas_step_duration_seconds{agent}`` (dispatch to completion), ``sas_recoveries_total{agent,cause}``
-(``expired``: the Supervisor found it past complete-by; ``worker_lost``), ``sas_step_failures_total{agent}``,
+(``expired``: the Supervisor found it past complete-by; ``worker_lost``; ``deferred``: its breaker
+was open), ``sas_step_failures_total{agent}``,
 ``sas_compensations_total{workflow}``, ``sas_alerts_total{kind}``, ``sas_alerts_current{kind}`` (alerts
 whose run is in error or unfinished), ``sas_stale_replies_total``,
 ``sas_supervisor_sweeps_total{instance}``, ``sas_supervisor_last_sweep_age_seconds{instance}``,
@@ -27,13 +28,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..doctor import Check
-from ..states import TERMINAL_RUN_STATES, EventKind, RunState, StepState
+from ..states import TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState
 from ..store.observe import HistoryEvent, Observer
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ MARGIN = 5.0
 BATCH = 20_000
 MAX_BATCHES = 10
 BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
+CAUSES = frozenset(c.value for c in Cause)
 #: seconds between two examinations of ``sas doctor``'s checks (they read every live run and ask
 #: the workers, for up to a second)
 DOCTOR_EVERY = 30.0
@@ -110,7 +112,7 @@ class StoreCollector(Collector):
             if (e.from_state, e.to_state) == (StepState.RUNNING, StepState.COMPLETED) and e.dispatched_at is not None:
                 self._observe(agent, max(e.at - e.dispatched_at, 0.0))
             elif (e.from_state, e.to_state) == (StepState.RUNNING, StepState.PENDING) and "reason" in detail:
-                self.recoveries[(agent, str(detail["reason"]))] += 1
+                self.recoveries[(agent, cause_of(detail))] += 1
             elif e.to_state == StepState.FAILED:
                 self.failures[(agent,)] += 1
 
@@ -169,7 +171,7 @@ class StoreCollector(Collector):
                      "Runs waiting in the store now: asleep, for an event, for a slot of their concurrency key",
                      ["kind"], (((kind,), waiting.get(kind, 0)) for kind in ("sleep", "event", "slot")))
         now = self.observer.now()
-        supervisors = self.observer.supervisors()
+        supervisors = self.observer.supervisors(self.sas.settings.supervisor_interval)
         yield family(CounterMetricFamily, "sas_supervisor_sweeps", "Sweeps made by each Supervisor process",
                      ["instance"], (((sup.instance,), sup.sweeps) for sup in supervisors))
         yield family(GaugeMetricFamily, "sas_supervisor_last_sweep_age_seconds",
@@ -190,6 +192,15 @@ class StoreCollector(Collector):
         if self.examined is None or time.monotonic() - self.examined[0] >= DOCTOR_EVERY:
             self.examined = (time.monotonic(), self.sas.doctor.examine(timeout=1.0))
         return self.examined[1]
+
+
+def cause_of(detail: dict[str, Any]) -> str:
+    """A recovery's cause as a label: one of :class:`Cause`'s values, never free text (a deferral
+    written before causes were codes held the breaker's message)."""
+    reason = str(detail.get("reason"))
+    if reason in CAUSES:
+        return reason
+    return Cause.DEFERRED.value if "deferred" in detail else "other"
 
 
 def family(kind: type[CounterMetricFamily] | type[GaugeMetricFamily], name: str, documentation: str,

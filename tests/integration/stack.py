@@ -82,3 +82,7 @@ class Stack(Processes):
 
     def requests_seen(self, service: str = "payment") -> dict[str, int]:
         return self._get(service, "/requests")  # type: ignore[no-any-return]
+
+    def set_faults(self, service: str, rates: dict[str, float]) -> None:
+        """The service's process-wide fault rates (``{"down": 1}``: every request refused, 503)."""
+        httpx.post(f"http://127.0.0.1:{self.ports[service]}/faults", json=rates, timeout=5).raise_for_status()

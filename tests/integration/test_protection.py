@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
 
+from tests.integration.stack import SAS
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -16,22 +18,56 @@ def deferrals(shop, handle, position=0):
             if e.kind == "transition" and e.position == position and e.detail and "deferred" in e.detail]
 
 
+def faults_of(shop, handle, position=0):
+    return [e.detail for e in shop.store.get_events(handle.id) if e.kind == "faults" and e.position == position]
+
+
 @pytest.mark.both_brokers
-def test_with_the_breaker_open_no_request_reaches_the_service_and_no_budget_burns(stack, shop):
+def test_one_step_retried_in_process_leaves_the_breaker_closed_for_everyone(stack, shop):
     stack.env.update({"SAS_BREAKER_FAIL_MAX": "3", "SAS_BREAKER_RESET": "3"})
     stack.up()
-    failing = shop.submit("order", {"amount": 1, "faults": {"reserve": "transient:3"}}, business_key="b-0")
-    wait_for(lambda: deferrals(shop, failing), 20, "the breaker to open on the third failure")
-    opened = deferrals(shop, failing)[0].at
+    flaky = shop.submit("order", {"amount": 1, "faults": {"reserve": "transient:5"}}, business_key="f-0")
+    others = [shop.submit("order", {"amount": 1}, business_key=f"f-{i}") for i in range(1, 4)]
 
-    others = [shop.submit("order", {"amount": 1}, business_key=f"b-{i}") for i in range(1, 4)]
-    views = [h.wait(40) for h in [failing, *others]]
+    views = [h.wait(40) for h in [flaky, *others]]
 
     assert [v.process_state for v in views] == ["processed"] * 4
-    assert [v.step("reserve_stock").failure_count for v in views] == [0] * 4
-    assert all(deferrals(shop, h) for h in others), "each was deferred, not called, while open"
-    seen = stack.requests_seen("warehouse")
-    assert [seen[f"{h.id}:reserve_stock"] for h in [failing, *others]] == [4, 1, 1, 1]
+    assert [v.step("reserve_stock").attempt for v in views] == [1] * 4, "one attempt each, retried in-process"
+    assert not any(deferrals(shop, h) for h in [flaky, *others]), "the breaker never opened"
+    assert stack.requests_seen("warehouse")[f"{flaky.id}:reserve_stock"] == 6
+    # the fault's own words are kept on the attempt's history: how many, the first and the last
+    [kept] = faults_of(shop, flaky)
+    assert kept["count"] == 5 and kept["first"] == "warehouse answered 503: service unavailable (injected)"
+    assert kept["last"] == [kept["first"]] * 3
+    shown = subprocess.run([SAS, "show", flaky.id], env=stack.env, capture_output=True, text=True, timeout=60)
+    assert "5 transient faults: warehouse answered 503: service unavailable (injected)" in shown.stdout
+    # and the agent worker's log said each at INFO, with its try number
+    log = stack.log("agents")
+    assert f"run {flaky.id} step reserve_stock attempt 1 try 5: transient fault: warehouse answered 503" in log
+
+
+@pytest.mark.both_brokers
+def test_a_service_down_for_everyone_opens_the_breaker_at_its_threshold_of_calls(stack, shop):
+    stack.env.update({"SAS_BREAKER_FAIL_MAX": "3", "SAS_BREAKER_RESET": "3"})
+    stack.services()
+    stack.set_faults("warehouse", {"down": 1.0})
+    stack.scheduler(wait=False)
+    stack.beat(wait=False)
+    stack.agents(concurrency=4, wait=False)
+    stack.wait_ready()
+    handles = [shop.submit("order", {"amount": 1}, business_key=f"d-{i}") for i in range(10)]
+    wait_for(lambda: sum(bool(deferrals(shop, h)) for h in handles) == 10, 40,
+             "every reservation deferred by the open breaker")
+    opened = min(d.at for h in handles for d in deferrals(shop, h))
+
+    # the third distinct reservation to fail opened it, as three failed calls in a row always did
+    # (with four pool processes, at most three more were under way); the rest were deferred
+    # without reaching the service
+    assert 3 <= len(stack.requests_seen("warehouse")) <= 3 + 3
+    stack.set_faults("warehouse", {})
+    views = [h.wait(40) for h in handles]
+    assert [v.process_state for v in views] == ["processed"] * 10
+    assert [v.step("reserve_stock").failure_count for v in views] == [0] * 10, "a deferral burns no budget"
     reserved_at = [e["at"] for e in stack.ledger("warehouse") if e["action"] == "reserve"]
     assert min(reserved_at) >= opened + 3 - 0.05, "a reservation went through while the breaker was open"
 

@@ -35,18 +35,40 @@ def test_transient_faults_are_retried_with_the_same_key_and_token(sas, agent, pu
     seen = []
 
     def flaky(call: AgentCall):
-        seen.append(call.headers())
+        seen.append((call.headers(), call.attempt, call.try_number))
         if len(seen) < 3:
             raise TransientError("busy") if len(seen) == 1 else httpx.ConnectError("refused")
         return {"ok": len(seen)}
 
     run(sas, agent, flaky, attempt=4)
 
-    assert seen == [{"Idempotency-Key": "r1:s", "X-Fencing-Token": "4"}] * 3
+    # the same attempt (the fencing token) throughout; the try number counts the in-process retries
+    assert seen == [({"Idempotency-Key": "r1:s", "X-Fencing-Token": "4"}, 4, n) for n in (1, 2, 3)]
     [reply] = pump.take("sas.scheduler")
     assert (reply.task, reply.kwargs) == ("sas.scheduler.step_done",
                                           {"run_id": "r1", "position": 0, "attempt": 4, "result": {"ok": 3},
-                                           "results": {}})
+                                           "results": {},
+                                           "faults": {"count": 2, "first": "busy",
+                                                      "last": ["ConnectError: refused"]}})
+
+
+def test_a_step_that_goes_smoothly_replies_without_faults(sas, agent, pump):
+    run(sas, agent, lambda call: {"ok": call.try_number})
+    [reply] = pump.take("sas.scheduler")
+    assert reply.kwargs["result"] == {"ok": 1} and "faults" not in reply.kwargs
+
+
+def test_an_attempt_s_faults_are_kept_bounded_the_first_and_the_last_few(sas, agent, pump):
+    def flaky(call: AgentCall):
+        if call.try_number <= 20:
+            raise TransientError(f"busy {call.try_number}")
+        return {"ok": True}
+
+    agent.retry_initial = agent.retry_max = 0.001
+    run(sas, agent, flaky)
+
+    [reply] = pump.take("sas.scheduler")
+    assert reply.kwargs["faults"] == {"count": 20, "first": "busy 1", "last": ["busy 18", "busy 19", "busy 20"]}
 
 
 def test_a_database_that_dropped_the_connection_is_a_transient_fault(sas, agent, pump, tmp_path):
@@ -68,7 +90,7 @@ def test_a_database_that_dropped_the_connection_is_a_transient_fault(sas, agent,
     assert (reply.task, reply.kwargs["result"]) == ("sas.scheduler.step_done", {"written": True})
 
 
-def test_past_complete_by_the_agent_stops_and_sends_nothing(sas, agent, pump):
+def test_past_complete_by_the_agent_stops_with_no_reply_but_its_faults(sas, agent, pump):
     calls = []
 
     def always_busy(call: AgentCall):
@@ -80,7 +102,10 @@ def test_past_complete_by_the_agent_stops_and_sends_nothing(sas, agent, pump):
 
     assert time.monotonic() - started < 1.0
     assert len(calls) > 1
-    assert pump.take("sas.scheduler") == []
+    # no reply (the Supervisor retries the step at its complete-by), only its faults for its history
+    [note] = pump.take("sas.scheduler")
+    assert note.task == "sas.scheduler.step_faults"
+    assert note.kwargs["faults"]["count"] == len(calls) and note.kwargs["faults"]["first"] == "still busy"
 
 
 def test_a_result_that_comes_after_complete_by_is_not_sent(sas, agent, pump):
@@ -153,50 +178,78 @@ def test_a_malformed_message_is_dropped_with_a_logged_reason(sas, agent, pump, c
     assert action.qualname == "ext.guarded"
 
 
-def test_a_breaker_opened_by_repeated_failures_defers_steps_without_calling(sas, pump):
-    guarded = sas.agent("flaky", retry_initial=0.01, retry_max=0.02, breaker_fail_max=3, breaker_reset=0.5)
+def test_one_step_retried_in_process_cannot_open_the_breaker(sas, pump):
+    guarded = sas.agent("flaky", retry_initial=0.001, retry_max=0.002, breaker_fail_max=3, breaker_reset=5)
+    tries: dict[str, int] = {}
+
+    def flaky(call: AgentCall):
+        tries[call.run_id] = call.try_number
+        if call.run_id == "r1" and call.try_number <= 5:
+            raise TransientError("gateway timeout")
+        return {"ok": call.run_id}
+
+    guarded.action(flaky)
+    task = sas.celery.tasks["sas.agent.flaky.flaky"]
+    task.run(**message(run_id="r1", budget=2.0))
+    task.run(**message(run_id="r2", budget=2.0))
+
+    assert guarded.breaker.state == "closed"
+    assert tries == {"r1": 6, "r2": 1}
+    replies = pump.take("sas.scheduler")
+    assert [(r.task, r.kwargs["run_id"]) for r in replies] == [("sas.scheduler.step_done", "r1"),
+                                                               ("sas.scheduler.step_done", "r2")]
+    assert replies[0].kwargs["faults"]["count"] == 5
+
+
+def test_distinct_steps_failing_in_a_row_open_the_breaker_then_steps_are_deferred_uncalled(sas, pump):
+    guarded = sas.agent("down", retry_initial=0.01, retry_max=0.02, breaker_fail_max=3, breaker_reset=0.5)
     calls = []
 
     def down(call: AgentCall):
-        calls.append(call.run_id)
+        calls.append((call.run_id, call.try_number))
         raise TransientError("503")
 
-    action = guarded.action(down, name="down")
-    task = sas.celery.tasks[f"sas.agent.flaky.{action.name}"]
+    guarded.action(down)
+    task = sas.celery.tasks["sas.agent.down.down"]
+    for run_id in ("r1", "r2", "r3", "r4"):
+        task.run(**message(run_id=run_id, budget=0.2))
 
-    task.run(**message(run_id="r1", budget=2.0))
-    assert len(calls) == 3  # the third failure opened the breaker
-    task.run(**message(run_id="r2", budget=2.0))
-    assert len(calls) == 3  # no call while it is open
-
+    # r1 and r2 retried until their complete-by (their failures counted once each); r3's first
+    # failure was the third in a row: open, r3 deferred at once and r4 never called
+    assert [run_id for run_id, n in calls if n == 1] == ["r1", "r2", "r3"]
+    assert [run_id for run_id, _ in calls].count("r3") == 1
+    assert guarded.breaker.state == "open"
     replies = pump.take("sas.scheduler")
-    assert [(r.task, r.kwargs["run_id"]) for r in replies] == [("sas.scheduler.step_deferred", "r1"),
-                                                               ("sas.scheduler.step_deferred", "r2")]
-    assert all(0 < r.kwargs["delay"] <= 0.5 for r in replies)
+    assert [(r.task, r.kwargs["run_id"]) for r in replies] == [
+        ("sas.scheduler.step_faults", "r1"), ("sas.scheduler.step_faults", "r2"),
+        ("sas.scheduler.step_deferred", "r3"), ("sas.scheduler.step_deferred", "r4")]
+    assert all(0 < r.kwargs["delay"] <= 0.5 for r in replies[2:])
+    # the deferral of the call that opened it carries that call's fault
+    assert replies[2].kwargs["faults"] == {"count": 1, "first": "503", "last": []}
 
 
 def test_after_the_reset_timeout_one_probe_closes_the_breaker(sas, pump):
     guarded = sas.agent("wobbly", retry_initial=0.01, retry_max=0.02, breaker_fail_max=2, breaker_reset=0.3)
-    outcomes = iter([TransientError("503"), TransientError("503")])
 
     def sometimes(call: AgentCall):
-        failure = next(outcomes, None)
-        if failure:
-            raise failure
+        if call.run_id in ("r1", "r2"):  # down for these two, then back
+            raise TransientError("503")
         return {"ok": call.run_id}
 
     guarded.action(sometimes)
     task = sas.celery.tasks["sas.agent.wobbly.sometimes"]
-    task.run(**message(run_id="r1", budget=2.0))
+    task.run(**message(run_id="r1", budget=0.1))
+    task.run(**message(run_id="r2", budget=2.0))
     assert guarded.breaker.state == "open"
     wait_for(lambda: guarded.breaker.open_for() == 0, 2, "the breaker's reset timeout")
 
-    task.run(**message(run_id="r2", budget=2.0))
+    task.run(**message(run_id="r3", budget=2.0))
 
     assert guarded.breaker.state == "closed"
     replies = pump.take("sas.scheduler")
-    assert [(r.task, r.kwargs["run_id"]) for r in replies] == [("sas.scheduler.step_deferred", "r1"),
-                                                               ("sas.scheduler.step_done", "r2")]
+    assert [(r.task, r.kwargs["run_id"]) for r in replies] == [("sas.scheduler.step_faults", "r1"),
+                                                               ("sas.scheduler.step_deferred", "r2"),
+                                                               ("sas.scheduler.step_done", "r3")]
 
 
 def test_the_database_s_clock_falls_back_to_its_last_offset_then_to_nothing(sas, monkeypatch):

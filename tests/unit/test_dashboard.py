@@ -242,7 +242,7 @@ def test_each_supervisor_process_counts_its_sweeps_and_recoveries(sas, pump):
     sweep_after_expiry(sas, pump, handle.id)
     sas.supervisor.sweep()
 
-    [me] = Observer(sas.store).supervisors()
+    [me] = Observer(sas.store).supervisors(sas.settings.supervisor_interval)
     assert me.instance == sas.supervisor.instance_id
     assert me.sweeps >= 2 and me.recovered == 1
 
@@ -304,3 +304,84 @@ def test_runs_holding_and_waiting_for_a_slot_of_their_key(sas, pump, client):
     overview = client.get("/").get_data(as_text=True)
     assert re.search(r'<tr class="waiting" data-kind="slot"><td><a href="/runs/\w+">one_per_desk w</a>', overview)
     assert 'sas_runs_waiting{kind="slot"} 1.0' in client.get("/metrics").get_data(as_text=True)
+
+
+def test_every_metric_label_holds_one_of_its_known_values(sas, pump, filled, client):
+    """A label is a code, never a message: free text would grow Prometheus's series without limit.
+    A deferral (its breaker's message was once its label), a lost worker, a wait, an alert of each
+    kind — each label value must come from its known set."""
+    from sas_app import alerts
+    from sas_app.doctor import CHECKS
+    from sas_app.states import RUN_STATES, Cause
+    from tests.support import drive
+
+    deferred = sas.submit("three", {"script": {"first": ["deferred", "ok"]}}, business_key="deferred-1")
+    drive(sas, pump, [deferred.id])
+    sas.submit("claim", {}, business_key="waits-1")
+    pump.run()
+    sas.test_clock.advance(0.01)
+
+    known = {
+        "workflow": set(sas.workflows), "agent": set(sas.agents), "state": set(RUN_STATES),
+        "cause": {c.value for c in Cause} | {"other"},
+        "kind": {alerts.FAILED, alerts.COMPENSATION_FAILED, alerts.COMPENSATION_STUCK, alerts.AT_RISK,
+                 alerts.DEADLINE, alerts.ESCALATED, "sleep", "event", "slot"},
+        "check": set(CHECKS),
+        "instance": {sas.supervisor.instance_id},  # the live Supervisors' (gone ones are dropped)
+        "le": None,  # a histogram's buckets: numbers
+    }
+    text = client.get("/metrics").get_data(as_text=True)
+    seen: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for label, value in sample.labels.items():
+                assert label in known, f"{sample.name} has a label {label!r} with no known set"
+                seen.setdefault(label, set()).add(value)
+                if label == "le":
+                    float(value)
+                else:
+                    assert value in known[label], f"{sample.name}{{{label}={value!r}}}: not one of {known[label]}"
+    assert "deferred" in seen["cause"] and "expired" in seen["cause"]
+
+
+def test_a_supervisor_not_heard_from_is_marked_gone_then_dropped(sas, pump, client):
+    from sqlalchemy import insert, select
+
+    from sas_app.store.tables import supervisors
+
+    sas.supervisor.sweep()  # this process: sweeping
+    now = sas.store.now()
+    with sas.store.engine.begin() as conn:
+        conn.execute(insert(supervisors), [
+            {"instance": "old-host:11", "sweeps": 40, "recovered": 0, "last_sweep_at": now - 120},  # stopped
+            {"instance": "older-host:12", "sweeps": 9, "recovered": 0, "last_sweep_at": now - 7200},  # long ago
+        ])
+
+    page = client.get("/").get_data(as_text=True)
+    table = page.split('id="supervisors"')[1].split("</table>")[0]
+    assert f'data-gone="false"><td>{sas.supervisor.instance_id}</td>' in table
+    assert 'data-gone="true"><td>old-host:11</td>' in table and "gone (stopped?)" in table
+    assert "older-host:12" not in table, "an hour unheard: left out"
+
+    sas.supervisor.sweep()  # and its row deleted
+    with sas.store.engine.connect() as conn:
+        assert set(conn.execute(select(supervisors.c.instance)).scalars()) == {sas.supervisor.instance_id,
+                                                                               "old-host:11"}
+
+
+def test_the_overview_says_how_many_alerts_need_nobody_any_more(client, filled):
+    page = client.get("/").get_data(as_text=True)
+    section = page.split("Alerts needing someone")[1]
+    assert "no alerts" in section  # the one failure's run was undone: nobody's turn
+    assert "1 earlier alert belongs to runs that have since finished" in section
+
+
+def test_a_run_page_shows_each_attempt_s_transient_faults(client, sas, pump):
+    from tests.support import drive
+
+    handle = sas.submit("three", {"script": {"second": ["transient", "transient", "ok"]}}, business_key="flaky-1")
+    drive(sas, pump, [handle.id])
+
+    page = client.get(f"/runs/{handle.id}").get_data(as_text=True)
+    row = next(r for r in page.split("<tr") if 'data-kind="faults"' in r)
+    assert "2 transient faults: second busy; then: second busy" in row

@@ -93,6 +93,18 @@ def test_a_duplicated_reply_completes_the_step_once(sas, pump):
     assert sas.store.count_events("stale_reply", handle.id) == 1
 
 
+def test_a_reply_with_fields_from_a_newer_release_is_still_handled(sas, pump):
+    """During a rolling upgrade an agent of the next release may send a field this one does not
+    know: the reply is handled with what is known, not refused and left to expire."""
+    handle = sas.submit("three", {}, business_key="newer-reply")
+    pump.run(SCHEDULER)
+    pump.run(AGENT)
+    [reply] = pump.take("sas.scheduler")
+    pump.execute(replace(reply, kwargs={**reply.kwargs, "from_a_newer_release": {"x": 1}}))
+
+    assert transitions(sas, handle.id, 0).count(("running", "completed", 1)) == 1
+
+
 def test_a_late_reply_from_an_old_attempt_changes_nothing(sas, pump):
     handle = sas.submit("three", {}, business_key="late")
     pump.run(SCHEDULER)
@@ -375,3 +387,30 @@ def test_a_failing_alert_hook_changes_nothing_for_the_run(sas, pump):
 
     assert handle.status().process_state == "error"
     assert sas.store.count_events("alert", handle.id) == 1
+
+
+@pytest.mark.parametrize("script, ends, kept", [
+    # retried in-process, then done: one attempt, its two faults on its history
+    (["transient", "transient", "ok"], "processed", [2]),
+    # a permanent fault after a transient one: both the reply's error and the fault kept
+    (["transient", "permanent"], "error", [1]),
+    # failing until complete-by at every attempt: no reply, but each attempt's faults still kept
+    (["transient"], "error", None),
+])
+def test_an_attempt_s_transient_faults_are_kept_in_the_run_s_history(sas, pump, script, ends, kept):
+    from sas_app.web.formatting import detail_text
+    from tests.support import drive
+
+    handle = sas.submit("three", {"script": {"second": script}}, business_key=f"faults-{ends}-{len(script)}")
+    drive(sas, pump, [handle.id])
+
+    view = handle.status()
+    assert view.process_state == ends
+    faults = [e for e in view.events if e.kind == "faults"]
+    assert all(e.position == 1 for e in faults)
+    if kept is not None:
+        assert [e.detail["count"] for e in faults] == kept
+    else:  # one account per attempt, each from the agent that gave up at its complete-by
+        assert [e.attempt for e in faults] == [1, 2, 3] and all(e.detail["count"] >= 2 for e in faults)
+    assert all(e.detail["first"] == "second busy" for e in faults)
+    assert detail_text(faults[0].detail).startswith(f"{faults[0].detail['count']} transient fault")

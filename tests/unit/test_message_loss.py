@@ -143,6 +143,12 @@ def a_step_its_breaker_defers(sas: SasApp, pump: Pump, key: str) -> list[str]:
     return [sas.submit("three", {"script": {"second": ["deferred", "ok"]}}, business_key=key).id]
 
 
+@story(Publish.STEP_FAULTS)
+def a_step_failing_until_its_complete_by(sas: SasApp, pump: Pump, key: str) -> list[str]:
+    """Its agent retries it in-process until complete-by, then stops with no reply but its faults."""
+    return [sas.submit("three", {"script": {"second": ["transient"]}}, business_key=key).id]
+
+
 @story(Publish.RESUMED)
 def a_run_paused_then_resumed(sas: SasApp, pump: Pump, key: str) -> list[str]:
     """The issue's case: paused while its first step ran, resumed once that step had completed."""
