@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -15,7 +16,7 @@ from rich.console import Console
 
 from .app import SasApp
 from .errors import SasError, one_line
-from .settings import mask_secrets
+from .settings import Settings, mask_secrets
 
 DEFAULT_APP = "workers.app:sas"
 # Piped or redirected output is not cut to 80 columns: every id and name stays whole.
@@ -65,9 +66,25 @@ class Context:
 
     @property
     def app(self) -> SasApp:
+        """The app, loaded on first use. On the embedded default store a line on stderr says
+        which file it is (and that it is new, if loading the app created it): the store follows
+        SAS_HOME, ``./.sas`` by default, so a command run from another folder reads another store."""
         if self._app is None:
+            expected = Settings.from_env()
+            existed = (Path(expected.home) / "state.db").exists()
             self._app = load_app(self.spec)
+            settings = self._app.settings
+            if settings.embedded_store:
+                path = Path(settings.home) / "state.db"
+                note = ("new: nothing was stored here before; is SAS_HOME the folder you meant?" if not existed
+                        else "the default under SAS_HOME; SAS_DATABASE_URL names a server's instead")
+                click.echo(f"sas: the embedded store {path} ({note})", err=True)
         return self._app
+
+    def which_app(self) -> str:
+        """Which app was loaded, and how to choose another: for errors about what it lacks."""
+        example = " — the order example, the default" if self.spec == DEFAULT_APP else ""
+        return f"the app loaded is {self.spec}{example}; choose yours with --app module:attribute or SAS_APP"
 
 
 pass_ctx = click.make_pass_decorator(Context)

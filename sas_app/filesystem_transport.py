@@ -60,3 +60,9 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        """No host to default to: a folder has none (kombu's virtual transports say ``localhost``
+        and warn, on every connection, that no hostname was supplied)."""
+        return {"port": self.default_port}

@@ -43,6 +43,7 @@ from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, agent_que
 from .settings import Settings, instance_id
 from .states import Cause
 from .store import StepRow, Store, Tx
+from .store.observe import FORGET_SUPERVISOR_AFTER
 from .watch import Watch
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ class Supervisor:
         report.relayed = len(stranded)
         try:
             self.store.record_sweep(self.instance_id, len(report.retried) + len(report.paced) + len(report.failed)
-                                    + len(report.requeued))
+                                    + len(report.requeued), forget_after=FORGET_SUPERVISOR_AFTER)
         except SQLAlchemyError as exc:  # the heartbeat only informs; the sweep's work is done
             log.warning("could not record this sweep (is the schema up to date? `sas migrate`): %s",
                         str(exc).splitlines()[0])

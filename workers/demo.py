@@ -156,7 +156,11 @@ def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float)
         # a charge still standing on an order that did not complete: compensation missed it
         "charges_not_undone": len({e["order_id"] for e in charges if not e["undone_by"]} - processed),
         "charges": len(charges),
-        "errors": [f"{run.business_key}: {run.error}" for run in runs if run and run.error],
+        # why each order that did not complete ended as it did: undone (the declined card the demo
+        # injects, most often) or in error (an operator's turn)
+        "undone": [f"{run.business_key}: {run.error}" for run in runs
+                   if run and run.error and run.process_state != "error"],
+        "errors": [f"{run.business_key}: {run.error}" for run in runs if run and run.process_state == "error"],
         "elapsed_s": round(elapsed, 2),
     }
 
@@ -170,6 +174,8 @@ def print_summary(summary: dict[str, Any]) -> None:
                 "at_risk_warnings", "lost", "duplicate_charges", "charges_not_undone", "elapsed_s"):
         table.add_row(key.replace("_", " "), str(summary[key]))
     console.print(table)
+    for line in summary["undone"]:
+        console.print(f"undone, as the demo intends (it declines one card): {line}")
     for line in summary["errors"]:
-        console.print(f"failed: {line}")
+        console.print(f"[bold red]in error, needs an operator:[/] {line}")
     console.print(f"state and logs: {summary['home']}  (SAS_HOME={summary['home']} sas runs, or sas dashboard)")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..routing import Notification
@@ -161,10 +161,12 @@ class Store(Queries, Diagnosis, Retention):
         with self.engine.begin() as conn:
             return conn.execute(self._take_look, {"b_name": name, "b_apart": apart}).first() is not None
 
-    def record_sweep(self, instance: str, recovered: int) -> None:
-        """A Supervisor's heartbeat: one more sweep by ``instance``, now."""
+    def record_sweep(self, instance: str, recovered: int, forget_after: float) -> None:
+        """A Supervisor's heartbeat: one more sweep by ``instance``, now; the rows of Supervisors
+        not heard from for ``forget_after`` seconds (stopped processes) deleted."""
         with self.engine.begin() as conn:
             conn.execute(self._record_sweep, {"b_instance": instance, "b_recovered": recovered})
+            conn.execute(delete(supervisors).where(supervisors.c.last_sweep_at < db_now() - forget_after))
 
 
 def dumps_payload(payload: Any) -> str:

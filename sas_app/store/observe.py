@@ -10,7 +10,7 @@ without counters of their own), alerts by id; the counts of runs by state read e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from sqlalchemy import case, func, literal, or_, select
@@ -37,10 +37,23 @@ class AlertView:
 
 @dataclass(frozen=True)
 class SupervisorView:
+    """A Supervisor process (``host:pid``) as its heartbeats show it. ``gone``: not heard from for
+    longer than its share of the sweeps explains (see :meth:`Observer.supervisors`)."""
+
     instance: str
     sweeps: int
     recovered: int
     last_sweep_at: float
+    gone: bool = False
+
+
+#: a Supervisor not heard from for this long is left out (and its row deleted by the next sweep)
+FORGET_SUPERVISOR_AFTER = 3600.0
+#: gone: quiet for this many times its share of the sweeps, and at least this many seconds
+GONE_AFTER_SHARES = 4
+GONE_AFTER_AT_LEAST = 30.0
+#: the Supervisors counted as sharing the sweeps: heard from within this many intervals
+RECENT_SHARES = 10
 
 
 class HistoryEvent(NamedTuple):
@@ -127,6 +140,14 @@ class Observer:
         with self.engine.connect() as conn:
             return [as_row(AlertView, r) for r in conn.execute(query)]
 
+    def count_alerts(self, current: bool) -> int:
+        """How many alerts are current (see :meth:`alerts`), or, with False, are not."""
+        is_open = runs.c.process_state.in_(OPEN_RUN_STATES)
+        query = (select(func.count()).select_from(alerts).join(runs, runs.c.id == alerts.c.run_id, isouter=True)
+                 .where(is_open if current else ~is_open))
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
     def current_alerts_by_kind(self) -> list[tuple[str, int]]:
         """How many alerts are current (see :meth:`alerts`), by kind."""
         query = (select(alerts.c.kind, func.count()).join(runs, runs.c.id == alerts.c.run_id)
@@ -164,10 +185,20 @@ class Observer:
             counts = [(kind, int(n)) for kind, n in conn.execute(query)]
             return [*counts, ("slot", int(conn.execute(parked).scalar_one()))]
 
-    def supervisors(self) -> list[SupervisorView]:
-        query = select(supervisors).order_by(supervisors.c.last_sweep_at.desc())
+    def supervisors(self, interval: float) -> list[SupervisorView]:
+        """The Supervisor processes heard from in the last :data:`FORGET_SUPERVISOR_AFTER` seconds
+        (older rows are deleted by the sweep), newest first, each marked gone once it has been
+        quiet for :data:`GONE_AFTER_SHARES` times its share of the sweeps: beat sends one sweep
+        every ``interval`` to whichever process takes it, so with ``n`` of them alive each sweeps
+        about every ``n * interval`` seconds."""
+        now = self.now()
+        query = (select(supervisors).where(supervisors.c.last_sweep_at >= now - FORGET_SUPERVISOR_AFTER)
+                 .order_by(supervisors.c.last_sweep_at.desc()))
         with self.engine.connect() as conn:
-            return [as_row(SupervisorView, r) for r in conn.execute(query)]
+            rows = [SupervisorView(r.instance, r.sweeps, r.recovered, r.last_sweep_at) for r in conn.execute(query)]
+        recent = sum(1 for r in rows if now - r.last_sweep_at <= RECENT_SHARES * interval) or 1
+        quiet = max(GONE_AFTER_SHARES * recent * interval, GONE_AFTER_AT_LEAST)
+        return [replace(r, gone=now - r.last_sweep_at > quiet) for r in rows]
 
     def history_after(self, last_id: int, limit: int) -> list[HistoryEvent]:
         """Up to ``limit`` events with an id above ``last_id``, in id order."""

@@ -184,3 +184,35 @@ def test_doctor_on_a_store_that_is_down_names_it_and_checks_nothing_that_needs_i
         "schema", "supervisor", "stranded_runs", "overdue", "unsent_notifications", "attempts_ended_twice", "clocks"}
     assert found["broker"]["ok"] and found["workers"]["count"] == 6  # the embedded broker: nobody consumes
     assert PASSWORD not in result.stdout + result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_command_says_which_embedded_store_it_reads_and_when_it_made_it(sas_cli, tmp_path):
+    store = tmp_path / "home" / "state.db"
+    first = sas_cli("runs", "--json")
+    assert first.stdout.strip() == "[]"  # stdout stays the command's own: JSON here
+    assert f"sas: the embedded store {store} (new: nothing was stored here before; is SAS_HOME the folder " \
+           "you meant?)" in first.stderr
+    again = sas_cli("runs")
+    assert f"sas: the embedded store {store} (the default under SAS_HOME" in again.stderr
+    assert "new:" not in again.stderr
+    # a server's store is named by the deployment itself: nothing said
+    server = {"SAS_DATABASE_URL": f"sqlite:///{tmp_path / 'server.db'}"}
+    sas_cli("migrate", extra_env=server)
+    assert "embedded store" not in sas_cli("runs", "--json", extra_env=server).stderr
+
+
+def test_an_unknown_workflow_names_the_app_loaded_and_how_to_choose_another(sas_cli):
+    result = sas_cli("submit", "hotel", "--key", "h-1", ok=False)
+    assert result.returncode == 2
+    assert "unknown workflow 'hotel'; registered: ['held_order', 'order'] (the app loaded is workers.app:sas " \
+           "— the order example, the default; choose yours with --app module:attribute or SAS_APP)" in result.stderr
+
+
+def test_help_lists_the_commands_by_who_uses_them_the_example_apart(sas_cli):
+    text = sas_cli("--help").stdout
+    sections = ["Run a deployment:", "Submit and look at runs:", "Operate runs:", "Try it: the order example:"]
+    assert [text.index(s) for s in sections] == sorted(text.index(s) for s in sections)
+    example = text.split("Try it: the order example:")[1]
+    assert all(name in example for name in ("demo", "payment-service", "warehouse-service"))
+    operating = text.split("Operate runs:")[1].split("Try it")[0]
+    assert "resubmit" in operating and "mark-done" in operating and "demo" not in operating
