@@ -62,7 +62,8 @@ class HeldOrders:
         while time.monotonic() < deadline:
             try:
                 if plan["how"] == "python":
-                    self.sas.signal(("held_order", key), "review", plan["payload"], by="chaos")
+                    self.sas.signal(workflow="held_order", business_key=key, event="review", payload=plan["payload"],
+                                    by="chaos")
                     return
                 run = self.sas.store.find_run("held_order", key)
                 before = len(self.sas.store.signals_of(run.id)) if run else 0

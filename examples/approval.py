@@ -24,7 +24,7 @@ import time
 import uuid
 from typing import Any
 
-from sas_app import AgentCall, SasApp, Step, WaitFor, Workflow
+from sas_app import AgentCall, RunState, SasApp, Step, WaitFor, Workflow
 
 sas = SasApp()
 celery = sas.celery
@@ -77,12 +77,13 @@ def main(approve: bool) -> int:
             return 1
         time.sleep(0.1)
     print(f"{key}: waiting for approval")
-    receipt = sas.signal(("expense_claim", key), "approval", {"approved": approve, "by": "bob"}, by="bob")
+    receipt = sas.signal(workflow="expense_claim", business_key=key, event="approval",
+                         payload={"approved": approve, "by": "bob"}, by="bob")
     view = handle.wait(timeout=60)
     paid = view.step("pay_out").result or {}
     outcome = f"paid {paid.get('paid')} to {paid['to']}" if paid.get("to") else f"paid nothing ({paid.get('why')})"
-    print(f"{key}: signal {receipt.status}; {view.process_state}: {outcome}")
-    return 0 if view.process_state == "processed" else 1
+    print(f"{key}: signal {receipt.status}; {view.state}: {outcome}")
+    return 0 if view.state is RunState.PROCESSED else 1
 
 
 if __name__ == "__main__":

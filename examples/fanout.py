@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
-from sas_app import AgentCall, SasApp, Step, Workflow
+from sas_app import AgentCall, SasApp, Step, UndoCall, Workflow
 
 sas = SasApp()
 celery = sas.celery
@@ -31,10 +31,9 @@ def book_hotel(call: AgentCall) -> dict[str, str]:
     return {"hotel": f"HT-{call.run_id[:6]}"}
 
 
-@travel.action
-def cancel(call: AgentCall) -> dict[str, str]:
-    assert call.undoes is not None
-    return {"cancelled": call.undoes["step"]}
+@travel.undo
+def cancel(call: UndoCall) -> dict[str, str]:
+    return {"cancelled": call.undoes.step}
 
 
 @travel.action
@@ -68,5 +67,5 @@ if __name__ == "__main__":
     handle = sas.submit("trip", {"travellers": travellers}, business_key="trip-" + "-".join(travellers))
     view = handle.wait(timeout=60)
     confirmed = view.step("confirm").result or {}
-    print(view.process_state, "flight", confirmed.get("flight"), "hotel", confirmed.get("hotel"),
+    print(view.state, "flight", confirmed.get("flight"), "hotel", confirmed.get("hotel"),
           "seats", confirmed.get("seats"))

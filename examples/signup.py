@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from sas_app import AgentCall, PermanentError, SasApp, Step, TransientError, Workflow
+from sas_app import AgentCall, PermanentError, SasApp, Step, TransientError, UndoCall, Workflow
 
 sas = SasApp()  # settings from SAS_* variables: broker, state store, Supervisor interval...
 celery = sas.celery  # so `celery -A examples.signup worker` finds the app too
@@ -35,11 +35,11 @@ def create(call: AgentCall) -> dict[str, str]:
     return {"account": call.idempotency_key}
 
 
-@accounts.action
-def delete(call: AgentCall) -> dict[str, str]:
-    assert call.undoes is not None
-    (HOME / "accounts" / call.undoes["idempotency_key"]).unlink(missing_ok=True)
-    return {"deleted": call.undoes["idempotency_key"]}
+@accounts.undo
+def delete(call: UndoCall) -> dict[str, str]:
+    # call.undoes: the step undone, and the idempotency key its effect was applied under
+    (HOME / "accounts" / call.undoes.idempotency_key).unlink(missing_ok=True)
+    return {"deleted": call.undoes.idempotency_key}
 
 
 @mailer.action
@@ -68,4 +68,4 @@ if __name__ == "__main__":
     email = sys.argv[1] if len(sys.argv) > 1 else "alice@example.com"
     handle = sas.submit("signup", {"email": email}, business_key=email)
     view = handle.wait(timeout=60)
-    print(view.process_state, view.step("send_welcome").result)
+    print(view.state, view.step("send_welcome").result)

@@ -1,6 +1,7 @@
 """sas_app: the Scheduler Agent Supervisor pattern on plain Celery."""
 
-from .agent import Agent, AgentCall
+from .actions import AgentAction, AgentCall, UndoAction, UndoCall, Undone
+from .agent import Agent
 from .alerts import Alert
 from .app import SasApp
 from .bulk import Submission, Submitted
@@ -24,10 +25,13 @@ from .migrate import migrate
 from .producer import Producer
 from .settings import Settings
 from .signals import SignalReceipt
+from .states import RunState, StepState
+from .store import RunRow, StepRow
 from .workflow import Escalate, Sleep, Step, WaitFor, Workflow
 
 __all__ = [
     "Agent",
+    "AgentAction",
     "AgentCall",
     "Alert",
     "DuplicateBusinessKey",
@@ -38,6 +42,8 @@ __all__ = [
     "PermanentError",
     "Producer",
     "RunHandle",
+    "RunRow",
+    "RunState",
     "RunView",
     "SasApp",
     "SasError",
@@ -48,9 +54,14 @@ __all__ = [
     "StaleAttempt",
     "Step",
     "StepExpired",
+    "StepRow",
+    "StepState",
     "Submission",
     "Submitted",
     "TransientError",
+    "UndoAction",
+    "UndoCall",
+    "Undone",
     "UnknownRun",
     "UnknownWorkflow",
     "WaitFor",

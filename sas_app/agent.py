@@ -16,8 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import httpx
 from billiard.exceptions import WorkerLostError
@@ -27,6 +26,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
 from . import faults as fault_points
+from .actions import AgentAction, AgentCall, R, UndoAction, UndoCall
 from .breaker import Breaker, BreakerOpen, LocalState, SharedState
 from .errors import (
     PermanentError,
@@ -84,92 +84,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     return isinstance(exc, (TransientError, httpx.TransportError, ConnectionError, TimeoutError, OperationalError))
-
-
-@dataclass
-class AgentCall:
-    """What an action receives: the step's identity, its input and the time left."""
-
-    run_id: str
-    business_key: str
-    workflow: str
-    step: str
-    position: int
-    attempt: int
-    idempotency_key: str
-    payload: Any
-    results: dict[str, Any]
-    budget: float
-    #: On an undo: the step it undoes, as ``{"step": name, "idempotency_key": key}``.
-    undoes: dict[str, Any] | None = None
-    #: On a branch of a ``for_each`` step: its element of the list, and its index there.
-    item: Any = None
-    index: int | None = None
-    #: This attempt's try in this worker: 1, then 2, 3… each time the agent retries a transient
-    #: fault in-process (``attempt`` stays the same: it is the fencing token of the whole attempt).
-    try_number: int = 1
-    #: The clock the budget is measured on: this process's, or a test's injected one.
-    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
-    started: float = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.started = self.clock()  # when this worker received the step
-
-    @classmethod
-    def from_message(cls, message: dict[str, Any], db_now: float | None = None,
-                     clock: Callable[[], float] = time.monotonic) -> AgentCall:
-        """Parse a step's message; raises ``KeyError``, ``TypeError`` or ``ValueError`` if it is
-        malformed. With ``db_now`` (the database's clock, see :meth:`Store.db_clock`) the budget
-        is what is left before the step's complete-by, which may be less than its timeout (or
-        nothing, for a message that waited in the queue past it); without, it runs from receipt."""
-        call = cls(
-            run_id=str(message["run_id"]),
-            business_key=str(message["business_key"]),
-            workflow=str(message["workflow"]),
-            step=str(message["step"]),
-            position=int(message["position"]),
-            attempt=int(message["attempt"]),
-            idempotency_key=str(message["idempotency_key"]),
-            payload=message["payload"],
-            results=dict(message.get("results") or {}),
-            budget=float(message["budget"]),
-            undoes=message.get("undoes"),
-            item=message.get("item"),
-            index=None if message.get("index") is None else int(message["index"]),
-            clock=clock,
-        )
-        if call.attempt < 1 or call.budget <= 0 or call.position < 0:
-            raise ValueError(f"attempt {call.attempt}, budget {call.budget} and position {call.position} "
-                             "must be positive")
-        complete_by = message.get("complete_by")
-        if db_now is not None and complete_by is not None:
-            call.budget = min(call.budget, float(complete_by) - db_now)
-        return call
-
-    def remaining(self) -> float:
-        """Seconds left before complete-by (measured from when this worker received the step)."""
-        return self.budget - (self.clock() - self.started)
-
-    def headers(self) -> dict[str, str]:
-        """The headers a remote service deduplicates and fences on."""
-        return {"Idempotency-Key": self.idempotency_key, "X-Fencing-Token": str(self.attempt)}
-
-
-ActionFn = Callable[[AgentCall], Any]
-
-
-@dataclass
-class AgentAction:
-    agent: Agent
-    name: str
-    fn: ActionFn
-
-    @property
-    def qualname(self) -> str:
-        return f"{self.agent.name}.{self.name}"
-
-    def __call__(self, call: AgentCall) -> Any:
-        return self.fn(call)
 
 
 class AgentRequest(Request):  # type: ignore[misc]
@@ -268,23 +182,52 @@ class Agent:
         self.replies = replies
         self.db_clock = db_clock
         self.clock = clock
-        self.actions: dict[str, AgentAction] = {}
+        self.actions: dict[str, AgentAction[Any] | UndoAction[Any]] = {}
 
-    def action(self, fn: ActionFn | None = None, *, name: str | None = None) -> Any:
+    @overload
+    def action(self, fn: Callable[[AgentCall], R], /) -> AgentAction[R]: ...
+
+    @overload
+    def action(self, fn: None = None, /, *, name: str | None = None
+               ) -> Callable[[Callable[[AgentCall], R]], AgentAction[R]]: ...
+
+    def action(self, fn: Callable[[AgentCall], R] | None = None, /, *, name: str | None = None
+               ) -> AgentAction[R] | Callable[[Callable[[AgentCall], R]], AgentAction[R]]:
         """Decorator: register ``fn`` as the action ``<agent>.<name>`` (default: its own name)."""
 
-        def register(fn: ActionFn) -> AgentAction:
-            action_name = name or fn.__name__
-            if action_name in self.actions:
-                raise WorkflowDefinitionError(f"agent {self.name!r} already has an action {action_name!r}")
-            action = AgentAction(self, action_name, fn)
-            self.actions[action_name] = action
+        def register(fn: Callable[[AgentCall], R]) -> AgentAction[R]:
+            action = AgentAction(self, self._new_name(name or fn.__name__), fn)
             self._register_task(action)
             return action
 
         return register(fn) if fn is not None else register
 
-    def _register_task(self, action: AgentAction) -> None:
+    @overload
+    def undo(self, fn: Callable[[UndoCall], R], /) -> UndoAction[R]: ...
+
+    @overload
+    def undo(self, fn: None = None, /, *, name: str | None = None
+             ) -> Callable[[Callable[[UndoCall], R]], UndoAction[R]]: ...
+
+    def undo(self, fn: Callable[[UndoCall], R] | None = None, /, *, name: str | None = None
+             ) -> UndoAction[R] | Callable[[Callable[[UndoCall], R]], UndoAction[R]]:
+        """Decorator: register ``fn`` as the undo ``<agent>.<name>``, which a step names as its
+        ``compensate``; ``fn`` receives an :class:`UndoCall` (``call.undoes`` is the step undone)."""
+
+        def register(fn: Callable[[UndoCall], R]) -> UndoAction[R]:
+            action = UndoAction(self, self._new_name(name or fn.__name__), fn)
+            self._register_task(action)
+            return action
+
+        return register(fn) if fn is not None else register
+
+    def _new_name(self, action_name: str) -> str:
+        if action_name in self.actions:
+            raise WorkflowDefinitionError(f"agent {self.name!r} already has an action {action_name!r}")
+        return action_name
+
+    def _register_task(self, action: AgentAction[Any] | UndoAction[Any]) -> None:
+        self.actions[action.name] = action
         # Late acks with reject-on-worker-lost: a worker killed mid-step leaves the message to be
         # redelivered, not lost; the fencing token makes the second run harmless.
         @self.celery.task(
@@ -299,7 +242,7 @@ class Agent:
         def run_action(**message: Any) -> None:
             self.execute(action, message)
 
-    def execute(self, action: AgentAction, message: dict[str, Any]) -> None:
+    def execute(self, action: AgentAction[Any] | UndoAction[Any], message: dict[str, Any]) -> None:
         db_now = self.db_clock() if self.db_clock else None
         try:
             call = AgentCall.from_message(message, db_now, self.clock)
@@ -352,7 +295,8 @@ class Agent:
             return
         self._reply(STEP_DONE, call, faults, result=result)
 
-    def _call_with_retries(self, action: AgentAction, call: AgentCall, faults: FaultLog, where: str) -> Any:
+    def _call_with_retries(self, action: AgentAction[Any] | UndoAction[Any], call: AgentCall, faults: FaultLog,
+                           where: str) -> Any:
         """The action, retried in-process on transient faults while complete-by allows. The
         breaker counts a failure once per attempt (its first try): one step retried here cannot
         open it for everyone, while failures of distinct steps in a row still do."""

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from celery import Celery
 from celery.signals import beat_init, celeryd_after_setup, worker_process_init, worker_ready, worker_shutting_down
@@ -28,7 +28,7 @@ from .celery_config import celery_settings, with_own
 from .checks import check_workflow
 from .client import Client, RunHandle, RunView
 from .doctor import Doctor
-from .errors import WorkflowDefinitionError
+from .errors import InvalidSignal, WorkflowDefinitionError
 from .migrate import ensure_schema, migrate, schema_lock, schema_problem
 from .operator import Operator
 from .retention import Retention
@@ -229,12 +229,31 @@ class SasApp:
         started by the Scheduler's message."""
         return submit_many(self.client, items)
 
-    def signal(self, run: str | tuple[str, str], event: str, payload: Any = None, *, by: str = "") -> SignalReceipt:
-        """Send ``event`` to a run waiting for it (:func:`WaitFor`): ``run`` is its id or its
-        ``(workflow, business_key)``; ``payload`` (a JSON object) becomes the wait's result. A
-        signal that comes before the run reaches its wait is kept until it does (see
-        :class:`SignalReceipt`)."""
-        return self.signals.send(run, event, payload, by=by)
+    @overload
+    def signal(self, run_id: str, event: str, payload: Any = None, *, by: str = "") -> SignalReceipt: ...
+
+    @overload
+    def signal(self, *, workflow: str | Workflow, business_key: str, event: str, payload: Any = None,
+               by: str = "") -> SignalReceipt: ...
+
+    def signal(self, run_id: str | None = None, event: str | None = None, payload: Any = None, *,
+               workflow: str | Workflow | None = None, business_key: str | None = None,
+               by: str = "") -> SignalReceipt:
+        """Send ``event`` to a run waiting for it (:func:`WaitFor`), named by its id —
+        ``sas.signal(run_id, "approval", {...})`` — or by its workflow and business key —
+        ``sas.signal(workflow=claims, business_key="claim-42", event="approval", payload={...})``;
+        ``payload`` (a JSON object) becomes the wait's result. A signal that comes before the run
+        reaches its wait is kept until it does (see :class:`SignalReceipt`)."""
+        if event is None:
+            raise InvalidSignal("name the event to send: signal(run_id, event, ...) or signal(..., event=...)")
+        if (run_id is None) == (workflow is None and business_key is None):
+            raise InvalidSignal("name the run by its id, or by workflow= and business_key=, not both")
+        if run_id is not None:
+            return self.signals.send(run_id, event, payload, by=by)
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        if name is None or business_key is None:
+            raise InvalidSignal("a run named by its workflow needs both workflow= and business_key=")
+        return self.signals.send((name, business_key), event, payload, by=by)
 
     def get_run(self, run_id: str) -> RunView:
         return self.client.get_run(run_id)

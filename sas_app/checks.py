@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from graphlib import CycleError, TopologicalSorter
 from typing import Any
 
+from .actions import UndoAction
 from .errors import WorkflowDefinitionError
 from .workflow import NAME, ON_TIMEOUT, Escalate, Step, Workflow, action_name, seconds_of
 
@@ -52,6 +53,10 @@ def check_workflow(
             if ref is None:
                 continue
             name = action_name(ref)
+            if label == "action" and isinstance(ref, UndoAction):
+                raise WorkflowDefinitionError(
+                    f"{where}, step {s.name!r}: its action {name!r} is an undo (@agent.undo); a step's action "
+                    "is an @agent.action, and the undo goes in compensate=")
             if name not in known:
                 raise WorkflowDefinitionError(
                     f"{where}, step {s.name!r}: unknown agent action {name!r} for {label}; "

@@ -40,10 +40,12 @@ def resubmit(ctx: Context, run_id: str, step: str | None, step_input: str | None
 def signal(ctx: Context, run: str, event: str, payload: str, by: str) -> None:
     """Send EVENT to a run waiting for it (a WaitFor step). RUN is a run id or WORKFLOW:BUSINESS_KEY."""
     workflow, colon, key = run.partition(":")
-    target: str | tuple[str, str] = (workflow, key) if colon else run
     value = json_option(payload, "--payload")
     try:
-        receipt = ctx.app.signal(target, event, value, by=by)
+        if colon:
+            receipt = ctx.app.signal(workflow=workflow, business_key=key, event=event, payload=value, by=by)
+        else:
+            receipt = ctx.app.signal(run, event, value, by=by)
     except SasError as exc:
         fail(str(exc))
     click.echo(f"signal {event!r} for run {receipt.run_id}: {receipt.status}")

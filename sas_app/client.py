@@ -26,7 +26,7 @@ from .publishes import Publish
 from .routing import SUBMIT, Advance, Router, confirm_options
 from .scheduler import Scheduler
 from .settings import Settings
-from .states import TERMINAL_RUN_STATES
+from .states import TERMINAL_RUN_STATES, RunState
 from .store import EventRow, RunRow, StepRow, Store, stored_object
 from .workflow import Workflow
 
@@ -63,7 +63,13 @@ class RunView:
         return self.run.id
 
     @property
+    def state(self) -> RunState:
+        """The run's state now (``view.state is RunState.PROCESSED``)."""
+        return RunState(self.run.process_state)
+
+    @property
     def process_state(self) -> str:
+        """The run's state as the store holds it: the pattern's ProcessState (see :attr:`state`)."""
         return self.run.process_state
 
     @property

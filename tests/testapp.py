@@ -48,7 +48,7 @@ def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int 
     an undo), ``manager`` waiting up to two days for the event ``approval``, then ``pay``."""
     svc = sas.agent("svc", retry_initial=0.01, retry_max=0.02)
     svc.action(scripted, name="work")
-    svc.action(scripted, name="undo")
+    svc.undo(scripted, name="undo")
     sas.workflow(
         "saga",
         [

@@ -34,15 +34,16 @@ from sas_app import (
     AgentCall,
     InvalidSubmission,
     PermanentError,
+    RunRow,
     SasApp,
     Sleep,
     StaleAttempt,
     Step,
     TransientError,
+    UndoCall,
     WaitFor,
     Workflow,
 )
-from sas_app.store import RunRow
 
 metadata = MetaData()
 orders = Table(
@@ -82,8 +83,8 @@ def call_service(service: str, verb: str, action: str, call: AgentCall) -> dict[
     """One request to a remote service, its outcome mapped onto the agent's retry policy."""
     fault_name = UNDO_NAMES[action] if verb == "undo" else action
     # a fault for a step that ships each item hits the first shipment (and its undo) only
-    first = call.index in (None, 0) and (call.undoes is None or not call.undoes["step"].endswith("]")
-                                         or call.undoes["step"].endswith("[0]"))
+    first = call.index in (None, 0) and (call.undoes is None or not call.undoes.step.endswith("]")
+                                         or call.undoes.step.endswith("[0]"))
     fault = (call.payload.get("faults") or {}).get(fault_name) if first else None
     if fault == "poison":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -94,7 +95,7 @@ def call_service(service: str, verb: str, action: str, call: AgentCall) -> dict[
     }
     if verb == "undo":
         assert call.undoes is not None, "an undo is dispatched with the step it undoes"
-        body["do_key"] = call.undoes["idempotency_key"]
+        body["do_key"] = call.undoes.idempotency_key
     response = _http().post(
         f"{service_url(service)}/{verb}/{action}",
         json=body,
@@ -154,24 +155,24 @@ def install(
     def check(call: AgentCall) -> dict[str, Any]:
         return call_service("payment", "check", "check_fraud", call)
 
-    @warehouse.action
-    def release(call: AgentCall) -> dict[str, Any]:
+    @warehouse.undo
+    def release(call: UndoCall) -> dict[str, Any]:
         return call_service("warehouse", "undo", "reserve", call)
 
     @payment.action
     def charge(call: AgentCall) -> dict[str, Any]:
         return call_service("payment", "do", "charge", call)
 
-    @payment.action
-    def refund(call: AgentCall) -> dict[str, Any]:
+    @payment.undo
+    def refund(call: UndoCall) -> dict[str, Any]:
         return call_service("payment", "undo", "charge", call)
 
     @warehouse.action
     def ship(call: AgentCall) -> dict[str, Any]:
         return call_service("warehouse", "do", "ship", call)
 
-    @warehouse.action
-    def cancel_shipment(call: AgentCall) -> dict[str, Any]:
+    @warehouse.undo
+    def cancel_shipment(call: UndoCall) -> dict[str, Any]:
         return call_service("warehouse", "undo", "ship", call)
 
     @order_db.action

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sas_app import AgentCall, Escalate, PermanentError, SasApp, Sleep, Step, WaitFor, Workflow
+from sas_app import AgentCall, Escalate, PermanentError, SasApp, Sleep, Step, UndoCall, WaitFor, Workflow
 
 
 def home() -> Path:
@@ -56,15 +56,15 @@ def step(call: AgentCall) -> dict[str, Any]:
     return {"step": call.step, "item": call.item, "pid": os.getpid()}
 
 
-def undo(call: AgentCall) -> dict[str, Any]:
+def undo(call: UndoCall) -> dict[str, Any]:
     record(call, "undo")
-    return {"undid": call.undoes}
+    return {"undid": {"step": call.undoes.step, "idempotency_key": call.undoes.idempotency_key}}
 
 
 def install(sas: SasApp) -> None:
     work = sas.agent("work")
     work.action(step, name="step")
-    work.action(undo, name="undo")
+    work.undo(undo, name="undo")
     for workflow in WORKFLOWS:
         sas.register(workflow)
     # a child run, registered before the workflow that starts it

@@ -26,7 +26,8 @@ def test_a_signal_ends_the_wait_and_its_payload_is_the_result(sas, pump):
 
     receipt = sas.signal(handle.id, "approval", {"approved": True, "by": "ana"}, by="ana")
     assert (receipt.run_id, receipt.status) == (handle.id, "consumed")
-    again = sas.signal(("claim", "c1"), "approval", {"approved": False}, by="bob")  # before pay ends
+    again = sas.signal(workflow="claim", business_key="c1", event="approval", payload={"approved": False},
+                       by="bob")  # before pay ends
     assert again.status == "ignored"
     pump.run()
     view = handle.status()
@@ -105,7 +106,7 @@ def test_signals_a_run_cannot_take_are_refused_with_nothing_written(sas, pump):
     with pytest.raises(UnknownRun, match="no run with id 'nope'"):
         sas.signal("nope", "approval")
     with pytest.raises(UnknownRun, match="no run of workflow 'claim' with business key 'c9'"):
-        sas.signal(("claim", "c9"), "approval")
+        sas.signal(workflow="claim", business_key="c9", event="approval")
     with pytest.raises(InvalidSignal, match="never waits for event 'shipped'; it waits for 'approval'"):
         sas.signal(handle.id, "shipped")
     with pytest.raises(InvalidSignal, match="payload must be a JSON object"):
@@ -170,3 +171,22 @@ def test_a_run_cancelled_while_it_waits_waits_no_more(sas, pump):
     from sas_app.store.observe import Observer
 
     assert dict(Observer(sas.store).waiting_by_kind()).get("event", 0) == 0
+
+
+@pytest.mark.parametrize("call, problem", [
+    (lambda sas: sas.signal(event="approval"), "name the run by its id, or by workflow= and business_key="),
+    (lambda sas: sas.signal("r1", event="approval", workflow="claim", business_key="c1"), "not both"),
+    (lambda sas: sas.signal(workflow="claim", event="approval"), "needs both workflow= and business_key="),
+    (lambda sas: sas.signal("r1"), "name the event to send"),
+])
+def test_a_signal_that_does_not_name_its_run_or_event_is_refused(sas, call, problem):
+    with pytest.raises(InvalidSignal, match=problem):
+        call(sas)
+
+
+def test_a_signal_names_its_run_by_id_or_by_workflow_object_and_key(sas, pump):
+    handle = sas.submit("claim", {}, business_key="c-obj")
+    pump.run()
+    receipt = sas.signal(workflow=sas.workflows["claim"], business_key="c-obj", event="approval",
+                         payload={"approved": True})
+    assert (receipt.run_id, receipt.status) == (handle.id, "consumed")

@@ -11,7 +11,7 @@ from sas_app import SasApp, Step, Workflow, WorkflowDefinitionError
 def app(settings):
     app = SasApp(settings)
     app.agent("svc").action(lambda call: {}, name="work")
-    app.agent("svc").action(lambda call: {}, name="undo")
+    app.agent("svc").undo(lambda call: {}, name="undo")
     yield app
     app.store.dispose()
 
@@ -51,6 +51,13 @@ def test_steps_may_name_actions_by_object_or_by_string(app):
     action = app.agents["svc"].actions["work"]
     wf = app.register(Workflow("wf", [Step("a", action), Step("b", "svc.work")]))
     assert [(s.agent, s.action_name) for s in wf.steps] == [("svc", "work"), ("svc", "work")]
+
+
+def test_an_undo_is_not_a_step_s_action(app):
+    undo = app.agents["svc"].actions["undo"]
+    with pytest.raises(WorkflowDefinitionError, match=r"step 'a': its action 'svc\.undo' is an undo \(@agent\.undo\)"):
+        app.register(Workflow("wf", [Step("a", undo)]))
+    assert "wf" not in app.workflows
 
 
 def test_an_action_name_cannot_be_registered_twice(app):

@@ -1,0 +1,49 @@
+"""What a user's code sees of sas_app: its public names only, with their types.
+
+The examples and the order example are user code: they import only names ``sas_app`` exports (a
+private module there is a name a user would copy). ``mypy --strict`` on a file of user-style code
+(``tests/typed_user_code.py``) keeps the decorators and references typed: an ``assert_type`` there
+fails the check the day one of them is ``Any``."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sas_app
+
+REPO = Path(__file__).resolve().parents[2]
+#: the demo drives worker processes through the process harness, not yet public (sas_app.testing)
+HARNESS_USERS = {"workers/demo.py"}
+
+
+def imports_of(path: Path) -> list[tuple[str, str | None]]:
+    """Each ``(module, name)`` a file imports from sas_app (name None for ``import module``)."""
+    found: list[tuple[str, str | None]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "sas_app":
+            found += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, None) for alias in node.names if alias.name.split(".")[0] == "sas_app"]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(
+    str(p.relative_to(REPO)) for folder in ("examples", "workers") for p in (REPO / folder).glob("*.py")
+    if str(p.relative_to(REPO)) not in HARNESS_USERS))
+def test_user_code_imports_only_sas_app_s_public_names(path):
+    private = [f"{module}.{name}" if name else module for module, name in imports_of(REPO / path)
+               if module != "sas_app" or name not in sas_app.__all__]
+    assert private == [], f"{path} imports what sas_app does not export"
+
+
+def test_the_public_api_keeps_its_types_under_mypy_strict():
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-incremental",
+         str(REPO / "tests" / "typed_user_code.py")],
+        capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
