@@ -142,6 +142,7 @@ def test_a_two_second_sleep_survives_every_worker_restarted_and_wakes_within_a_s
     wait_for(lambda: handle.status().step("nap").state == "pending", 20, "the run to fall asleep")
     for name in ("scheduler", "agents", "beat"):  # nothing of the sleep lives in a process
         stack.restart(name, wait=True)
+    back = app.store.now()  # every process is up again (its time may have come meanwhile)
 
     view = handle.wait(30)
     assert view.process_state == "processed"
@@ -149,7 +150,9 @@ def test_a_two_second_sleep_survives_every_worker_restarted_and_wakes_within_a_s
     woke = next(e.at for e in view.events if e.position == b.position and e.to_state == "running")
     interval = float(stack_env["SAS_SUPERVISOR_INTERVAL"])
     assert nap.not_before - view.step("a").completed_at == pytest.approx(2.0, abs=0.05)
-    assert 0 <= woke - nap.not_before <= interval + 1.0, f"woke {woke - nap.not_before:.2f} s after its time"
+    # within a sweep of its time, or of the stack's return if that came later
+    due = max(nap.not_before, back)
+    assert woke >= nap.not_before and woke - due <= interval + 1.0, f"woke {woke - due:.2f} s after it was due"
 
 
 def test_a_signal_sent_through_the_broker_before_the_run_waits_is_kept_and_consumed(stack, app):
@@ -172,13 +175,14 @@ def test_a_wait_that_times_out_undoes_the_run_with_every_worker_restarted_meanwh
     wait_for(lambda: handle.status().step("approve").state == "pending", 20, "the run to wait")
     for name in ("scheduler", "agents", "beat"):
         stack.restart(name, wait=True)
+    back = app.store.now()  # every process is up again (the wait's time may have come meanwhile)
     view = handle.wait(30)
     assert view.process_state == "compensated"
     approve = view.step("approve")
     assert "no 'approval' signal came within 2 s" in approve.error
     gave_up = next(e.at for e in view.events if e.position == approve.position and e.to_state == "failed")
     interval = float(stack_env["SAS_SUPERVISOR_INTERVAL"])
-    assert 0 <= gave_up - approve.not_before <= interval + 1.0
+    assert gave_up >= approve.not_before and gave_up - max(approve.not_before, back) <= interval + 1.0
     assert called(Path(stack_env["SAS_HOME"]), view.step("first").idempotency_key + ":undo", "undo") == 1
     with app.store.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(alerts).where(alerts.c.run_id == handle.id)).scalar() == 1
