@@ -24,7 +24,7 @@ import time
 import uuid
 from typing import Any
 
-from sas_app import AgentCall, RunState, SasApp, Step, WaitFor, Workflow
+from sas_app import AgentCall, OnTimeout, RunState, SasApp, Step, StepState, UndoCall, WaitFor, Workflow
 
 sas = SasApp()
 celery = sas.celery
@@ -39,48 +39,41 @@ def record_claim(call: AgentCall) -> dict[str, Any]:
     return {"claim": call.business_key, "employee": call.payload["employee"], "amount": call.payload["amount"]}
 
 
-@ledger.action
-def void_claim(call: AgentCall) -> dict[str, Any]:
-    assert call.undoes is not None
+@ledger.undo
+def void_claim(call: UndoCall) -> dict[str, Any]:
     return {"voided": call.business_key}
 
 
 @ledger.action
 def pay_out(call: AgentCall) -> dict[str, Any]:
-    decision = call.results["manager_approval"]  # the signal's payload
+    decision = call.result_of(approval)  # the signal's payload
     if decision.get("timed_out") or not decision.get("approved"):
         return {"paid": 0, "why": f"rejected by {decision.get('by', 'the manager')}"}
     return {"paid": call.payload["amount"], "to": call.payload["employee"]}
 
 
-sas.register(
-    Workflow(
-        "expense_claim",
-        [
-            Step("record_claim", record_claim, timeout=10, compensate=void_claim),
-            # waits in the store — no worker held — until a signal 'approval' comes, or the window ends
-            WaitFor("manager_approval", "approval", timeout=APPROVAL_WINDOW, on_timeout="compensate"),
-            Step("pay_out", pay_out, timeout=10),
-        ],
-        description="an expense claim: recorded, approved by a manager, paid out",
-    )
-)
+recording = Step("record_claim", record_claim, timeout=10, compensate=void_claim)
+# waits in the store — no worker held — until a signal 'approval' comes, or the window ends
+approval = WaitFor("manager_approval", "approval", timeout=APPROVAL_WINDOW, on_timeout=OnTimeout.COMPENSATE)
+payment = Step("pay_out", pay_out, timeout=10)
+claims = sas.register(Workflow("expense_claim", [recording, approval, payment],
+                               description="an expense claim: recorded, approved by a manager, paid out"))
 
 
 def main(approve: bool) -> int:
     key = f"claim-{uuid.uuid4().hex[:8]}"
-    handle = sas.submit("expense_claim", {"employee": "ann", "amount": 120.0}, business_key=key)
+    handle = sas.submit(claims, {"employee": "ann", "amount": 120.0}, business_key=key)
     deadline = time.monotonic() + 30
-    while handle.status().step("manager_approval").state != "pending":  # recorded, now waiting
+    while handle.status().step(approval).state != StepState.PENDING:  # recorded, now waiting
         if time.monotonic() > deadline:
             print(f"{key}: never reached its wait; are the worker and beat running?", file=sys.stderr)
             return 1
         time.sleep(0.1)
     print(f"{key}: waiting for approval")
-    receipt = sas.signal(workflow="expense_claim", business_key=key, event="approval",
+    receipt = sas.signal(workflow=claims, business_key=key, event="approval",
                          payload={"approved": approve, "by": "bob"}, by="bob")
     view = handle.wait(timeout=60)
-    paid = view.step("pay_out").result or {}
+    paid = view.step(payment).result or {}
     outcome = f"paid {paid.get('paid')} to {paid['to']}" if paid.get("to") else f"paid nothing ({paid.get('why')})"
     print(f"{key}: signal {receipt.status}; {view.state}: {outcome}")
     return 0 if view.state is RunState.PROCESSED else 1

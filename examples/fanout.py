@@ -44,27 +44,20 @@ def assign_seat(call: AgentCall) -> dict[str, str]:
 
 @travel.action
 def confirm(call: AgentCall) -> dict[str, object]:
-    seats = call.results["assign_seats"]  # every branch's result, in the list's order
-    return {"flight": call.results["book_flight"]["flight"], "hotel": call.results["book_hotel"]["hotel"],
+    seats = call.result_of(seating)  # every branch's result, in the list's order
+    return {"flight": call.result_of(flight)["flight"], "hotel": call.result_of(hotel)["hotel"],
             "seats": [s["seat"] for s in seats]}
 
 
-sas.register(
-    Workflow(
-        "trip",
-        [
-            Step("book_flight", book_flight, timeout=10, compensate=cancel),
-            Step("book_hotel", book_hotel, timeout=10, compensate=cancel, after=[]),  # beside the flight
-            Step("assign_seats", assign_seat, timeout=10, for_each="travellers", max_parallel=3,
-                 after=["book_flight"]),
-            Step("confirm", confirm, timeout=10, after=["assign_seats", "book_hotel"]),  # the join
-        ],
-    )
-)
+flight = Step("book_flight", book_flight, timeout=10, compensate=cancel)
+hotel = Step("book_hotel", book_hotel, timeout=10, compensate=cancel, after=[])  # beside the flight
+seating = Step("assign_seats", assign_seat, timeout=10, for_each="travellers", max_parallel=3, after=[flight])
+confirmation = Step("confirm", confirm, timeout=10, after=[seating, hotel])  # the join
+trip = sas.register(Workflow("trip", [flight, hotel, seating, confirmation]))
 
 if __name__ == "__main__":
     travellers = sys.argv[1:] or ["ann", "bob", "cy"]
-    handle = sas.submit("trip", {"travellers": travellers}, business_key="trip-" + "-".join(travellers))
+    handle = sas.submit(trip, {"travellers": travellers}, business_key="trip-" + "-".join(travellers))
     view = handle.wait(timeout=60)
     confirmed = view.step("confirm").result or {}
     print(view.state, "flight", confirmed.get("flight"), "hotel", confirmed.get("hotel"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from sas_app import AgentCall, PermanentError, SasApp, Step, TransientError, UndoCall, Workflow
@@ -51,21 +52,16 @@ def welcome(call: AgentCall) -> dict[str, str]:
     if line not in (sent.read_text().splitlines() if sent.exists() else []):
         with sent.open("a") as out:
             out.write(line + "\n")
-    return {"mailed": call.payload["email"], "account": call.results["create_account"]["account"]}
+    return {"mailed": call.payload["email"], "account": call.result_of(account)["account"]}
 
 
-sas.register(
-    Workflow(
-        "signup",
-        [
-            Step("create_account", create, timeout=5, max_failures=3, compensate=delete),
-            Step("send_welcome", welcome, timeout=5, max_failures=3),
-        ],
-    )
-)
+# Steps are objects: a later step, a result, a run's step are found by them (or by their names).
+account = Step("create_account", create, timeout=5, max_failures=3, compensate=delete)
+greeting = Step("send_welcome", welcome, timeout=timedelta(seconds=5), max_failures=3)
+signup = sas.register(Workflow("signup", [account, greeting]))
 
 if __name__ == "__main__":
     email = sys.argv[1] if len(sys.argv) > 1 else "alice@example.com"
-    handle = sas.submit("signup", {"email": email}, business_key=email)
+    handle = sas.submit(signup, {"email": email}, business_key=email)
     view = handle.wait(timeout=60)
-    print(view.state, view.step("send_welcome").result)
+    print(view.state, view.step(greeting).result)

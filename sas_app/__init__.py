@@ -23,22 +23,28 @@ from .errors import (
 )
 from .migrate import migrate
 from .producer import Producer
+from .schedules import Overlap
 from .settings import Settings
 from .signals import SignalReceipt
 from .states import RunState, StepState
+from .steps import ChildRun, Escalate, OnTimeout, Output, Sleep, Step, StepDef, Then, WaitFor
 from .store import RunRow, StepRow
-from .workflow import Escalate, Sleep, Step, WaitFor, Workflow
+from .workflow import Workflow
 
 __all__ = [
     "Agent",
     "AgentAction",
     "AgentCall",
     "Alert",
+    "ChildRun",
     "DuplicateBusinessKey",
     "Escalate",
     "InvalidOperation",
     "InvalidSignal",
     "InvalidSubmission",
+    "OnTimeout",
+    "Output",
+    "Overlap",
     "PermanentError",
     "Producer",
     "RunHandle",
@@ -53,11 +59,13 @@ __all__ = [
     "Sleep",
     "StaleAttempt",
     "Step",
+    "StepDef",
     "StepExpired",
     "StepRow",
     "StepState",
     "Submission",
     "Submitted",
+    "Then",
     "TransientError",
     "UndoAction",
     "UndoCall",

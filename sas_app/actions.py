@@ -17,7 +17,7 @@ R = TypeVar("R")
 
 
 class Named(Protocol):
-    """What an action knows of its agent: its name."""
+    """Anything with a name: an action's agent, a step."""
 
     @property
     def name(self) -> str: ...
@@ -97,6 +97,15 @@ class AgentCall:
         if db_now is not None and complete_by is not None:
             call.budget = min(call.budget, float(complete_by) - db_now)
         return call
+
+    def result_of(self, step: Named | str) -> Any:
+        """The result of an earlier step this one waits for (the step object, or its name); a
+        ``KeyError`` naming the step and those whose results are here when it is not one of them."""
+        name = step if isinstance(step, str) else step.name
+        if name not in self.results:
+            raise KeyError(f"step {self.step!r} has no result of {name!r}: it has those of "
+                           f"{sorted(self.results) or 'no step'}")
+        return self.results[name]
 
     def remaining(self) -> float:
         """Seconds left before complete-by (measured from when this worker received the step)."""

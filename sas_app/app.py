@@ -9,10 +9,10 @@ import inspect
 import logging
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 from celery import Celery
 from celery.signals import beat_init, celeryd_after_setup, worker_process_init, worker_ready, worker_shutting_down
@@ -34,13 +34,14 @@ from .operator import Operator
 from .retention import Retention
 from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, confirm_options
 from .scheduler import Scheduler
-from .schedules import Schedule, Schedules
+from .schedules import Overlap, Schedule, Schedules
 from .settings import Settings, redact_url
 from .signals import SignalReceipt, Signals
+from .steps import StepDef
 from .store import Store
 from .store.engine import Clock
 from .supervisor import Supervisor
-from .workflow import Step, Workflow
+from .workflow import Workflow
 
 log = logging.getLogger("sas")
 
@@ -201,12 +202,13 @@ class SasApp:
         self.workflows[workflow.name] = workflow
         return workflow
 
-    def workflow(self, name: str, steps: list[Step], **options: Any) -> Workflow:
+    def workflow(self, name: str, steps: Sequence[StepDef], **options: Any) -> Workflow:
         """Declare and register a workflow in one call."""
         return self.register(Workflow(name, steps, **options))
 
-    def schedule(self, name: str, *, cron: str, payload: Any = None, workflow: str | None = None,
-                 overlap: str = "skip", catch_up: float | timedelta = timedelta(hours=1)) -> Schedule:
+    def schedule(self, name: str, *, cron: str, payload: Any = None, workflow: Workflow | str | None = None,
+                 overlap: Overlap | Literal["skip", "allow", "cancel_previous"] = Overlap.SKIP,
+                 catch_up: float | timedelta = timedelta(hours=1)) -> Schedule:
         """Start a run of ``workflow`` (default: the workflow named ``name``) at every tick of
         ``cron``, through Celery beat — exactly one per tick, whatever the number of beats; ticks
         missed within ``catch_up`` start once each; ``overlap``: ``skip``, ``allow`` or
@@ -216,10 +218,11 @@ class SasApp:
 
     # -- using (sas_app.client) ---------------------------------------------------------------
 
-    def submit(self, workflow: str, payload: Any, *, business_key: str, reply_to: str | None = None,
+    def submit(self, workflow: Workflow | str, payload: Any, *, business_key: str, reply_to: str | None = None,
                priority: int = 5) -> RunHandle:
-        """Start a run (see :meth:`Client.submit`). ``priority`` 0-9: a more urgent run's steps
-        overtake less urgent ones waiting on the same agent queue."""
+        """Start a run of ``workflow`` (a registered Workflow, or its name; see :meth:`Client.submit`).
+        ``priority`` 0-9: a more urgent run's steps overtake less urgent ones waiting on the same
+        agent queue."""
         return self.client.submit(workflow, payload, business_key=business_key, reply_to=reply_to, priority=priority)
 
     def submit_many(self, items: Iterable[Submission | Mapping[str, Any]]) -> list[Submitted]:

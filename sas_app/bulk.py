@@ -37,7 +37,7 @@ ADVANCE_CHUNK = 100
 class Submission:
     """One run to submit: what :meth:`SasApp.submit` takes."""
 
-    workflow: str
+    workflow: Workflow | str
     payload: Any
     business_key: str
     reply_to: str | None = None

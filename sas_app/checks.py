@@ -12,7 +12,8 @@ from typing import Any
 
 from .actions import UndoAction
 from .errors import WorkflowDefinitionError
-from .workflow import NAME, ON_TIMEOUT, Escalate, Step, Workflow, action_name, seconds_of
+from .steps import Escalate, StepSpec, action_name, seconds_of
+from .workflow import NAME, ON_TIMEOUT, Workflow
 
 
 def check_workflow(
@@ -31,12 +32,10 @@ def check_workflow(
             f"workflow name {workflow.name!r} must start with a letter and use only letters, "
             "digits, '_' and '-' (at most 100)"
         )
-    if not workflow.steps:
+    if not workflow.specs:
         raise WorkflowDefinitionError(f"{where} has no steps")
     seen: set[str] = set()
-    for s in workflow.steps:
-        if not isinstance(s, Step):
-            raise WorkflowDefinitionError(f"{where}: {s!r} is not a Step")
+    for s in workflow.specs:
         if not isinstance(s.name, str) or not NAME.match(s.name):
             raise WorkflowDefinitionError(f"{where}: step name {s.name!r} is not a valid name")
         if s.name in seen:
@@ -86,7 +85,7 @@ def check_workflow(
         raise WorkflowDefinitionError(f"{where}: deadline must be more than 0 and at most {max_deadline:g} seconds "
                                       f"(SAS_MAX_DEADLINE), got {workflow.deadline!r}")
     _check_concurrency(where, workflow)
-    events = [s.event for s in workflow.steps if s.event is not None]
+    events = [s.event for s in workflow.specs if s.event is not None]
     twice = sorted({e for e in events if events.count(e) > 1})
     if twice:
         raise WorkflowDefinitionError(f"{where}: more than one step waits for event {twice[0]!r}; give each wait "
@@ -96,7 +95,7 @@ def check_workflow(
                                       "'_', '-')")
 
 
-def _check_consumer_timeout(where: str, s: Step, consumer_timeout: float, clock_skew: float) -> None:
+def _check_consumer_timeout(where: str, s: StepSpec, consumer_timeout: float, clock_skew: float) -> None:
     """RabbitMQ closes the channel of a consumer that holds a message unacknowledged past its
     consumer timeout; an agent acknowledges a step's message once the step has ended."""
     if s.timeout + clock_skew >= consumer_timeout:
@@ -108,7 +107,7 @@ def _check_consumer_timeout(where: str, s: Step, consumer_timeout: float, clock_
         )
 
 
-def _check_sleep(where: str, s: Step, max_sleep: float) -> None:
+def _check_sleep(where: str, s: StepSpec, max_sleep: float) -> None:
     if (s.action is not None or s.child is not None or s.for_each is not None or s.compensate is not None
             or s.event is not None or s.on_exhausted is not None):
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a sleep runs no action, child, fan-out, undo "
@@ -124,7 +123,7 @@ def _check_sleep(where: str, s: Step, max_sleep: float) -> None:
                                       f"an earlier step's result key ('quote.valid_until'), got {s.sleep_until!r}")
 
 
-def _check_wait(where: str, s: Step, max_wait: float) -> None:
+def _check_wait(where: str, s: StepSpec, max_wait: float) -> None:
     if (s.action is not None or s.child is not None or s.for_each is not None or s.compensate is not None
             or s.on_exhausted is not None):
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a wait runs no action, child, fan-out, undo or "
@@ -148,7 +147,7 @@ def _check_concurrency(where: str, workflow: Workflow) -> None:
         raise WorkflowDefinitionError(f"{where}: max_running must be an integer >= 1, got {most!r}")
 
 
-def _check_escalation(where: str, s: Step, max_wait: float) -> None:
+def _check_escalation(where: str, s: StepSpec, max_wait: float) -> None:
     e = s.on_exhausted
     if e is None:
         return
@@ -169,7 +168,7 @@ def _check_escalation(where: str, s: Step, max_wait: float) -> None:
                                       f"got {e.then!r}")
 
 
-def _check_child(where: str, s: Step, workflows: set[str]) -> None:
+def _check_child(where: str, s: StepSpec, workflows: set[str]) -> None:
     """A step runs an agent action or a child workflow, registered before this one (so a
     workflow never starts itself)."""
     if (s.action is None) == (s.child is None):
@@ -186,7 +185,7 @@ def _check_child(where: str, s: Step, workflows: set[str]) -> None:
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a child run cannot fan out (for_each) yet")
 
 
-def _check_fan_out(where: str, s: Step) -> None:
+def _check_fan_out(where: str, s: StepSpec) -> None:
     if s.for_each is None:
         return
     if not isinstance(s.for_each, str) or not all(NAME.match(part) for part in s.for_each.split(".", 1)):
@@ -203,8 +202,8 @@ def _check_fan_out(where: str, s: Step) -> None:
 def _check_graph(where: str, workflow: Workflow) -> None:
     """Every ``after`` names a step of this workflow, once, and the steps form no cycle; a
     ``for_each`` over an earlier result names a step it (indirectly) waits for."""
-    names = [s.name for s in workflow.steps]
-    for s in workflow.steps:
+    names = [s.name for s in workflow.specs]
+    for s in workflow.specs:
         if s.after is None:
             continue
         if isinstance(s.after, str) or not all(isinstance(n, str) for n in s.after):
@@ -225,7 +224,7 @@ def _check_graph(where: str, workflow: Workflow) -> None:
     except CycleError as exc:
         cycle = " -> ".join(exc.args[1])
         raise WorkflowDefinitionError(f"{where}: the steps wait for each other in a cycle: {cycle}") from None
-    for s in workflow.steps:
+    for s in workflow.specs:
         source = (s.for_each or s.sleep_until or "").split(".", 1)
         if len(source) == 2 and source[0] not in _upstream(graph, s.name):
             raise WorkflowDefinitionError(

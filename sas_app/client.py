@@ -27,6 +27,7 @@ from .routing import SUBMIT, Advance, Router, confirm_options
 from .scheduler import Scheduler
 from .settings import Settings
 from .states import TERMINAL_RUN_STATES, RunState
+from .steps import StepDef
 from .store import EventRow, RunRow, StepRow, Store, stored_object
 from .workflow import Workflow
 
@@ -76,7 +77,9 @@ class RunView:
     def terminal(self) -> bool:
         return self.run.process_state in TERMINAL_RUN_STATES
 
-    def step(self, name: str) -> StepRow:
+    def step(self, step: StepDef | str) -> StepRow:
+        """The run's step, by its definition or its name."""
+        name = step if isinstance(step, str) else step.name
         for s in self.steps:
             if s.name == name:
                 return s
@@ -180,7 +183,7 @@ class Client:
             raise UnknownRun(f"no run with id {run_id!r}")
         return RunView(run, self.store.get_steps(run_id), self.store.get_events(run_id))
 
-    def submit(self, workflow: str, payload: Any, *, business_key: str, reply_to: str | None = None,
+    def submit(self, workflow: Workflow | str, payload: Any, *, business_key: str, reply_to: str | None = None,
                priority: int = 5) -> RunHandle:
         """Write the run, its steps and whatever the workflow's ``on_submit`` writes in one
         transaction, then ask the Scheduler to start it.
@@ -201,7 +204,8 @@ class Client:
                 priority: Any) -> tuple[Workflow, Any]:
         """The workflow and the payload as the store will hold it; :class:`UnknownWorkflow` or
         :class:`InvalidSubmission` naming the first problem."""
-        wf = self.workflows.get(workflow) if isinstance(workflow, str) else None
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        wf = self.workflows.get(name) if isinstance(name, str) else None
         if wf is None:
             raise UnknownWorkflow(f"unknown workflow {workflow!r}; registered: {sorted(self.workflows) or 'none'}")
         payload = self._check(payload, business_key, reply_to, priority)

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from croniter import croniter  # type: ignore[import-untyped]
 
@@ -29,7 +29,7 @@ from .publishes import Publish
 from .recovery import cancel_run
 from .routing import SUPERVISOR_QUEUE, TICK, Advance, Router, confirm_options
 from .settings import Settings, instance_id
-from .states import RunState
+from .states import RunState, Word
 from .store import Store, Tx, stored_object
 from .workflow import Workflow, is_name
 
@@ -38,7 +38,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sas.schedules")
 
-OVERLAP = ("skip", "allow", "cancel_previous")
+class Overlap(Word):
+    """What a tick does while its schedule's previous run is live."""
+
+    SKIP = "skip"  # start nothing this tick
+    ALLOW = "allow"  # start another run beside it
+    CANCEL_PREVIOUS = "cancel_previous"  # cancel the live run, then start this tick's
+
+
+OVERLAP = tuple(o.value for o in Overlap)
 #: most ticks one schedule starts in one beat tick (a catch-up of many goes on at the next)
 MAX_TICKS = 100
 
@@ -86,8 +94,9 @@ class Schedules:
         def tick() -> int:
             return len(self.tick())
 
-    def add(self, name: str, *, cron: str, payload: Any = None, workflow: str | None = None,
-            overlap: str = "skip", catch_up: float | timedelta = timedelta(hours=1)) -> Schedule:
+    def add(self, name: str, *, cron: str, payload: Any = None, workflow: Workflow | str | None = None,
+            overlap: Overlap | Literal["skip", "allow", "cancel_previous"] = Overlap.SKIP,
+            catch_up: float | timedelta = timedelta(hours=1)) -> Schedule:
         """Declare a schedule (see the module's docstring); ``workflow`` defaults to ``name``.
         :class:`WorkflowDefinitionError` names the first mistake."""
         where = f"schedule {name!r}"
@@ -95,9 +104,10 @@ class Schedules:
             raise WorkflowDefinitionError(f"schedule name {name!r} must be a name (letters, digits, '_', '-')")
         if name in self.schedules:
             raise WorkflowDefinitionError(f"a schedule named {name!r} is already declared")
-        target = self.workflows.get(workflow or name)
+        wanted = workflow.name if isinstance(workflow, Workflow) else (workflow or name)
+        target = self.workflows.get(wanted)
         if target is None:
-            raise WorkflowDefinitionError(f"{where}: workflow {workflow or name!r} is not registered; register it "
+            raise WorkflowDefinitionError(f"{where}: workflow {wanted!r} is not registered; register it "
                                           f"first (registered: {sorted(self.workflows) or 'none'})")
         if not isinstance(cron, str) or not croniter.is_valid(cron):
             raise WorkflowDefinitionError(f"{where}: cron {cron!r} does not parse: five fields (minute hour day "
@@ -115,7 +125,7 @@ class Schedules:
             target.slot_of(body)
         except ValueError as exc:
             raise WorkflowDefinitionError(str(exc)) from None
-        schedule = Schedule(name, target.name, cron, body, overlap, float(window))
+        schedule = Schedule(name, target.name, cron, body, str(overlap), float(window))
         self.schedules[name] = schedule
         interval = self.settings.supervisor_interval
         self.celery.conf.beat_schedule[TICK] = {

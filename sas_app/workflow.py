@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from .errors import WorkflowDefinitionError
 from .routing import step_key
+from .steps import OnTimeout, StepDef, StepSpec, action_name, seconds_of, spec_of
 from .store import NewRun, NewStep
 
 if TYPE_CHECKING:
@@ -36,115 +36,8 @@ def is_name(value: Any) -> bool:
     return isinstance(value, str) and bool(NAME.match(value))
 
 
-class ActionRef(Protocol):
-    """Anything that names an agent action: an ``"agent.action"`` string or an AgentAction."""
-
-    @property
-    def qualname(self) -> str: ...
-
-
-def action_name(ref: str | ActionRef) -> str:
-    return ref if isinstance(ref, str) else ref.qualname
-
-
-@dataclass(frozen=True)
-class Escalate:
-    """What a step does at its failure threshold instead of failing at once — the pattern's
-    Supervisor "waiting for an extended period before notifying the Scheduler that it should retry
-    the step, in the expectation that the fault will be resolved": wait ``wait``, then make
-    ``retries`` more attempts; if those fail too, ``then``: ``"compensate"`` (the run is undone) or
-    ``"error"`` (the run is left in error for an operator). An alert on each rung."""
-
-    wait: float | timedelta
-    retries: int = 1
-    then: str = "compensate"
-
-    def as_stored(self) -> dict[str, Any]:
-        return {"wait": float(seconds_of(self.wait)), "retries": self.retries, "then": self.then}
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of a workflow.
-
-    ``action`` names the agent call that performs it (``"payment.charge"``); ``timeout`` is its
-    complete-by budget in seconds for each attempt; after ``max_failures`` failed attempts the step
-    fails for good, with one alert, and the run is undone (each step with a ``compensate`` whose
-    effect may have happened, last first) — or goes to ``error`` when there is nothing to undo.
-    ``compensate`` names the agent call that undoes it; its undo has the same budget and threshold,
-    but one that passes its complete-by is never given up (:mod:`sas_app.recovery`).
-
-    ``after`` names the steps it waits for: left out, the step before it (the first step waits
-    for nothing); ``after=[]`` starts it with the run. Steps whose ``after`` are all completed run
-    at once, and a step waiting for several is their join.
-
-    ``for_each`` runs the step once per element of a list — a key of the payload (``"items"``) or
-    of an earlier step's result (``"reserve_stock.items"``) — each branch with its own attempts,
-    complete-by and idempotency key (``<run>:<step>:<index>``), at most ``max_parallel`` at once.
-    The step's result is the list of its branches' results, in order.
-
-    ``child`` (instead of ``action``) starts another registered workflow as a child run, with this
-    run's payload, and waits for it: the step completes with the child's results when it is
-    processed and fails when it ends otherwise. Cancelling or undoing this run cancels a live
-    child. The child is supervised like any run; its ``timeout`` does not apply.
-    """
-
-    name: str
-    action: str | ActionRef | None = None
-    timeout: float = 30.0
-    max_failures: int = 3
-    compensate: str | ActionRef | None = None
-    after: Sequence[str] | None = None
-    for_each: str | None = None
-    max_parallel: int = 10
-    child: str | None = None
-    #: a durable sleep (see :func:`Sleep`): seconds, or where the time to wake is
-    sleep: float | None = None
-    sleep_until: str | None = None
-    #: a wait for an event (see :func:`WaitFor`), and what its timeout does
-    event: str | None = None
-    on_timeout: str = "compensate"
-    #: at the failure threshold: fail at once (None, the default), or escalate (see :class:`Escalate`)
-    on_exhausted: Escalate | None = None
-
-    @property
-    def agent(self) -> str:
-        return "" if self.action is None else action_name(self.action).split(".", 1)[0]
-
-    @property
-    def action_name(self) -> str:
-        return "" if self.action is None else action_name(self.action).split(".", 1)[1]
-
-
-def seconds_of(value: Any) -> Any:
-    """A ``timedelta`` as seconds; anything else as it is (checked when registered)."""
-    return value.total_seconds() if isinstance(value, timedelta) else value
-
-
-def Sleep(name: str, seconds: float | timedelta | None = None, *, until: str | None = None,
-          after: Sequence[str] | None = None) -> Step:
-    """A step that waits: ``seconds``, or until the time found at ``until`` (a payload key, or an
-    earlier step's result key ``"step.key"``; epoch seconds or an ISO 8601 time). The run waits in
-    the store, holding no message and no worker slot, and the Supervisor's sweep wakes it on the
-    database's clock. Its result is ``{"slept_until": <epoch seconds>}``."""
-    if (seconds is None) == (until is None):
-        raise WorkflowDefinitionError(f"sleep {name!r} needs seconds or until=, exactly one")
-    return Step(name, sleep=seconds_of(seconds), sleep_until=until, after=after)
-
-
 #: what a wait's timeout does: undo the run, leave it in error for an operator, or go on without the event
-ON_TIMEOUT = ("compensate", "error", "continue")
-
-
-def WaitFor(name: str, event: str, *, timeout: float | timedelta, on_timeout: str = "compensate",
-            after: Sequence[str] | None = None) -> Step:
-    """A step that waits for ``event``: ``sas.signal(run, event, payload)`` ends it, and the
-    signal's payload is its result. A signal sent before the run gets here is kept and consumed
-    when it does. After ``timeout`` seconds with none, ``on_timeout``: ``"compensate"`` (the run is
-    undone), ``"error"`` (the run is left in error for an operator) or ``"continue"`` (the result
-    is ``{"timed_out": true}``). Like a sleep, it waits in the store, holding no message and no
-    worker slot."""
-    return Step(name, timeout=seconds_of(timeout), event=event, on_timeout=on_timeout, after=after)
+ON_TIMEOUT = tuple(o.value for o in OnTimeout)
 
 
 OnSubmit = Callable[["Connection", "RunRow"], None]
@@ -159,7 +52,9 @@ class Workflow:
     """
 
     name: str
-    steps: Sequence[Step]
+    #: its steps (:class:`~sas_app.steps.Step`, :class:`~sas_app.steps.ChildRun`, ...), held as
+    #: the engine reads them (:class:`~sas_app.steps.StepSpec`)
+    steps: Sequence[StepDef | StepSpec]
     on_submit: OnSubmit | None = None
     description: str = ""
     #: recorded on each run; left out, a hash of the step graph (see :func:`definition_version`)
@@ -170,6 +65,14 @@ class Workflow:
     #: group may be live at once (the others wait, pending, in submission order)
     concurrency_key: str | None = None
     max_running: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", tuple(spec_of(s) for s in self.specs))
+
+    @property
+    def specs(self) -> Sequence[StepSpec]:
+        """The steps as the engine reads them."""
+        return self.steps  # type: ignore[return-value]  # made so by __post_init__
 
     def slot_of(self, payload: Any) -> str | None:
         """The value of this workflow's concurrency key in ``payload`` (None without a key);
@@ -192,10 +95,10 @@ class Workflow:
     @cached_property
     def waits_for(self) -> list[list[int]]:
         """For each step (by position), the positions of the steps it waits for."""
-        where = {s.name: i for i, s in enumerate(self.steps)}
+        where = {s.name: i for i, s in enumerate(self.specs)}
         return [
             ([i - 1] if i else []) if s.after is None else [where[name] for name in s.after]
-            for i, s in enumerate(self.steps)
+            for i, s in enumerate(self.specs)
         ]
 
     @cached_property
@@ -203,7 +106,7 @@ class Workflow:
         """Each step waits for the one before it, none fans out and none is a child run: the
         Scheduler's hot path."""
         return all(s.for_each is None and s.child is None and s.action is not None
-                   for s in self.steps) and self.waits_for == [
+                   for s in self.specs) and self.waits_for == [
             [i - 1] if i else [] for i in range(len(self.steps))
         ]
 
@@ -225,7 +128,7 @@ class Workflow:
                     sleep=None if s.sleep is None else float(s.sleep), sleep_until=s.sleep_until,
                     event=s.event, on_timeout=s.on_timeout if s.event is not None else None,
                     escalate=None if s.on_exhausted is None else s.on_exhausted.as_stored())
-            for s, waits in zip(self.steps, self.waits_for, strict=True)
+            for s, waits in zip(self.specs, self.waits_for, strict=True)
         ]
 
     @cached_property
@@ -238,8 +141,9 @@ class Workflow:
             [s.name, None if s.action is None else action_name(s.action),
              None if s.compensate is None else action_name(s.compensate),
              float(s.timeout), s.max_failures, waits, s.for_each, s.max_parallel if s.for_each else None, s.child,
-             s.sleep, s.sleep_until, *([s.event, s.on_timeout] if s.event is not None else []),
+             None if s.sleep is None else float(s.sleep), s.sleep_until,
+             *([s.event, s.on_timeout] if s.event is not None else []),
              *([s.on_exhausted.as_stored()] if s.on_exhausted is not None else [])]
-            for s, waits in zip(self.steps, self.waits_for, strict=True)
+            for s, waits in zip(self.specs, self.waits_for, strict=True)
         ]
         return hashlib.sha256(json.dumps(graph, separators=(",", ":")).encode()).hexdigest()[:12]

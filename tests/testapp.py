@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from sas_app import AgentCall, PermanentError, SasApp, Sleep, Step, StepExpired, TransientError, WaitFor
+from sas_app import AgentCall, ChildRun, PermanentError, SasApp, Sleep, Step, StepExpired, TransientError, WaitFor
 from sas_app.breaker import BreakerOpen
 
 #: every call an agent received, per idempotency key: (attempt, outcome)
@@ -89,7 +89,7 @@ def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int 
         "parent",
         [
             Step("before", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo"),
-            Step("spawn", child="kid"),
+            ChildRun("spawn", "kid"),
             Step("after", "svc.work", timeout=timeout, max_failures=max_failures),
         ],
     )

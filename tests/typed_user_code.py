@@ -4,18 +4,26 @@
 
 from __future__ import annotations
 
-from typing import assert_type
+from datetime import timedelta
+from typing import Any, assert_type
 
 from sas_app import (
     AgentAction,
     AgentCall,
+    ChildRun,
+    OnTimeout,
+    Output,
+    RunHandle,
     RunState,
     SasApp,
     SignalReceipt,
+    Sleep,
     Step,
+    StepRow,
     UndoAction,
     UndoCall,
     Undone,
+    WaitFor,
     Workflow,
 )
 
@@ -44,13 +52,28 @@ assert_type(charge, AgentAction[dict[str, str]])
 assert_type(price, AgentAction[float])
 assert_type(refund, UndoAction[dict[str, str]])
 
-orders = Workflow("order", [Step("charge", charge, timeout=10, compensate=refund)])
-sas.register(orders)
+@payment.action
+def receipt_of(call: AgentCall) -> dict[str, Any]:
+    assert_type(call.result_of(charging), Any)
+    return {"charge": call.result_of(charging)["charge_id"]}
+
+
+quoting = Step("quote", price, timeout=timedelta(seconds=5), after=[])
+charging = Step("charge", charge, timeout=10, compensate=refund, after=[quoting])
+assert_type(charging.output("items"), Output)
+approval = WaitFor("approval", "approval", timeout=timedelta(days=1), on_timeout=OnTimeout.ERROR)
+nap = Sleep("cool_off", timedelta(minutes=5))
+receipt = Step("receipt", receipt_of, timeout=10, for_each=charging.output("items"))
+orders = sas.register(Workflow("order", [quoting, charging, approval, nap, receipt]))
+parent = Workflow("parent", [ChildRun("an_order", orders)])
+handle = sas.submit(orders, {"amount": 1}, business_key="order-1")
+assert_type(handle, RunHandle)
 
 
 def watch(run_id: str) -> bool:
     view = sas.get_run(run_id)
     assert_type(view.state, RunState)
+    assert_type(view.step(charging), StepRow)
     receipt = sas.signal(run_id, "approval", {"approved": True})
     assert_type(receipt, SignalReceipt)
     by_key = sas.signal(workflow=orders, business_key="order-1", event="approval", payload={})

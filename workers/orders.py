@@ -177,7 +177,7 @@ def install(
 
     @order_db.action
     def confirm(call: AgentCall) -> dict[str, Any]:
-        charge_id = call.results["charge_payment"]["effect_id"]
+        charge_id = call.result_of("charge_payment")["effect_id"]
         with sas.store.engine.begin() as conn:
             conn.execute(
                 update(orders)
@@ -186,41 +186,27 @@ def install(
             )
         return {"status": "paid"}
 
-    order = sas.register(
-        Workflow(
-            ORDER_WORKFLOW,
-            [
-                Step("reserve_stock", reserve, timeout=step_timeout, max_failures=max_failures, compensate=release),
-                Step("fraud_check", check, timeout=step_timeout, max_failures=max_failures, after=[]),
-                Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures, compensate=refund,
-                     after=["reserve_stock", "fraud_check"]),
-                Step("schedule_shipping", ship, timeout=step_timeout, max_failures=max_failures,
-                     compensate=cancel_shipment, for_each="reserve_stock.items", max_parallel=5),
-                Step("confirm_order", confirm, timeout=step_timeout, max_failures=max_failures),
-            ],
-            on_submit=record_order,
-            description="reserve stock while checking for fraud, charge the customer, ship each item, "
-                        "confirm the order",
-        )
-    )
+    reserving = Step("reserve_stock", reserve, timeout=step_timeout, max_failures=max_failures, compensate=release)
+    checking = Step("fraud_check", check, timeout=step_timeout, max_failures=max_failures, after=[])  # beside it
+    charging = Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures, compensate=refund,
+                    after=[reserving, checking])  # the join
+    shipping = Step("schedule_shipping", ship, timeout=step_timeout, max_failures=max_failures,
+                    compensate=cancel_shipment, for_each=reserving.output("items"), max_parallel=5)
+    confirming = Step("confirm_order", confirm, timeout=step_timeout, max_failures=max_failures)
+    order = sas.register(Workflow(
+        ORDER_WORKFLOW, [reserving, checking, charging, shipping, confirming], on_submit=record_order,
+        description="reserve stock while checking for fraud, charge the customer, ship each item, confirm the order",
+    ))
     # A large order is held: once its stock is reserved and its fraud check done, a manager reviews
     # it (the signal 'review'; none within review_timeout and the order is undone), then a
     # cooling-off period passes before the customer is charged.
-    sas.register(
-        Workflow(
-            HELD_ORDER_WORKFLOW,
-            [
-                Step("reserve_stock", reserve, timeout=step_timeout, max_failures=max_failures, compensate=release),
-                Step("fraud_check", check, timeout=step_timeout, max_failures=max_failures, after=[]),
-                WaitFor("manager_review", "review", timeout=review_timeout, after=["reserve_stock", "fraud_check"]),
-                Sleep("cool_off", seconds=cool_off),
-                Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures, compensate=refund),
-                Step("schedule_shipping", ship, timeout=step_timeout, max_failures=max_failures,
-                     compensate=cancel_shipment, for_each="reserve_stock.items", max_parallel=5),
-                Step("confirm_order", confirm, timeout=step_timeout, max_failures=max_failures),
-            ],
-            on_submit=record_order,
-            description="a large order: reviewed by a manager, then a cooling-off period, then charged and shipped",
-        )
-    )
+    review = WaitFor("manager_review", "review", timeout=review_timeout, after=[reserving, checking])
+    cooling_off = Sleep("cool_off", seconds=cool_off)
+    charging_after = Step("charge_payment", charge, timeout=charge_timeout, max_failures=max_failures,
+                          compensate=refund)
+    sas.register(Workflow(
+        HELD_ORDER_WORKFLOW, [reserving, checking, review, cooling_off, charging_after, shipping, confirming],
+        on_submit=record_order,
+        description="a large order: reviewed by a manager, then a cooling-off period, then charged and shipped",
+    ))
     return order

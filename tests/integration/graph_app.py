@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sas_app import AgentCall, Escalate, PermanentError, SasApp, Sleep, Step, UndoCall, WaitFor, Workflow
+from sas_app import AgentCall, ChildRun, Escalate, PermanentError, SasApp, Sleep, Step, UndoCall, WaitFor, Workflow
 
 
 def home() -> Path:
@@ -86,7 +86,7 @@ def install(sas: SasApp) -> None:
         sas.schedule("ticking", workflow="ticked", cron=cron, overlap="allow", catch_up=60)
     sas.register(Workflow("with_child", [
         Step("first", "work.step", timeout=10, compensate="work.undo"),
-        Step("spawn", child="kid"),
+        ChildRun("spawn", "kid"),
         Step("last", "work.step", timeout=10),
     ]))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sas_app import SasApp, Step, Workflow
+from sas_app import ChildRun, SasApp, Step, Workflow
 from sas_app.errors import WorkflowDefinitionError
 from tests.support import Pump, pass_time
 from tests.testapp import CALLS
@@ -89,21 +89,25 @@ def test_a_lost_word_that_the_child_ended_is_found_by_the_supervisor(sas, pump):
     assert handle.status().process_state == "processed"
 
 
-@pytest.mark.parametrize("steps, message", [
-    ([Step("c", child="nope")], "child workflow 'nope' is not registered"),
-    ([Step("c", "svc.work", child="kid")], "exactly one of them"),
-    ([Step("c")], "exactly one of them"),
-    ([Step("c", child="kid", for_each="items")], "cannot fan out"),
-])
-def test_a_child_step_that_cannot_run_is_refused_when_registered(sas, steps, message):
-    with pytest.raises(WorkflowDefinitionError, match=message):
-        sas.register(Workflow("bad", steps))
+def test_a_child_step_of_a_workflow_not_registered_is_refused(sas):
+    with pytest.raises(WorkflowDefinitionError, match="child workflow 'nope' is not registered"):
+        sas.register(Workflow("bad", [ChildRun("c", "nope")]))
+    assert "bad" not in sas.workflows
+
+
+def test_a_step_is_one_kind_an_impossible_mix_cannot_be_written():
+    with pytest.raises(TypeError):
+        Step("c", "svc.work", child="kid")  # type: ignore[call-arg]  # a child run is a ChildRun
+    with pytest.raises(TypeError):
+        ChildRun("c", "kid", for_each="items")  # type: ignore[call-arg]  # a child run does not fan out
+    with pytest.raises(TypeError):
+        Step("c")  # type: ignore[call-arg]  # an action step names its action
 
 
 def test_child_runs_nested_past_the_bound_fail_with_that_reason(sas, pump):
     object.__setattr__(sas.settings, "max_child_depth", 1)
-    sas.register(Workflow("mid", [Step("down", child="kid")]))
-    sas.register(Workflow("top", [Step("down", child="mid")]))
+    middle = sas.register(Workflow("mid", [ChildRun("down", sas.workflows["kid"])]))
+    sas.register(Workflow("top", [ChildRun("down", middle)]))
     handle = sas.submit("top", {}, business_key="deep")
     pump.run()
 

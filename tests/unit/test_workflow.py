@@ -53,6 +53,45 @@ def test_steps_may_name_actions_by_object_or_by_string(app):
     assert [(s.agent, s.action_name) for s in wf.steps] == [("svc", "work"), ("svc", "work")]
 
 
+def test_steps_refer_to_each_other_by_object_and_durations_take_timedelta(app):
+    from datetime import timedelta
+
+    from sas_app import ChildRun, Sleep, WaitFor
+
+    first = Step("first", "svc.work", timeout=timedelta(seconds=7))
+    side = Step("side", "svc.work", after=[])
+    fan = Step("fan", "svc.work", for_each=first.output("items"), after=[first, side])
+    nap = Sleep("nap", timedelta(minutes=2))
+    wait = WaitFor("wait", "approval", timeout=timedelta(hours=1))
+    kid = app.register(Workflow("kid", [Step("k", "svc.work")]))
+    child = ChildRun("child", kid)
+    wf = app.register(Workflow("wf", [first, side, fan, nap, wait, child]))
+
+    assert [(s.name, s.after, s.for_each) for s in wf.specs[:3]] == [
+        ("first", None, None), ("side", [], None), ("fan", ["first", "side"], "first.items")]
+    assert (wf.specs[0].timeout, wf.specs[3].sleep, wf.specs[4].timeout, wf.specs[5].child) == (7.0, 120.0, 3600.0,
+                                                                                                 "kid")
+    # the same graph written with names is the same definition: the same version
+    named = Workflow("wf2", [Step("first", "svc.work", timeout=7), Step("side", "svc.work", after=[]),
+                             Step("fan", "svc.work", for_each="first.items", after=["first", "side"]),
+                             Sleep("nap", 120), WaitFor("wait", "approval", timeout=3600), ChildRun("child", "kid")])
+    assert named.run_version == wf.run_version
+
+
+def test_a_step_referring_to_one_outside_its_workflow_is_refused_naming_it(app):
+    elsewhere = Step("elsewhere", "svc.work")
+    with pytest.raises(WorkflowDefinitionError, match="elsewhere"):
+        app.register(Workflow("wf", [Step("a", "svc.work"), Step("b", "svc.work", after=[elsewhere])]))
+    with pytest.raises(WorkflowDefinitionError, match="elsewhere"):
+        app.register(Workflow("wf", [Step("a", "svc.work"), Step("b", "svc.work", for_each=elsewhere.output("x"))]))
+    assert "wf" not in app.workflows
+
+
+def test_after_takes_a_list_not_one_name(app):
+    with pytest.raises(WorkflowDefinitionError, match="after= takes a list of steps"):
+        Workflow("wf", [Step("a", "svc.work"), Step("b", "svc.work", after="a")])
+
+
 def test_an_undo_is_not_a_step_s_action(app):
     undo = app.agents["svc"].actions["undo"]
     with pytest.raises(WorkflowDefinitionError, match=r"step 'a': its action 'svc\.undo' is an undo \(@agent\.undo\)"):

@@ -1,0 +1,25 @@
+"""Mistakes a type checker must refuse in user code: each line marked ``# refused`` is an error
+under ``mypy --strict`` (tests/unit/test_public_api.py checks that exactly these are). Never run."""
+
+from __future__ import annotations
+
+from sas_app import AgentCall, ChildRun, SasApp, Sleep, Step, UndoCall, WaitFor
+
+sas = SasApp()
+svc = sas.agent("svc")
+
+
+@svc.action
+def work(call: AgentCall) -> dict[str, str]:
+    return {}
+
+
+@svc.undo
+def undo(call: UndoCall) -> dict[str, str]:
+    return {"undid": call.undoes["idempotency_key"]}  # refused: undoes is a record, not a dict
+
+
+Step("a", work, child="kid")  # refused: a child run is a ChildRun
+ChildRun("c", "kid", timeout=5)  # refused: a child run has no timeout of its own
+Sleep("nap", 5, event="approval")  # refused: a sleep waits for no event
+WaitFor("w", "approval", timeout=60, on_timeout="retry")  # refused: not an OnTimeout
