@@ -123,35 +123,35 @@ class UndoCall(AgentCall):
 
 
 @dataclass
-class AgentAction(Generic[R]):
-    """An action of an agent (``@agent.action``): called with an :class:`AgentCall`, it returns
-    ``R``. A step names it as its ``action``."""
+class ActionName:
+    """What names an action: its agent and its own name."""
 
     agent: Named
     name: str
-    fn: Callable[[AgentCall], R]
 
     @property
     def qualname(self) -> str:
         """``<agent>.<action>``: how the store and the task names name it."""
         return f"{self.agent.name}.{self.name}"
 
+
+@dataclass
+class AgentAction(ActionName, Generic[R]):
+    """An action of an agent (``@agent.action``): called with an :class:`AgentCall`, it returns
+    ``R``. A step names it as its ``action``."""
+
+    fn: Callable[[AgentCall], R]
+
     def __call__(self, call: AgentCall) -> R:
         return self.fn(call)
 
 
 @dataclass
-class UndoAction(Generic[R]):
+class UndoAction(ActionName, Generic[R]):
     """An undo of an agent (``@agent.undo``): called with an :class:`UndoCall`, it returns ``R``.
     A step names it as its ``compensate``."""
 
-    agent: Named
-    name: str
     fn: Callable[[UndoCall], R]
-
-    @property
-    def qualname(self) -> str:
-        return f"{self.agent.name}.{self.name}"
 
     def __call__(self, call: AgentCall) -> R:
         if not isinstance(call, UndoCall):
