@@ -19,27 +19,24 @@ the queue itself rather than its bare depth:
   than :data:`SETTLE_S` with fewer than three completions is not judged yet: a burst just sent
   has not shown its workers' pace. Nor is one younger than that after a stall with fewer than
   :data:`SETTLED` completions: workers come back from an outage one by one, and the first
-  completions are the first workers' (in the chaos runs replayed, alerts raised then were the
-  soaks' wrong ones) — but workers held up by hanging calls come back together, and not judging
-  their queue for two seconds whatever they did left a 1,500-order run's steps untold.
+  completions are the first workers' — but workers held up by hanging calls come back together,
+  and their queue must still be judged soon.
 * **When each is taken.** Workers take the head first; a message found past its complete-by is
   dropped unworked, at a small cost (:data:`DROPPED_S`), so a step behind many doomed ones is not
-  doomed with them — nor reached at once: behind 300 of them it waits a second or two more.
+  doomed with them — nor reached at once.
 * **How sure, how far ahead.** A forecast further ahead is less sure: a queue's workers change
   within seconds (one restarting is back, one frozen thaws, another agent's hanging steps hold the
-  pool processes they share). In a chaos run replayed, the middle 80% of steps were taken within
-  0.19 s of their forecast when it looked less than half a second ahead, within 0.71 s when it
-  looked two seconds ahead; and at the margin of a queue working at capacity, which steps just
+  pool processes they share), and at the margin of a queue working at capacity, which steps just
   make it turns on which worker frees up first. So a step is judged in two ways. Once the last
   fifth of its budget has begun (:data:`JUDGED_WITHIN`), it is at risk if it would miss even were
   its agent three times as fast as its pace (:data:`SURELY`): surely late, told early. In its last look
   (:data:`LAST_LOOKS`: its complete-by before the Supervisor's next look at its queue,
   SAS_AT_RISK_INTERVAL away, a fraction of a second), it is at risk if it would miss at the pace
   itself, its head taken when a worker frees up (:data:`HEAD_WAIT`): a coin toss a second ahead,
-  seldom wrong that near. Judged once a sweep instead (a second apart in the chaos runs), one
-  forecast a second ahead had to decide the coin tosses, at the pace itself or with a margin,
-  and got a fifth of them wrong either way (``python -m bench.at_risk_replay``; the README has
-  the figures, before and after).
+  seldom wrong that near.
+
+How each constant was chosen, with the replays behind it: docs/explanation/at-risk-forecast.md
+(``python -m bench.at_risk_replay`` measures them).
 
 With no completion for a while the queue is not draining at all (its workers are down or stuck):
 it is judged as if they came back now at their former pace — stalls are mostly short — and, with
@@ -62,43 +59,34 @@ from .store.rows import StepRow
 STALL_S = 0.5
 #: How much faster than its measured pace an agent is assumed to work when pacing retries (when a
 #: message sent now would be taken): sent a little early rather than late, so the queue never runs
-#: dry while they wait (paced at the pace itself, ``bench.backpressure`` re-expired more of them).
+#: dry while they wait.
 SLACK = 0.25
 #: A step is at risk before its last look only if it would miss even were its agent this much
 #: faster than its pace (three times as fast): the forecast further ahead is less sure — a queue's
 #: pace read just after an outage or a worker's restart can be half what its workers do a second
-#: later, and agents sharing two cores take turns at them: in a soak's bursts of 150 orders, steps
-#: told early at twice the pace were then taken at two or three times it, in time, as another
-#: agent's queue fell to dropping expired messages and left it the cores — and a step that misses
-#: only at the pace itself is a coin toss there, decided at its last look instead (replayed, half
-#: again as fast cried wolf a quarter more than twice, and twice a tenth more than three times,
-#: foreseeing no more misses; four times cried wolf as often as three).
+#: later, and agents sharing cores take turns at them — and a step that misses only at the pace
+#: itself is a coin toss there, decided at its last look instead.
 SURELY = 2.0
 #: A step is judged at its pace itself once its complete-by comes within this many looks at its
 #: queue (SAS_AT_RISK_INTERVAL apart): its last, when a forecast a fraction of a second ahead is
-#: seldom wrong (judged in its last two, a tenth more of the wrong alerts, no more misses foreseen).
+#: seldom wrong.
 LAST_LOOKS = 1
-#: The head of a busy queue is taken when a worker frees up, this many messages' time from now: in
-#: the chaos runs replayed, steps at the head with a tenth of a second left were taken just late,
+#: The head of a busy queue is taken when a worker frees up, this many messages' time from now,
 #: not at once (the pace counts dropped messages, each a few milliseconds; a worker frees up when
-#: its step is done). Half a message's time foresaw five of six backlog misses, three nineteen of twenty.
+#: its step is done).
 HEAD_WAIT = 3.0
 #: A backlog is not judged before it is this old (or half its head's timeout, if less), unless its
 #: workers have completed three steps since it began: what they can do is not known before. After
 #: a stall, not before its drain is this old unless it has completed :data:`SETTLED`.
 SETTLE_S = 2.0
 #: Completions after a stall that are a pace to go by before :data:`SETTLE_S`: workers back from an
-#: outage come back one by one, and the first few completions are the first ones' (replayed at a
-#: 1,500-order run's own looks, ten foresaw half again as many of the steps missed after hanging
-#: calls let their workers go, at a point of precision; twenty, a fifth more).
+#: outage come back one by one, and the first few completions are the first ones'.
 SETTLED = 10
 #: A step is judged before its last looks once less than this share of its timeout is left.
 JUDGED_WITHIN = 1 / 5
 #: What a message found past its complete-by still costs its queue, in seconds: dropped unworked,
-#: it is still received, checked against the database's clock and acknowledged. Chaos runs on a
-#: 2-core machine dropped up to 476 a second with six worker processes, fewer with real work
-#: between them; counted as free, a step behind 300 doomed messages was forecast to be taken at
-#: once and was taken two seconds late.
+#: it is still received, checked against the database's clock and acknowledged; counted as free,
+#: a step behind hundreds of doomed messages would be forecast to be taken at once.
 DROPPED_S = 0.005
 
 
@@ -133,13 +121,10 @@ def draining(completed: Sequence[float], now: float, head: StepRow, seen_since: 
     (:func:`pace`, which leaves idle spells out), once all of them are back (:data:`SETTLE_S`).
     Workers that complete nothing while the queue is seen getting shorter (``taken``: the spans
     between two looks, the second of which found fewer messages waiting) have not stalled: they
-    are dropping a run of messages past their complete-by (judged stalled then, a queue ten times
-    deeper than it could drain was never judged, and a chaos run's backlogs behind such runs went
-    untold). 0.0 while they have completed nothing for a while (not draining); None while this
-    drain is too young to say — or, silent, while the one asking has seen the queues for less than
-    that (since ``seen_since``: it has just started, or the broker or the database was down for it
-    too, and the workers reconnect as it did; told not draining then, a soak's steps at the head
-    of their queue were taken in time)."""
+    are dropping a run of messages past their complete-by. 0.0 while they have completed nothing
+    for a while (not draining); None while this drain is too young to say — or, silent, while the
+    one asking has seen the queues for less than that (since ``seen_since``: it has just started,
+    or the broker or the database was down for it too, and the workers reconnect as it did)."""
     since = (head.complete_by or now) - head.timeout
     drained = [at for at in completed if at >= since]
     stall = stall_after([a - b for a, b in pairwise(drained)])
@@ -241,11 +226,8 @@ def forecast(queued: Sequence[StepRow], now: float, per_second: float, every: fl
 
     A queue not draining (``per_second`` 0) is judged as if its workers came back now at the pace
     they kept before (``former``, :func:`former_pace`): its steps are at risk if they would miss
-    even so. Its stalls in the soaks were short — PostgreSQL refusing connections for 4 s, one of
-    three workers frozen — and steps told at risk in their last fifth were then taken in time, at
-    two or three times that pace (replayed, a 30-minute soak's precision 0.84 to 0.92, another's
-    0.88 to 0.90, foreseeing as many misses in two 1,500-order runs). Of a queue whose pace is not
-    known, the steps in the last fifth of their budget are at risk."""
+    even so — stalls are mostly short, and workers back from one drain faster than before it. Of a
+    queue whose pace is not known, the steps in the last fifth of their budget are at risk."""
     if per_second <= 0 and former > 0:
         return [Risk(risk.step, risk.ahead, None) for risk in forecast(queued, now, former, every)]
     if per_second <= 0:  # not draining, its pace unknown: the steps in the last part of their budget
@@ -270,8 +252,7 @@ def stranded(queued: Sequence[StepRow], now: float, every: float) -> list[Risk]:
     """Of ``queued`` (the steps whose messages waited in one queue when the broker last answered,
     its head first), those whose complete-by comes before the look after next at it (looks are
     ``every`` seconds apart; one may come late) while the broker does not answer: nothing is taken
-    from a broker that is down, and its workers reconnect some time after it is back (a chaos
-    run's, 0.85 s after a seven-second outage). In its last look a step is judged at its queue's
-    pace (:func:`forecast`); here there is none."""
+    from a broker that is down, and its workers reconnect some time after it is back. In its last
+    look a step is judged at its queue's pace (:func:`forecast`); here there is none."""
     return [Risk(step, ahead, None, broker_down=True) for ahead, step in enumerate(queued)
             if step.complete_by is not None and now <= step.complete_by < now + (LAST_LOOKS + 1) * every]

@@ -47,7 +47,7 @@ class Dispatch:
         # An undo overtakes whatever waits on its agent's queue: behind a backlog deeper than its
         # complete-by it would expire again and again while the new work ahead of it goes first, its
         # effect left standing. Only an undo: retries sent first starve the first attempts behind
-        # them in a lasting backlog (measured: see the README's Performance section).
+        # them in a lasting backlog (docs/explanation/measurements-behind-the-code.md).
         urgency = URGENT if self.undoes is not None else self.run.priority
         why = Publish.DISPATCH if self.undoes is None else Publish.UNDO_DISPATCH
         return AgentMessage(step.agent, step.action, step.run_id, step.position, step.attempt, step.timeout,

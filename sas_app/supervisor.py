@@ -119,9 +119,9 @@ class Supervisor:
         A run or step left pending past its complete-by is asked about again only while the
         Scheduler's queue is empty: with messages waiting there, the Scheduler is behind, not deaf,
         and its message for that run is most likely among them. Asking again then only deepens the
-        queue — each ask a message more for the Scheduler, whose runs then stall in turn: a 30-minute
-        soak on a slower machine asked about 5,000 runs a minute, advance_each tasks took 34 s and
-        nothing completed. A message that was lost is asked again once the queue has drained."""
+        queue — each ask a message more for the Scheduler, whose runs then stall in turn until
+        nothing completes. A message that was lost is asked again once the queue has drained
+        (the measurement: docs/explanation/measurements-behind-the-code.md)."""
         report = SweepReport()
         started = time.perf_counter()
         depths = self._busy_depths()
@@ -206,13 +206,12 @@ class Supervisor:
         last dispatched the queue's depth counts), or the queue is so deep that a message sent now
         would be taken past half the step's timeout (its message was dropped unworked, or its
         worker died with it: a retry sent now would expire again all the same), or the agent's
-        paced retries still wait their turn (one sent now would jump the line they keep: in
-        ``bench.backpressure`` 400 of 2,000 steps then took three or four attempts instead of
-        two). It goes by the queue, not by the at-risk alerts: those come only in a step's last
-        fifth, and a step whose message was dropped before a look warned of it went straight
-        back into the backlog. With no message waiting, an agent's expired steps keep their
-        back-off alone: with no backlog seen, its pace may be how often work comes to it, not how
-        fast it can go."""
+        paced retries still wait their turn (one sent now would jump the line they keep, and the
+        steps behind it take more attempts). It goes by the queue, not by the at-risk alerts:
+        those come only in a step's last fifth, and a step whose message was dropped before a
+        look warned of it went straight back into the backlog. With no message waiting, an
+        agent's expired steps keep their back-off alone: with no backlog seen, its pace may be how
+        often work comes to it, not how fast it can go."""
         by_agent: dict[str, list[StepRow]] = {}
         for step in expired:
             # an undo is sent ahead of the queue: nothing to wait behind

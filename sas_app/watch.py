@@ -30,10 +30,8 @@ from .store import StepRow, Store
 #: A look that comes less than this share of SAS_AT_RISK_INTERVAL after the last one taken (by any
 #: process) is skipped. A step at the margin is judged at its pace in its last look, once; two beats
 #: sent every look twice (before the lookout took them), and looks that waited behind a slow task
-#: arrived together — each more look in a step's last interval one more coin toss. A 30-minute
-#: soak's looks replayed: skipping those
-#: within half an interval, precision 0.815 to 0.878 and the wrong alerts at the margin 21 to 11;
-#: regular looks twice as often as the interval the forecast was told, 0.921 to 0.895.
+#: arrived together — each more look in a step's last interval one more coin toss
+#: (docs/explanation/measurements-behind-the-code.md).
 TAKEN_APART = 0.5
 
 #: each look, at DEBUG (SAS_DEBUG_LOGS=sas.watch): what it read and judged of each queue
@@ -154,8 +152,8 @@ class Watch:
         others were empty or unread) and return, per queue, the spans from one of this process's
         looks to the next that found it shorter, within the at-risk window
         (:func:`~sas_app.backlog.note_shorter`): the looks come a tenth of a second apart, shared
-        by a worker's pool processes, and behind its other tasks (after a broker's outage, a
-        chaos run's Scheduler worker took them half a second or more apart)."""
+        by a worker's pool processes, and behind its other tasks (after a broker's outage they
+        can come half a second or more apart)."""
         with self._lock:
             for agent, depth in depths.items():
                 queue = agent_queue(agent)

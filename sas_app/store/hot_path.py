@@ -38,8 +38,7 @@ _TRANSITION = EventKind.TRANSITION.value
 # Every sub-statement sees one snapshot and each update is fenced, so these are the same
 # transitions as the step-by-step path below, in one round trip. Every sub-statement finds its
 # steps by the bound run id, never through the join with ``run``: a prepared statement keeps the
-# plan it got on a young, small table, and the join was planned as a scan of all of steps (3,300
-# rows read a step at 1,500 runs; auto_explain).
+# plan it got on a young, small table, where the join was planned as a scan of all of steps.
 COMPLETE_AND_ADVANCE = text(f"""
 WITH run AS (
     SELECT * FROM runs WHERE id = :b_run_id FOR UPDATE

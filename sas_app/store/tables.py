@@ -177,7 +177,7 @@ steps = Table(
 # The sweep reads only live steps (pending or running), ordered by complete-by: its cost follows
 # the number of live steps past their deadline, not the size of the table. (``complete_by IS NOT
 # NULL``: as for ix_runs_due, so that a fenced update of one step keeps to the
-# primary key — 5 ms a step with 10,000 in flight otherwise.)
+# primary key, however many steps are in flight.)
 Index(
     "ix_steps_live_complete_by",
     steps.c.complete_by,

@@ -33,8 +33,8 @@ RUN_DONE_CHANNEL = "sas_run_done"
 def run_in(*states: str) -> ColumnElement[bool]:
     """A fence on a run's state, for a run found by its primary key (or joined on it). Written so
     that no index on the state can serve it: with statistics taken before a burst (they say no run
-    is pending or live), PostgreSQL would walk every run in that state instead of the key — 1.8 ms
-    a claim with 10,000 runs pending, 570 ms a sweep batch (bench/recovery.py)."""
+    is pending or live), PostgreSQL would walk every run in that state instead of the key
+    (``bench/recovery.py`` measures it)."""
     return func.coalesce(runs.c.process_state, "").in_(states)
 
 
