@@ -328,22 +328,17 @@ class Agent:
     def _keep_faults(self, call: AgentCall, faults: FaultLog) -> None:
         """An attempt that ends without a reply (its complete-by passed, or it was superseded)
         still has its faults written to its history."""
-        summary = faults.summary()
-        if summary is not None:
-            self._send(STEP_FAULTS, {"run_id": call.run_id, "position": call.position, "attempt": call.attempt,
-                                     "faults": summary})
+        if faults.count:
+            self._reply(STEP_FAULTS, call, faults)
 
     def _reply(self, task: str, call: AgentCall, faults: FaultLog, **outcome: Any) -> None:
+        """To the Scheduler's handler in this process, or failing that to its queue."""
         reply = {"run_id": call.run_id, "position": call.position, "attempt": call.attempt, **outcome}
         if task == STEP_DONE:
             reply["results"] = call.results
         summary = faults.summary()
         if summary is not None:  # only then: the reply of a step that went smoothly is unchanged
             reply["faults"] = summary
-        self._send(task, reply)
-
-    def _send(self, task: str, reply: dict[str, Any]) -> None:
-        """To the Scheduler's handler in this process, or failing that to its queue."""
         name = task.rsplit(".", 1)[1]  # step_done, step_failed, step_deferred, step_faults
         if self.replies is not None:
             handler: Callable[..., None] = getattr(self.replies, name)

@@ -41,7 +41,7 @@ from .steps import StepDef
 from .store import Store
 from .store.engine import Clock
 from .supervisor import Supervisor
-from .workflow import Workflow
+from .workflow import Workflow, workflow_name
 
 log = logging.getLogger("sas")
 
@@ -253,10 +253,9 @@ class SasApp:
             raise InvalidSignal("name the run by its id, or by workflow= and business_key=, not both")
         if run_id is not None:
             return self.signals.send(run_id, event, payload, by=by)
-        name = workflow.name if isinstance(workflow, Workflow) else workflow
-        if name is None or business_key is None:
+        if workflow is None or business_key is None:
             raise InvalidSignal("a run named by its workflow needs both workflow= and business_key=")
-        return self.signals.send((name, business_key), event, payload, by=by)
+        return self.signals.send((workflow_name(workflow), business_key), event, payload, by=by)
 
     def get_run(self, run_id: str) -> RunView:
         return self.client.get_run(run_id)

@@ -8,7 +8,6 @@ import importlib
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -70,15 +69,13 @@ class Context:
         which file it is (and that it is new, if loading the app created it): the store follows
         SAS_HOME, ``./.sas`` by default, so a command run from another folder reads another store."""
         if self._app is None:
-            expected = Settings.from_env()
-            existed = (Path(expected.home) / "state.db").exists()
+            existed = Settings.from_env().embedded_store_file.exists()
             self._app = load_app(self.spec)
             settings = self._app.settings
             if settings.embedded_store:
-                path = Path(settings.home) / "state.db"
                 note = ("new: nothing was stored here before; is SAS_HOME the folder you meant?" if not existed
                         else "the default under SAS_HOME; SAS_DATABASE_URL names a server's instead")
-                click.echo(f"sas: the embedded store {path} ({note})", err=True)
+                click.echo(f"sas: the embedded store {settings.embedded_store_file} ({note})", err=True)
         return self._app
 
     def which_app(self) -> str:

@@ -29,7 +29,7 @@ from .settings import Settings
 from .states import TERMINAL_RUN_STATES, RunState
 from .steps import StepDef
 from .store import EventRow, RunRow, StepRow, Store, stored_object
-from .workflow import Workflow
+from .workflow import Workflow, workflow_name
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -204,8 +204,7 @@ class Client:
                 priority: Any) -> tuple[Workflow, Any]:
         """The workflow and the payload as the store will hold it; :class:`UnknownWorkflow` or
         :class:`InvalidSubmission` naming the first problem."""
-        name = workflow.name if isinstance(workflow, Workflow) else workflow
-        wf = self.workflows.get(name) if isinstance(name, str) else None
+        wf = self.workflows.get(workflow_name(workflow)) if isinstance(workflow, (Workflow, str)) else None
         if wf is None:
             raise UnknownWorkflow(f"unknown workflow {workflow!r}; registered: {sorted(self.workflows) or 'none'}")
         payload = self._check(payload, business_key, reply_to, priority)

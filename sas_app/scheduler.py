@@ -177,7 +177,7 @@ class Scheduler:
         reading the run's steps."""
         with self.store.begin() as tx:
             done = tx.complete_and_advance(run_id, position, attempt, result, self.instance_id)
-            self._faults(tx, run_id, position, attempt, faults)
+            self._faults(tx, done.run, position, attempt, faults)
             if done.step is None or done.run is None:
                 self._stale(tx, done.run, position, attempt, "step_done")
                 return
@@ -204,7 +204,7 @@ class Scheduler:
         (or goes to ``error`` when there is nothing to undo, or when an undo itself failed)."""
         with self.store.begin() as tx:
             run = tx.lock_run(run_id)
-            self._faults(tx, run_id, position, attempt, faults)
+            self._faults(tx, run, position, attempt, faults)
             failed = None
             if run is not None and run.process_state in LIVE_RUN_STATES:
                 failed = tx.fail_step(run_id, position, attempt, error, actor=self.instance_id, count_failure=True)
@@ -224,7 +224,7 @@ class Scheduler:
         ``delay`` seconds, back in pending, without counting a failure."""
         with self.store.begin() as tx:
             run = tx.lock_run(run_id)
-            self._faults(tx, run_id, position, attempt, faults)
+            self._faults(tx, run, position, attempt, faults)
             deferred = False
             if run is not None and run.process_state in LIVE_RUN_STATES:
                 deferred = tx.defer_step(run_id, position, attempt, max(float(delay), 0.0),
@@ -259,7 +259,7 @@ class Scheduler:
         """The transient faults of an attempt that ended without a reply: written to the run's
         history (the step itself is the Supervisor's, at its complete-by)."""
         with self.store.begin() as tx:
-            self._faults(tx, run_id, position, attempt, faults)
+            self._faults(tx, tx.lock_run(run_id), position, attempt, faults)
 
     def signal(self, run_id: str, event: str, payload: Any, by: str) -> str:
         """Record a signal for the run's wait for ``event`` and, if the run is waiting there, end
@@ -308,11 +308,12 @@ class Scheduler:
                 log.info("advance: run %s waits for a slot of its concurrency key", run_id)
         return run
 
-    def _faults(self, tx: Tx, run_id: str, position: int, attempt: int, faults: dict[str, Any] | None) -> None:
+    def _faults(self, tx: Tx, run: RunRow | None, position: int, attempt: int,
+                faults: dict[str, Any] | None) -> None:
         """An attempt's transient faults, as one event of its run's history (one INSERT, only when
-        the agent met any, for a run that exists)."""
-        if faults and tx.lock_run(run_id) is not None:
-            tx.event(run_id, position, EventKind.FAULTS, None, None, attempt=attempt, actor=self.instance_id,
+        the agent met any, for a run that exists: ``run``, as the handler read it)."""
+        if faults and run is not None:
+            tx.event(run.id, position, EventKind.FAULTS, None, None, attempt=attempt, actor=self.instance_id,
                      detail=faults)
 
     def _stale(self, tx: Tx, run: RunRow | None, position: int, attempt: int, kind: str) -> None:

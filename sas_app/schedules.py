@@ -31,7 +31,7 @@ from .routing import SUPERVISOR_QUEUE, TICK, Advance, Router, confirm_options
 from .settings import Settings, instance_id
 from .states import RunState, Word
 from .store import Store, Tx, stored_object
-from .workflow import Workflow, is_name
+from .workflow import Workflow, is_name, workflow_name
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -104,7 +104,7 @@ class Schedules:
             raise WorkflowDefinitionError(f"schedule name {name!r} must be a name (letters, digits, '_', '-')")
         if name in self.schedules:
             raise WorkflowDefinitionError(f"a schedule named {name!r} is already declared")
-        wanted = workflow.name if isinstance(workflow, Workflow) else (workflow or name)
+        wanted = workflow_name(workflow or name)
         target = self.workflows.get(wanted)
         if target is None:
             raise WorkflowDefinitionError(f"{where}: workflow {wanted!r} is not registered; register it "

@@ -133,9 +133,8 @@ class Settings:
     ready_file: str = ""
 
     def __post_init__(self) -> None:
-        home = Path(self.home)
         if not self.database_url:
-            object.__setattr__(self, "database_url", f"sqlite:///{home / 'state.db'}")
+            object.__setattr__(self, "database_url", f"sqlite:///{self.embedded_store_file}")
         if not self.broker_url:
             object.__setattr__(self, "broker_url", "filesystem://")
         for name in ("supervisor_interval", "at_risk_interval", "pickup_timeout", "retry_backoff",
@@ -173,10 +172,15 @@ class Settings:
         return self.breaker_url or (self.broker_url if self.redis_broker else "")
 
     @property
+    def embedded_store_file(self) -> Path:
+        """The default state store's SQLite file, under SAS_HOME."""
+        return Path(self.home) / "state.db"
+
+    @property
     def embedded_store(self) -> bool:
         """The state store is the default SQLite file under SAS_HOME (no server): its schema is
         created, or brought up to date, on first use."""
-        return self.database_url == f"sqlite:///{Path(self.home) / 'state.db'}"
+        return self.database_url == f"sqlite:///{self.embedded_store_file}"
 
     @property
     def embedded_broker(self) -> bool:

@@ -40,6 +40,11 @@ def is_name(value: Any) -> bool:
 ON_TIMEOUT = tuple(o.value for o in OnTimeout)
 
 
+def workflow_name(workflow: Workflow | str) -> str:
+    """A workflow as its name (a caller may name one either way)."""
+    return workflow.name if isinstance(workflow, Workflow) else workflow
+
+
 OnSubmit = Callable[["Connection", "RunRow"], None]
 
 
@@ -67,7 +72,7 @@ class Workflow:
     max_running: int = 1
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "steps", tuple(spec_of(s) for s in self.specs))
+        object.__setattr__(self, "steps", tuple(spec_of(s) for s in self.steps))
 
     @property
     def specs(self) -> Sequence[StepSpec]:

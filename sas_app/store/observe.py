@@ -47,6 +47,9 @@ class SupervisorView:
     gone: bool = False
 
 
+#: an alert is current while its run still needs someone: in error, or not finished
+_NEEDS_SOMEONE = runs.c.process_state.in_(OPEN_RUN_STATES)
+
 #: a Supervisor not heard from for this long is left out (and its row deleted by the next sweep)
 FORGET_SUPERVISOR_AFTER = 3600.0
 #: gone: quiet for this many times its share of the sweeps, and at least this many seconds
@@ -135,23 +138,21 @@ class Observer:
                  .join(runs, runs.c.id == alerts.c.run_id, isouter=True)
                  .order_by(alerts.c.id.desc()).limit(limit))
         if current is not None:
-            is_open = runs.c.process_state.in_(OPEN_RUN_STATES)
-            query = query.where(is_open if current else ~is_open)
+            query = query.where(_NEEDS_SOMEONE if current else ~_NEEDS_SOMEONE)
         with self.engine.connect() as conn:
             return [as_row(AlertView, r) for r in conn.execute(query)]
 
     def count_alerts(self, current: bool) -> int:
         """How many alerts are current (see :meth:`alerts`), or, with False, are not."""
-        is_open = runs.c.process_state.in_(OPEN_RUN_STATES)
         query = (select(func.count()).select_from(alerts).join(runs, runs.c.id == alerts.c.run_id, isouter=True)
-                 .where(is_open if current else ~is_open))
+                 .where(_NEEDS_SOMEONE if current else ~_NEEDS_SOMEONE))
         with self.engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
     def current_alerts_by_kind(self) -> list[tuple[str, int]]:
         """How many alerts are current (see :meth:`alerts`), by kind."""
         query = (select(alerts.c.kind, func.count()).join(runs, runs.c.id == alerts.c.run_id)
-                 .where(runs.c.process_state.in_(OPEN_RUN_STATES)).group_by(alerts.c.kind))
+                 .where(_NEEDS_SOMEONE).group_by(alerts.c.kind))
         with self.engine.connect() as conn:
             return [(kind, int(n)) for kind, n in conn.execute(query)]
 
