@@ -9,7 +9,8 @@ transitions, their completions, the agent workers' logs and the faults' outages.
 rebuilds, once a look's interval (``--every``, the run's SAS_AT_RISK_INTERVAL), what the Supervisor
 saw of each agent's queue — its depth (the messages sent and not yet received, from the workers'
 ``received`` lines), the running steps whose messages those likely are (the last dispatched, as
-``Tx.queued_steps`` reads them) and the agent's recent completions — asks :mod:`sas_app.backlog`
+``Tx.queued_steps`` reads them) and the agent's recent completions — asks
+:mod:`sas_app.supervision.forecast.queue_model`
 which of them are at risk, raises an alert once per step (as the Supervisor does: a step warned of
 is not warned of again on a later attempt), and judges those alerts as the run's own were judged
 (:func:`bench.alert_quality.judge`). The run's own alerts are judged beside them: the replay of the
@@ -17,7 +18,8 @@ code the run ran should come close (its looks were not always on time; a killed 
 slow look skipped some). Where a look falls within its interval matters — a queue's pace read a
 moment before or after a worker comes back differs — so the replay is run at several phases of
 the interval and averaged (``--phases``); and then at the run's own looks, as its Supervisor's
-worker logged them (``look at …`` lines: the chaos run sets SAS_DEBUG_LOGS=sas.watch), each start
+worker logged them (``look at …`` lines: the chaos run sets
+SAS_DEBUG_LOGS=sas_app.supervision.forecast.watch), each start
 of the worker knowing only what its own looks saw: a restarted Supervisor takes none until it is
 ready, and its looks come late when its host is busy. Where the run's alerts and the replay's at
 its own looks part, the forecast read the queues otherwise than the record rebuilds them; where
@@ -41,8 +43,8 @@ from typing import Any, NamedTuple
 
 from bench import alert_quality
 from bench.chaos import AT_RISK_INTERVAL, JUDGED
-from sas_app import backlog
-from sas_app.routing import agent_queue
+from sas_app.messaging.routing import agent_queue
+from sas_app.supervision.forecast import queue_model as backlog
 
 #: the at-risk window and the completions a look reads (Settings.at_risk_window, recent_completions)
 WINDOW_S = 60.0
@@ -74,7 +76,7 @@ Forecaster = Callable[[Sequence[Waiting], float, list[float], float, float, list
 
 def as_of_today(queued: Sequence[Waiting], now: float, completed: list[float], every: float,
                 seen_since: float, taken: list[tuple[float, float]]) -> list[Waiting]:
-    """What sas_app.backlog says today (sas_app.watch)."""
+    """What sas_app.supervision.forecast.queue_model says today (sas_app.supervision.forecast.watch)."""
     per_second = backlog.draining(completed, now, head=queued[0],  # type: ignore[arg-type]
                                   seen_since=seen_since, taken=taken)
     if per_second is None:
@@ -178,9 +180,10 @@ class Record:
 
 #: the log of the chaos run's worker that takes the Supervisor's looks
 SUPERVISOR_LOG = Path("logs") / "supervisor.log"
-#: a look the Supervisor took, in its worker's log (the chaos run sets SAS_DEBUG_LOGS=sas.watch):
+#: a look the Supervisor took, in its worker's log (the chaos run sets
+#: SAS_DEBUG_LOGS=sas_app.supervision.forecast.watch):
 #: when it judged and when it read the queues (the store's clock), and what it read; or when it
-#: logged finding no message waiting; and each start of the worker (:class:`sas_app.processes.Processes`
+#: logged finding no message waiting; and each start of the worker (:class:`sas_app.testing.processes.Processes`
 #: writes one such line a start)
 LOOKED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): DEBUG/MainProcess\] look"
                     r"(?: at ([0-9.]+) \(queues read at ([0-9.]+)\): (.*)|: no message waits)$|^(--- start )",

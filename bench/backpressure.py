@@ -34,9 +34,9 @@ from sqlalchemy import func, select
 from bench.alert_quality import judge
 from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
 from sas_app import Submission
-from sas_app.processes import Processes, stopped_by_signals
-from sas_app.routing import SWEEP
+from sas_app.messaging.routing import SWEEP
 from sas_app.states import TERMINAL_RUN_STATES
+from sas_app.testing.processes import Processes, stopped_by_signals
 
 WARM = 20
 #: the Scheduler worker's log line for a sweep done, with how long it took
@@ -53,7 +53,7 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS",
                                            "BENCH_SERVICE_S", "BENCH_STEP_TIMEOUT")})
     from bench.app import sas  # after the environment names the stack
-    from sas_app.routing import agent_queue
+    from sas_app.messaging.routing import agent_queue
     from sas_app.store.tables import alerts, events, runs, steps
 
     sas.migrate()

@@ -73,8 +73,8 @@ from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
 from bench.soak import Watch, judge, own_pid, parse_duration
 from bench.throughput import record
-from sas_app.processes import Processes, Ready, free_port, interrupts_ignored, stopped_by_signals
 from sas_app.states import TERMINAL_RUN_STATES
+from sas_app.testing.processes import Processes, Ready, free_port, interrupts_ignored, stopped_by_signals
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -166,7 +166,7 @@ class Chaos(Faults):
             "SAS_SUPERVISOR_INTERVAL": "1",
             "SAS_AT_RISK_INTERVAL": str(AT_RISK_INTERVAL),
             # each look logged (the Supervisor's log), for bench.at_risk_replay to replay at them
-            "SAS_DEBUG_LOGS": "sas.watch",
+            "SAS_DEBUG_LOGS": "sas_app.supervision.forecast.watch",
             "SAS_PICKUP_TIMEOUT": "5",
             "SAS_RETRY_BACKOFF": "0.5",
             "SAS_RETRY_BACKOFF_MAX": "4",

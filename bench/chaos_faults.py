@@ -19,7 +19,7 @@ from bench.chaos_operators import Operators
 from bench.proxy import Proxy
 from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
-from sas_app.processes import Processes, Stopped
+from sas_app.testing.processes import Processes, Stopped
 
 #: what the schedule can do, each at least ``--each`` times ("poison" submits a poison order; the
 #: operators' are :mod:`bench.chaos_operators`)

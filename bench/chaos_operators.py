@@ -28,8 +28,8 @@ from sqlalchemy import select
 from bench.rabbitmq_node import RabbitNode
 from bench.servers import Servers
 from sas_app import InvalidOperation, SasApp
-from sas_app.processes import Processes
 from sas_app.states import RunState, StepState
+from sas_app.testing.processes import Processes
 
 T = TypeVar("T")
 

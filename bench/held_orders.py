@@ -23,7 +23,7 @@ from typing import Any
 
 from sas_app import SasApp
 from sas_app.errors import SasError
-from sas_app.routing import SCHEDULER_QUEUE, SIGNAL
+from sas_app.messaging.routing import SCHEDULER_QUEUE, SIGNAL
 
 #: every how many orders one is held
 EVERY = 7

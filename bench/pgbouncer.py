@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from sas_app.processes import free_port, wait_until
+from sas_app.testing.processes import free_port, wait_until
 
 CONFIG = """\
 [databases]

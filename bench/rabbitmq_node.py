@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from sas_app.processes import Stopped, free_port, wait_until
+from sas_app.testing.processes import Stopped, free_port, wait_until
 
 BIN = Path("/usr/lib/rabbitmq/bin")
 

@@ -31,7 +31,7 @@ from sqlalchemy import func, select, text, update
 
 from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
 from sas_app import Submission
-from sas_app.processes import Processes, stopped_by_signals
+from sas_app.testing.processes import Processes, stopped_by_signals
 
 # finished runs of noop1, one step row each: what a store holds after a while
 FILL = """
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS")})
     from bench.app import sas  # after the environment names the stack
-    from sas_app.routing import agent_queue
-    from sas_app.store.engine import db_now
+    from sas_app.messaging.routing import agent_queue
+    from sas_app.store.connection import db_now
     from sas_app.store.tables import events, runs, steps
 
     sas.migrate()

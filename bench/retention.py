@@ -25,7 +25,7 @@ import redis
 from sqlalchemy import func, select, text
 
 from bench.throughput import REPO, fresh_database, machine, record, service_arguments
-from sas_app.processes import Processes, stopped_by_signals
+from sas_app.testing.processes import Processes, stopped_by_signals
 
 FILL = """
 INSERT INTO runs (id, workflow, business_key, payload, process_state, failure_count, priority, linear,
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "SAS_HOME": str(home / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS")})
     from bench.app import sas
-    from sas_app.retention import purge
+    from sas_app.interfaces.retention import purge
 
     sas.migrate()
     print(f"filling {args.runs} finished runs ...", flush=True)

@@ -20,7 +20,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from sas_app.processes import Stopped, free_port, wait_until
+from sas_app.testing.processes import Stopped, free_port, wait_until
 
 
 def _postgres_bin() -> Path:

@@ -28,7 +28,7 @@ import redis
 from sqlalchemy import text
 
 from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
-from sas_app.processes import Processes, stopped_by_signals
+from sas_app.testing.processes import Processes, stopped_by_signals
 
 FILL = """
 INSERT INTO runs (id, workflow, business_key, payload, process_state, failure_count, priority, created_at, updated_at)

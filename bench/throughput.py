@@ -40,7 +40,7 @@ from sqlalchemy import create_engine, func, select, text
 from bench.cpu import CpuMeter, Pids, children, named, worker
 from bench.pgbouncer import pgbouncer, through
 from sas_app import Submission
-from sas_app.processes import CELERY_READY, Processes, stopped_by_signals
+from sas_app.testing.processes import CELERY_READY, Processes, stopped_by_signals
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"

@@ -1,12 +1,12 @@
 """sas_app: the Scheduler Agent Supervisor pattern on plain Celery."""
 
-from .actions import AgentAction, AgentCall, UndoAction, UndoCall, Undone
-from .agent import Agent
-from .alerts import Alert
-from .app import SasApp
-from .bulk import Submission, Submitted
-from .client import RunHandle, RunView
-from .errors import (
+from sas_app.agents.agent import Agent
+from sas_app.app import SasApp
+from sas_app.definitions.actions import AgentAction, AgentCall, UndoAction, UndoCall, Undone
+from sas_app.definitions.steps import ChildRun, Escalate, OnTimeout, Output, Sleep, Step, StepDef, Then, WaitFor
+from sas_app.definitions.workflow import Workflow
+from sas_app.engine.alerts import Alert
+from sas_app.errors import (
     DuplicateBusinessKey,
     InvalidOperation,
     InvalidSignal,
@@ -21,15 +21,15 @@ from .errors import (
     UnknownWorkflow,
     WorkflowDefinitionError,
 )
-from .migrate import migrate
-from .producer import Producer
-from .schedules import Overlap
-from .settings import Settings
-from .signals import SignalReceipt
-from .states import RunState, StepState
-from .steps import ChildRun, Escalate, OnTimeout, Output, Sleep, Step, StepDef, Then, WaitFor
-from .store import RunRow, StepRow
-from .workflow import Workflow
+from sas_app.interfaces.bulk import Submission, Submitted
+from sas_app.interfaces.client import RunHandle, RunView
+from sas_app.interfaces.producer import Producer
+from sas_app.interfaces.schedules import Overlap
+from sas_app.interfaces.signals import SignalReceipt
+from sas_app.settings import Settings
+from sas_app.states import RunState, StepState
+from sas_app.store import RunRow, StepRow
+from sas_app.store.migrate import migrate
 
 __all__ = [
     "Agent",

@@ -19,31 +19,31 @@ from celery.signals import beat_init, celeryd_after_setup, worker_process_init, 
 from sqlalchemy import MetaData
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import faults, tracing
-from .agent import Agent
-from .alerts import Alerts, load_hook
-from .breaker import STORE_FRESH, RedisState
-from .bulk import Submission, Submitted, submit_many
-from .celery_config import celery_settings, with_own
-from .checks import check_workflow
-from .client import Client, RunHandle, RunView
-from .doctor import Doctor
-from .errors import InvalidSignal, WorkflowDefinitionError
-from .migrate import ensure_schema, migrate, schema_lock, schema_problem
-from .operator import Operator
-from .retention import Retention
-from .routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, confirm_options
-from .scheduler import Scheduler
-from .schedules import Overlap, Schedule, Schedules
-from .settings import Settings, redact_url
-from .signals import SignalReceipt, Signals
-from .steps import StepDef
-from .store import Store
-from .store.engine import Clock
-from .supervisor import Supervisor
-from .workflow import Workflow, workflow_name
+from sas_app import fault_points, tracing
+from sas_app.agents.agent import Agent
+from sas_app.agents.breaker import STORE_FRESH, RedisState
+from sas_app.definitions.checks import check_workflow
+from sas_app.definitions.steps import StepDef
+from sas_app.definitions.workflow import Workflow, workflow_name
+from sas_app.engine.alerts import Alerts, load_hook
+from sas_app.engine.scheduler import Scheduler
+from sas_app.errors import InvalidSignal, WorkflowDefinitionError
+from sas_app.interfaces.bulk import Submission, Submitted, submit_many
+from sas_app.interfaces.client import Client, RunHandle, RunView
+from sas_app.interfaces.doctor import Doctor
+from sas_app.interfaces.operations import Operator
+from sas_app.interfaces.retention import Retention
+from sas_app.interfaces.schedules import Overlap, Schedule, Schedules
+from sas_app.interfaces.signals import SignalReceipt, Signals
+from sas_app.messaging.celery_config import celery_settings, with_own
+from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, confirm_options
+from sas_app.settings import Settings, redact_url
+from sas_app.store import Store
+from sas_app.store.connection import Clock
+from sas_app.store.migrate import ensure_schema, migrate, schema_lock, schema_problem
+from sas_app.supervision.supervisor import Supervisor
 
-log = logging.getLogger("sas")
+log = logging.getLogger(__name__)
 
 
 class SasApp:
@@ -67,7 +67,7 @@ class SasApp:
         if self.settings.embedded_store:  # no server, no `sas migrate` to remember
             ensure_schema(self.settings.database_url, Path(self.settings.home))
         if self.settings.faults:
-            faults.arm(self.settings.faults, self.settings.home)
+            fault_points.arm(self.settings.faults, self.settings.home)
         tracing.setup(self.settings.tracing)
         for name in filter(None, (n.strip() for n in self.settings.debug_logs.split(","))):
             logging.getLogger(name).setLevel(logging.DEBUG)
@@ -131,15 +131,15 @@ class SasApp:
 
     def _worker_ready(self, sender: Any = None, **_: Any) -> None:
         """A worker of this app is consuming; one that consumes the Supervisor's queue looks at the
-        agents' queues from now on (:mod:`sas_app.lookout`)."""
+        agents' queues from now on (:mod:`sas_app.supervision.forecast.lookout`)."""
         if getattr(sender, "app", None) is not self.celery:
             return
         if SUPERVISOR_QUEUE in sender.app.amqp.queues.consume_from:
-            self.supervisor.lookout.start()
+            self.supervisor.forecast.start()
         self._ready(sender)
 
     def _worker_shutting_down(self, **_: Any) -> None:
-        self.supervisor.lookout.stop()
+        self.supervisor.forecast.stop()
 
     # -- declaring ----------------------------------------------------------------------------
 
@@ -212,11 +212,11 @@ class SasApp:
         """Start a run of ``workflow`` (default: the workflow named ``name``) at every tick of
         ``cron``, through Celery beat — exactly one per tick, whatever the number of beats; ticks
         missed within ``catch_up`` start once each; ``overlap``: ``skip``, ``allow`` or
-        ``cancel_previous`` while the schedule's previous run is live (see :mod:`sas_app.schedules`)."""
+        ``cancel_previous`` while the schedule's previous run is live (see :mod:`sas_app.interfaces.schedules`)."""
         return self.schedules.add(name, cron=cron, payload=payload, workflow=workflow, overlap=overlap,
                                   catch_up=catch_up)
 
-    # -- using (sas_app.client) ---------------------------------------------------------------
+    # -- using (sas_app.interfaces.client) ---------------------------------------------------------------
 
     def submit(self, workflow: Workflow | str, payload: Any, *, business_key: str, reply_to: str | None = None,
                priority: int = 5) -> RunHandle:
@@ -226,7 +226,7 @@ class SasApp:
         return self.client.submit(workflow, payload, business_key=business_key, reply_to=reply_to, priority=priority)
 
     def submit_many(self, items: Iterable[Submission | Mapping[str, Any]]) -> list[Submitted]:
-        """Submit many runs in one transaction (see :mod:`sas_app.bulk`): each item a
+        """Submit many runs in one transaction (see :mod:`sas_app.interfaces.bulk`): each item a
         :class:`Submission` or a mapping of its fields; one :class:`Submitted` per item, in order —
         its run's handle, or the error that kept it out (nothing of it written). Each new run is
         started by the Scheduler's message."""
@@ -263,7 +263,7 @@ class SasApp:
     def handle(self, run_id: str) -> RunHandle:
         return self.client.handle(run_id)
 
-    # -- operating (sas_app.operator) -----------------------------------------------------------
+    # -- operating (sas_app.interfaces.operations) -----------------------------------------------------------
     # Each is refused with InvalidOperation when the run's state does not allow it, and recorded
     # in the run's events with ``by`` and ``reason``.
 

@@ -75,20 +75,25 @@ class Settings:
     #: SAS_RETENTION_STATES — which finished runs retention deletes. Default processed, compensated, cancelled.
     retention_states: str = "processed,compensated,cancelled"
     #: SAS_ALERT_HOOK — ``module:function`` called with each alert after it is stored (one for an
-    #: incident of many steps, with their ``count`` and ``runs``: see sas_app.alerts). Default none.
+    #: incident of many steps, with their ``count`` and ``runs``: see sas_app.engine.alerts). Default none.
     alert_hook: str = ""
     #: SAS_ALERT_WEBHOOK — URL that receives each alert (as the hook does) as a JSON POST (retried).
     #: Default none.
     alert_webhook: str = ""
     #: SAS_ALERT_WEBHOOK_TIMEOUT — seconds to wait for the webhook on each try. Default 2.
     alert_webhook_timeout: float = 2.0
+    #: SAS_AT_RISK_FORECAST — the at-risk forecast (sas_app.supervision.forecast): from the agents'
+    #: queues and their recent pace, alert on the running steps whose messages will likely be taken
+    #: past their complete-by, and pace the retries of a deep queue (SAS_PACE_RETRIES). Off: no
+    #: at-risk alert, and every expired step is retried after its back-off alone. Default on.
+    at_risk_forecast: bool = True
     #: SAS_AT_RISK_WINDOW — seconds of recent completions used to judge whether an agent's queue
     #: will drain before a step's complete-by (the at-risk alert). Default 60.
     at_risk_window: float = 60.0
     #: SAS_AT_RISK_INTERVAL — seconds between the Supervisor's looks at the busy agents' queues for
     #: steps that will likely miss their complete-by (a thread of each worker consuming its queue:
-    #: sas_app.lookout; cheap while no message waits). A step at the margin is judged in its last
-    #: look: keep it under a thirtieth of the shortest step timeout. Default 0.5.
+    #: sas_app.supervision.forecast.lookout; cheap while no message waits). A step at the margin is
+    #: judged in its last look: keep it under a thirtieth of the shortest step timeout. Default 0.5.
     at_risk_interval: float = 0.5
     #: SAS_PACE_RETRIES — when an agent's queue is too deep to take a new message within a step's
     #: timeout, the Supervisor holds the retries of that agent's expired steps until it has drained
@@ -115,13 +120,14 @@ class Settings:
     #: behind a connection pooler in transaction mode (PgBouncer), which does not keep a session's
     #: prepared statements from one transaction to the next. Default on.
     prepared_statements: bool = True
-    #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.faults). Default none.
+    #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.fault_points). Default none.
     faults: str = ""
     #: SAS_TRACING — OpenTelemetry traces: ``otlp`` (to OTEL_EXPORTER_OTLP_ENDPOINT) or ``console``.
     #: Default off.
     tracing: str = ""
-    #: SAS_DEBUG_LOGS — loggers a worker logs at DEBUG, comma-separated: ``sas.watch`` logs each
-    #: at-risk look (each queue's depth, its pace, the steps found at risk). Default none.
+    #: SAS_DEBUG_LOGS — loggers a worker logs at DEBUG, comma-separated (each module logs under its
+    #: own name): ``sas_app.supervision.forecast.watch`` logs each at-risk look (each queue's
+    #: depth, its pace, the steps found at risk). Default none.
     debug_logs: str = ""
     #: SAS_TASK_EVENTS — workers send Celery task events, so Flower can show every task. Default on.
     task_events: bool = True

@@ -32,6 +32,12 @@ class RunState(Word):
     COMPENSATED = "compensated"
     CANCELLED = "cancelled"
 
+    @property
+    def finished(self) -> bool:
+        """The run has ended (processed, error, compensated or cancelled): nothing more happens to
+        it unless an operator acts."""
+        return self.value in TERMINAL_RUN_STATES
+
 
 class StepState(Word):
     """``steps.state``."""

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-log = logging.getLogger("sas.tracing")
+log = logging.getLogger(__name__)
 
 MODES = ("", "console", "otlp")
 _enabled = False

@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, event
 
 from sas_app import SasApp
-from sas_app.processes import wait_until
-from sas_app.publishes import HEADER
+from sas_app.messaging.publishes import HEADER
 from sas_app.states import TERMINAL_RUN_STATES
+from sas_app.testing.processes import wait_until
 
 T = TypeVar("T")
 
@@ -69,7 +69,7 @@ def look(sas: SasApp) -> list[Any]:
     """One at-risk look, as the lookout takes them: an interval after the last (a look sooner than half
     one after the last taken is skipped); the alerts it raised."""
     pass_time(sas, sas.store.now() + sas.settings.at_risk_interval, "an at-risk interval")
-    return sas.supervisor.watch()
+    return sas.supervisor.forecast.look()
 
 
 def expire(sas: SasApp, run_id: str) -> None:

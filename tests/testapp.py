@@ -14,7 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from sas_app import AgentCall, ChildRun, PermanentError, SasApp, Sleep, Step, StepExpired, TransientError, WaitFor
-from sas_app.breaker import BreakerOpen
+from sas_app.agents.breaker import BreakerOpen
 
 #: every call an agent received, per idempotency key: (attempt, outcome)
 CALLS: dict[str, list[tuple[int, str]]] = defaultdict(list)

@@ -73,6 +73,7 @@ assert_type(handle, RunHandle)
 def watch(run_id: str) -> bool:
     view = sas.get_run(run_id)
     assert_type(view.state, RunState)
+    assert_type(view.state.finished, bool)
     assert_type(view.step(charging), StepRow)
     receipt = sas.signal(run_id, "approval", {"approved": True})
     assert_type(receipt, SignalReceipt)

@@ -20,9 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sas_app import SasApp, Settings
-from sas_app.processes import Processes, Ready, free_port
-from sas_app.states import RUN_STATES, TERMINAL_RUN_STATES
+from sas_app import RunState, SasApp, Settings
+from sas_app.testing import Processes, Ready, free_port
 
 from .orders import ORDER_WORKFLOW, install
 
@@ -109,9 +108,9 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         with progress:
             while True:
                 counts = sas.store.count_states(ids)  # this demo's runs, not the store's
-                done = sum(counts.get(s, 0) for s in TERMINAL_RUN_STATES)
+                done = sum(counts.get(s, 0) for s in RunState if s.finished)
                 progress.update(bar, completed=done, description="  ".join(
-                    f"{state} {counts[state]}" for state in RUN_STATES if counts.get(state)))
+                    f"{state} {counts[state]}" for state in RunState if counts.get(state)))
                 if not crashed and done >= orders // 3:
                     procs.restart("agents")  # one worker crash, mid-run
                     crashed = True
@@ -151,7 +150,7 @@ def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float)
         "error": states["error"],
         "alerts": alerts,
         "at_risk_warnings": at_risk,
-        "lost": sum(n for state, n in states.items() if state not in TERMINAL_RUN_STATES),
+        "lost": sum(n for state, n in states.items() if not RunState(state).finished),
         "duplicate_charges": sum(n - 1 for n in per_order.values() if n > 1),
         # a charge still standing on an order that did not complete: compensation missed it
         "charges_not_undone": len({e["order_id"] for e in charges if not e["undone_by"]} - processed),

@@ -1,4 +1,4 @@
-"""Alembic environment: the URL comes from ``sas_app.migrate`` (never from a committed file)."""
+"""Alembic environment: the URL comes from ``sas_app.store.migrate`` (never from a committed file)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The state store: every SQL statement sas_app runs lives in this package, one concern a module.
 
-``tables`` the schema; ``rows`` the rows handed out; ``engine`` the connection and the database's
+``tables`` the schema; ``rows`` the rows handed out; ``connection`` the connection and the database's
 clock; ``transitions`` the fenced transitions of runs and steps; ``submission`` writing a new run;
 ``hot_path`` and ``graph_path`` completing a step and starting what follows; ``fan_out`` a
 ``for_each`` step's; ``waits`` a sleep's or a wait's, ``signals`` the signals that end waits,
@@ -11,12 +11,12 @@ queries; ``retention`` deleting old finished runs; ``breakers`` agents' circuit 
 ``database`` the :class:`Store` that opens transactions. Nothing here sends a message.
 """
 
-from .database import Store, Tx, dumps_payload, stored_object
-from .engine import db_now, make_engine
-from .hot_path import Completion
-from .rows import EventRow, NewStep, RunRow, SignalRow, StepRow
-from .submission import NewRun
-from .transitions import RUN_DONE_CHANNEL
+from sas_app.store.connection import db_now, make_engine
+from sas_app.store.database import Store, Tx, dumps_payload, stored_object
+from sas_app.store.hot_path import Completion
+from sas_app.store.rows import EventRow, NewStep, RunRow, SignalRow, StepRow
+from sas_app.store.submission import NewRun
+from sas_app.store.transitions import RUN_DONE_CHANNEL
 
 __all__ = [
     "RUN_DONE_CHANNEL",

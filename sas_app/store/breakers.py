@@ -1,4 +1,4 @@
-"""Agents' circuit breakers in the state store (:class:`sas_app.breaker.SharedState`), for a
+"""Agents' circuit breakers in the state store (:class:`sas_app.agents.breaker.SharedState`), for a
 deployment whose broker is not Redis: a few keys per agent in ``breakers``, each write its own
 short transaction. The breaker trusts a read for half a second; a success's reset of the failure
 count is one UPDATE that changes no row while the count is zero."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 from sqlalchemy import Engine, Integer, String, cast, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from .engine import db_now
-from .tables import breakers
+from sas_app.store.connection import db_now
+from sas_app.store.tables import breakers
 
 
 class StoreState:

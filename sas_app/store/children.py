@@ -8,11 +8,11 @@ from typing import Any
 
 from sqlalchemy import and_, select, update
 
-from ..states import TERMINAL_RUN_STATES, StepState
-from .engine import db_now
-from .rows import RunRow, StepRow, as_row
-from .tables import runs, steps
-from .transitions import TxBase
+from sas_app.states import TERMINAL_RUN_STATES, StepState
+from sas_app.store.connection import db_now
+from sas_app.store.rows import RunRow, StepRow, as_row
+from sas_app.store.tables import runs, steps
+from sas_app.store.transitions import TxBase
 
 
 def child_key(run_id: str, step: str, attempt: int) -> str:

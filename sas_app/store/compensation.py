@@ -1,6 +1,6 @@
 """Undoing a run: the transitions that start compensation and record each step undone.
 
-Which steps get undone is the recovery policy's choice (:func:`sas_app.recovery.undoable`); here
+Which steps get undone is the recovery policy's choice (:func:`sas_app.engine.recovery.undoable`); here
 the run goes to ``compensating`` and each of those steps gets a compensation row of its own
 (``undo:<step>``), dispatched and supervised exactly like a step, last step first. Every other
 step still under way (a parallel branch with nothing to undo, a ``for_each`` step whose branches
@@ -14,12 +14,12 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 
-from ..routing import undo_key
-from ..states import RunState, StepState
-from .engine import db_now
-from .rows import RunRow, StepRow
-from .tables import steps
-from .transitions import TxBase
+from sas_app.messaging.routing import undo_key
+from sas_app.states import RunState, StepState
+from sas_app.store.connection import db_now
+from sas_app.store.rows import RunRow, StepRow
+from sas_app.store.tables import steps
+from sas_app.store.transitions import TxBase
 
 
 class CompensationTx(TxBase):

@@ -15,25 +15,25 @@ from typing import Any
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ..routing import Notification
-from .breakers import StoreState
-from .children import ChildTx
-from .diagnosis import Diagnosis
-from .engine import Clock, db_now, make_engine
-from .fan_out import FanOutTx
-from .hot_path import HotPathTx
-from .operations import OperationsTx
-from .queries import Queries
-from .retention import Retention
-from .retries import RetryTx
-from .schedules import ScheduleTx
-from .signals import SignalTx
-from .slots import SlotTx
-from .submission import SubmissionTx
-from .sweep import SweepTx
-from .tables import looks, outbox, supervisors
-from .transitions import RUN_DONE_CHANNEL
-from .waits import WaitTx
+from sas_app.messaging.routing import Notification
+from sas_app.store.breakers import StoreState
+from sas_app.store.children import ChildTx
+from sas_app.store.connection import Clock, db_now, make_engine
+from sas_app.store.diagnosis import Diagnosis
+from sas_app.store.fan_out import FanOutTx
+from sas_app.store.hot_path import HotPathTx
+from sas_app.store.operations import OperationsTx
+from sas_app.store.queries import Queries
+from sas_app.store.retention import Retention
+from sas_app.store.retries import RetryTx
+from sas_app.store.schedules import ScheduleTx
+from sas_app.store.signals import SignalTx
+from sas_app.store.slots import SlotTx
+from sas_app.store.submission import SubmissionTx
+from sas_app.store.sweep import SweepTx
+from sas_app.store.tables import looks, outbox, supervisors
+from sas_app.store.transitions import RUN_DONE_CHANNEL
+from sas_app.store.waits import WaitTx
 
 
 class Tx(HotPathTx, OperationsTx, SweepTx, RetryTx, FanOutTx, SubmissionTx, ChildTx, WaitTx, SignalTx,

@@ -15,9 +15,9 @@ from typing import Any
 
 from sqlalchemy import Engine, Select, and_, exists, func, literal, or_, select, union_all
 
-from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
-from .engine import db_now
-from .tables import DUE_RUN_STATES, events, outbox, runs, steps, supervisors
+from sas_app.states import LIVE_RUN_STATES, EventKind, RunState, StepState
+from sas_app.store.connection import db_now
+from sas_app.store.tables import DUE_RUN_STATES, events, outbox, runs, steps, supervisors
 
 #: runs that are the Scheduler's or its agents' to move on (a paused run waits for an operator)
 _WORKING = (RunState.PENDING.value, *LIVE_RUN_STATES)

@@ -10,12 +10,12 @@ from typing import Any
 
 from sqlalchemy import insert
 
-from ..routing import branch_key
-from ..states import StepState
-from .engine import db_now
-from .rows import RunRow, StepRow
-from .tables import steps
-from .transitions import TxBase
+from sas_app.messaging.routing import branch_key
+from sas_app.states import StepState
+from sas_app.store.connection import db_now
+from sas_app.store.rows import RunRow, StepRow
+from sas_app.store.tables import steps
+from sas_app.store.transitions import TxBase
 
 
 class FanOutTx(TxBase):

@@ -23,12 +23,12 @@ from __future__ import annotations
 from sqlalchemy import Integer, String, bindparam, column, text
 from sqlalchemy.dialects.postgresql import JSONB
 
-from ..states import EventKind, RunState, StepState
-from .engine import PG_NOW
-from .prepared import PREPARED
-from .rows import StepRow, field_names, prefixed_columns
-from .tables import steps
-from .transitions import RUN_DONE_CHANNEL
+from sas_app.states import EventKind, RunState, StepState
+from sas_app.store.connection import PG_NOW
+from sas_app.store.prepared import PREPARED
+from sas_app.store.rows import StepRow, field_names, prefixed_columns
+from sas_app.store.tables import steps
+from sas_app.store.transitions import RUN_DONE_CHANNEL
 
 _STEP_COLUMNS = field_names(StepRow)
 _WAITING = f"('{StepState.NOT_STARTED}', '{StepState.PENDING}')"

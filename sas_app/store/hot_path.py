@@ -20,14 +20,14 @@ from typing import Any
 from sqlalchemy import Integer, String, bindparam, column, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 
-from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
-from .compensation import CompensationTx
-from .engine import PG_NOW
-from .graph_path import COMPLETE_IN_GRAPH
-from .prepared import PREPARED, rows
-from .rows import RunRow, StepRow, field_names, prefixed, prefixed_columns
-from .tables import runs, steps
-from .transitions import RUN_DONE_CHANNEL
+from sas_app.states import LIVE_RUN_STATES, EventKind, RunState, StepState
+from sas_app.store.compensation import CompensationTx
+from sas_app.store.connection import PG_NOW
+from sas_app.store.graph_path import COMPLETE_IN_GRAPH
+from sas_app.store.prepared import PREPARED, rows
+from sas_app.store.rows import RunRow, StepRow, field_names, prefixed, prefixed_columns
+from sas_app.store.tables import runs, steps
+from sas_app.store.transitions import RUN_DONE_CHANNEL
 
 _RUN_COLUMNS = field_names(RunRow)
 _STEP_COLUMNS = field_names(StepRow)

@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import case, func, literal, or_, select
 
-from ..states import OPEN_RUN_STATES, RunState, StepState
-from .database import Store
-from .rows import as_row
-from .tables import alerts, events, runs, steps, supervisors
+from sas_app.states import OPEN_RUN_STATES, RunState, StepState
+from sas_app.store.database import Store
+from sas_app.store.rows import as_row
+from sas_app.store.tables import alerts, events, runs, steps, supervisors
 
 
 @dataclass(frozen=True)

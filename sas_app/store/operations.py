@@ -7,12 +7,12 @@ from typing import Any
 
 from sqlalchemy import update
 
-from ..states import EventKind, RunState, StepState
-from .diagnosis import stranded
-from .engine import db_now
-from .rows import RunRow, StepRow
-from .tables import runs, steps
-from .transitions import TxBase, run_in
+from sas_app.states import EventKind, RunState, StepState
+from sas_app.store.connection import db_now
+from sas_app.store.diagnosis import stranded
+from sas_app.store.rows import RunRow, StepRow
+from sas_app.store.tables import runs, steps
+from sas_app.store.transitions import TxBase, run_in
 
 
 class OperationsTx(TxBase):

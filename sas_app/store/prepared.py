@@ -42,7 +42,7 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.sql.base import Executable
 
-log = logging.getLogger("sas.store")
+log = logging.getLogger(__name__)
 
 #: the execution option that marks a statement to prepare
 PREPARE = "sas_prepare"

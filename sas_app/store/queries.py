@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, func, select
 
-from .engine import db_now
-from .rows import EventRow, RunRow, SignalRow, StepRow, as_row
-from .tables import events, runs, schedules, signals, steps
+from sas_app.store.connection import db_now
+from sas_app.store.rows import EventRow, RunRow, SignalRow, StepRow, as_row
+from sas_app.store.tables import events, runs, schedules, signals, steps
 
 
 class Queries:

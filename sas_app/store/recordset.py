@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.types import JSON, TypeEngine
 
-from .prepared import PREPARED
+from sas_app.store.prepared import PREPARED
 
 #: the parameter holding the rows (encoded as every JSON column is, by json.dumps)
 ROWS = "b_rows"

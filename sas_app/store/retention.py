@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine, delete, exists, func, select
 
-from ..states import TERMINAL_RUN_STATES
-from .engine import db_now
-from .tables import alerts, events, outbox, runs, signals, steps
+from sas_app.states import TERMINAL_RUN_STATES
+from sas_app.store.connection import db_now
+from sas_app.store.tables import alerts, events, outbox, runs, signals, steps
 
 _PARENT = runs.alias("parent")
 

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 from sqlalchemy import select, update
 
-from ..states import RunState, StepState
-from .engine import db_now
-from .rows import RunRow, StepRow, as_row
-from .tables import runs, steps
-from .transitions import TxBase, run_in
+from sas_app.states import RunState, StepState
+from sas_app.store.connection import db_now
+from sas_app.store.rows import RunRow, StepRow, as_row
+from sas_app.store.tables import runs, steps
+from sas_app.store.transitions import TxBase, run_in
 
 #: a restarted step, its run, and all of the run's steps (what its agent is told comes from them)
 Restarted = tuple[RunRow, StepRow, list[StepRow]]

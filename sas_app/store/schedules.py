@@ -8,11 +8,11 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ..states import RunState
-from .engine import db_now
-from .rows import RunRow, as_row
-from .tables import runs, schedules
-from .transitions import TxBase
+from sas_app.states import RunState
+from sas_app.store.connection import db_now
+from sas_app.store.rows import RunRow, as_row
+from sas_app.store.tables import runs, schedules
+from sas_app.store.transitions import TxBase
 
 _INSERT: dict[str, Any] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 

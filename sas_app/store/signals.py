@@ -8,11 +8,11 @@ from typing import Any
 
 from sqlalchemy import insert, select, true, update
 
-from ..states import EventKind, SignalStatus, StepState
-from .engine import db_now
-from .rows import SignalRow, StepRow, as_row
-from .tables import signals
-from .transitions import TxBase
+from sas_app.states import EventKind, SignalStatus, StepState
+from sas_app.store.connection import db_now
+from sas_app.store.rows import SignalRow, StepRow, as_row
+from sas_app.store.tables import signals
+from sas_app.store.transitions import TxBase
 
 
 class SignalTx(TxBase):

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from sqlalchemy import and_, func, or_, select, update
 
-from ..publishes import Publish
-from ..routing import Advance
-from ..states import EventKind, RunState
-from .engine import db_now
-from .rows import RunRow
-from .tables import runs
-from .transitions import CLAIM_SLOT_RUN, TxBase, run_in
+from sas_app.messaging.publishes import Publish
+from sas_app.messaging.routing import Advance
+from sas_app.states import EventKind, RunState
+from sas_app.store.connection import db_now
+from sas_app.store.rows import RunRow
+from sas_app.store.tables import runs
+from sas_app.store.transitions import CLAIM_SLOT_RUN, TxBase, run_in
 
 _LIVE = (RunState.PROCESSING.value, RunState.COMPENSATING.value)
 

@@ -11,13 +11,13 @@ from typing import Any
 from sqlalchemy import Double, bindparam, insert, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ..states import RunState, StepState
-from .engine import PG_NOW, db_now
-from .prepared import PREPARE, PREPARED, rows
-from .recordset import insert_from_json, rows_parameter
-from .rows import NewStep, RunRow, as_row
-from .tables import runs, steps
-from .transitions import TxBase
+from sas_app.states import RunState, StepState
+from sas_app.store.connection import PG_NOW, db_now
+from sas_app.store.prepared import PREPARE, PREPARED, rows
+from sas_app.store.recordset import insert_from_json, rows_parameter
+from sas_app.store.rows import NewStep, RunRow, as_row
+from sas_app.store.tables import runs, steps
+from sas_app.store.transitions import TxBase
 
 
 def _insert_run(insert_fn: Any) -> Any:

@@ -12,11 +12,11 @@ from collections.abc import Collection
 
 from sqlalchemy import func, select, update
 
-from ..states import LIVE_RUN_STATES, EventKind, RunState, StepState
-from .engine import db_now
-from .rows import RunRow, StepRow, as_row
-from .tables import DUE_RUN_STATES, alerts, runs, steps
-from .transitions import TxBase, run_in
+from sas_app.states import LIVE_RUN_STATES, EventKind, RunState, StepState
+from sas_app.store.connection import db_now
+from sas_app.store.rows import RunRow, StepRow, as_row
+from sas_app.store.tables import DUE_RUN_STATES, alerts, runs, steps
+from sas_app.store.transitions import TxBase, run_in
 
 _LIVE = run_in(*LIVE_RUN_STATES)  # through the run's primary key: see run_in
 

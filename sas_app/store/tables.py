@@ -2,7 +2,7 @@
 ``outbox``, ``alerts`` and ``supervisors``.
 
 Times are seconds since the epoch (``DOUBLE PRECISION``), always taken from the database's clock
-(:class:`sas_app.store.engine.db_now`), so hosts whose clocks disagree still agree on whether a
+(:class:`sas_app.store.connection.db_now`), so hosts whose clocks disagree still agree on whether a
 complete-by has passed. In psql, ``to_timestamp(complete_by)`` shows one as a date. The values of
 the state and kind columns are the enums of :mod:`sas_app.states`.
 """
@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from ..states import RUN_STATES, STEP_STATES
+from sas_app.states import RUN_STATES, STEP_STATES
 
 metadata = MetaData()
 
@@ -295,7 +295,8 @@ supervisors = Table(
 
 # When each kind of periodic look was last taken (the database's clock): one row, the at-risk
 # watch's. Each Supervisor worker looks, and a look held up arrives beside the next; the one that
-# finds the last less than half an interval ago is skipped (see sas_app.watch). One UPSERT per look.
+# finds the last less than half an interval ago is skipped (see sas_app.supervision.forecast.watch).
+# One UPSERT per look.
 looks = Table(
     "looks",
     metadata,
@@ -303,7 +304,7 @@ looks = Table(
     Column("at", Double, nullable=False),
 )
 
-#: Agents' circuit breakers, when no Redis holds them (see sas_app.breaker): a few keys per agent;
+#: Agents' circuit breakers, when no Redis holds them (see sas_app.agents.breaker): a few keys per agent;
 #: ``expires_at`` (the database's clock) for the probe lock only.
 breakers = Table(
     "breakers",

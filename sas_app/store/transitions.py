@@ -17,14 +17,14 @@ from sqlalchemy import ColumnElement, Connection, bindparam, func, insert, selec
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 
-from ..publishes import Publish
-from ..routing import Advance, Notification
-from ..states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState, Word
-from .engine import PG_NOW, db_now
-from .prepared import PREPARED, rows
-from .recordset import insert_from_json, rows_parameter
-from .rows import RunRow, StepRow, as_row
-from .tables import alerts, events, outbox, runs, steps
+from sas_app.messaging.publishes import Publish
+from sas_app.messaging.routing import Advance, Notification
+from sas_app.states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState, Word
+from sas_app.store.connection import PG_NOW, db_now
+from sas_app.store.prepared import PREPARED, rows
+from sas_app.store.recordset import insert_from_json, rows_parameter
+from sas_app.store.rows import RunRow, StepRow, as_row
+from sas_app.store.tables import alerts, events, outbox, runs, steps
 
 #: The PostgreSQL channel on which a run's id is announced when it reaches a terminal state.
 RUN_DONE_CHANNEL = "sas_run_done"

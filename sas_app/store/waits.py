@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..states import StepState
-from .engine import db_now
-from .rows import StepRow
-from .transitions import TxBase
+from sas_app.states import StepState
+from sas_app.store.connection import db_now
+from sas_app.store.rows import StepRow
+from sas_app.store.transitions import TxBase
 
 
 class WaitTx(TxBase):

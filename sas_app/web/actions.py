@@ -2,7 +2,7 @@
 resume, cancel and compensate; from the runs list, resubmit or cancel every run a filter selects,
 after a confirmation page that says how many it will touch.
 
-Each action is the operator's own (:mod:`sas_app.operator`): the same rules, one transaction per
+Each action is the operator's own (:mod:`sas_app.interfaces.operations`): the same rules, one transaction per
 run, recorded as an ``operator`` event by the user the dashboard authenticated, and refused with
 the same message as the CLI (a 409 page naming it; nothing changed). The dashboard asks for basic
 auth before any of it and checks a CSRF token on every form (see :mod:`sas_app.web.dashboard`).
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 from flask import Blueprint, abort, flash, redirect, render_template, request
 from werkzeug.datastructures import MultiDict
 
-from ..errors import SasError, UnknownRun
-from ..operator import done_message
-from ..states import RunState
-from .run_filter import RunFilter
+from sas_app.errors import SasError, UnknownRun
+from sas_app.interfaces.operations import done_message
+from sas_app.states import RunState
+from sas_app.web.run_filter import RunFilter
 
 if TYPE_CHECKING:
-    from ..app import SasApp
+    from sas_app.app import SasApp
 
-log = logging.getLogger("sas.dashboard")
+log = logging.getLogger(__name__)
 
 ACTIONS = ("resubmit", "mark_done", "pause", "resume", "cancel", "compensate")
 #: What each bulk action applies to: the runs the filter selects in these states.

@@ -28,17 +28,17 @@ from flask import Flask, Response, abort, flash, get_flashed_messages, redirect,
 from flask_wtf.csrf import CSRFProtect, generate_csrf  # type: ignore[import-untyped]
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..errors import SasError, UnknownRun
-from ..states import RUN_STATES, RunState, StepState
-from ..store.observe import Observer
-from .actions import actions, user
-from .formatting import STATE_COLOURS, detail_text, when
-from .metrics import MARGIN, registry_for
-from .run_filter import RunFilter
-from .timeline import chart, timeline
+from sas_app.errors import SasError, UnknownRun
+from sas_app.states import RUN_STATES, RunState, StepState
+from sas_app.store.observe import Observer
+from sas_app.web.actions import actions, user
+from sas_app.web.formatting import STATE_COLOURS, detail_text, when
+from sas_app.web.metrics import MARGIN, registry_for
+from sas_app.web.run_filter import RunFilter
+from sas_app.web.timeline import chart, timeline
 
 if TYPE_CHECKING:
-    from ..app import SasApp
+    from sas_app.app import SasApp
 
 
 def parse_basic_auth(spec: str) -> list[tuple[str, str]]:

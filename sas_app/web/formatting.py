@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from ..store import StepRow
+from sas_app.store import StepRow
 
 
 def when(epoch: float | None) -> str:

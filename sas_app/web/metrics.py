@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ..doctor import Check
-from ..states import TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState
-from ..store.observe import HistoryEvent, Observer
+from sas_app.interfaces.doctor import Check
+from sas_app.states import TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState
+from sas_app.store.observe import HistoryEvent, Observer
 
 if TYPE_CHECKING:
-    from ..app import SasApp
+    from sas_app.app import SasApp
 
 #: step duration buckets, seconds
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)

@@ -10,10 +10,10 @@ from urllib.parse import urlencode
 from flask import abort
 from werkzeug.datastructures import MultiDict
 
-from ..states import RUN_STATES
+from sas_app.states import RUN_STATES
 
 if TYPE_CHECKING:
-    from ..store import RunRow, Store
+    from sas_app.store import RunRow, Store
 
 
 @dataclass(frozen=True)

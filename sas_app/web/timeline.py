@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..client import RunView
-from ..graph import Graph
-from ..routing import dispatch_task_id
-from ..states import RUN_STATES, Cause, EventKind, StepState
-from ..store.observe import Observer
-from .formatting import STATE_COLOURS, does, when
+from sas_app.engine.graph import Graph
+from sas_app.interfaces.client import RunView
+from sas_app.messaging.routing import dispatch_task_id
+from sas_app.states import RUN_STATES, Cause, EventKind, StepState
+from sas_app.store.observe import Observer
+from sas_app.web.formatting import STATE_COLOURS, does, when
 
 
 @dataclass

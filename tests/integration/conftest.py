@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from bench.pgbouncer import pgbouncer, through
-from sas_app import SasApp, Settings, faults
+from sas_app import SasApp, Settings, fault_points
 from tests.conftest import POSTGRES, fresh_postgres_database
 from tests.integration.graph_app import install as install_graph_app
 from tests.integration.rabbitmq import rabbitmq_vhost
@@ -154,12 +154,12 @@ def shop_app(stack_env, charge_timeout: float = 2.0, max_failures: int = 3, step
 def submit_unsent(shop: SasApp, key: str, amount: float = 3):
     """Submit an order whose process dies (a fault) right after its transaction commits, before
     it sends anything; the run as the store then holds it."""
-    faults.arm("submit.after_commit=raise", shop.settings.home)
+    fault_points.arm("submit.after_commit=raise", shop.settings.home)
     try:
-        with pytest.raises(faults.FaultInjected):
+        with pytest.raises(fault_points.FaultInjected):
             shop.submit("order", {"amount": amount}, business_key=key)
     finally:
-        faults.arm("")
+        fault_points.arm("")
     return shop.store.find_run("order", key)
 
 

@@ -1,5 +1,5 @@
 """Real processes for integration tests, through the project's process harness
-(:class:`sas_app.processes.Processes`): the payment and warehouse services, Celery workers and
+(:class:`sas_app.testing.processes.Processes`): the payment and warehouse services, Celery workers and
 beat, each in its own process group so a test can SIGKILL one (and its pool children) and start
 it again. Workers and beat are ready when Celery says so (their ready file), services when they answer."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from sas_app.processes import CELERY_READY, Processes, Ready, free_port
+from sas_app.testing.processes import CELERY_READY, Processes, Ready, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SAS = str(Path(sys.executable).parent / "sas")

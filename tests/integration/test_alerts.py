@@ -190,11 +190,11 @@ def test_steps_taken_before_the_broker_stopped_answering_are_not_told(silent):
 def test_a_supervisor_worker_looks_at_the_queues_itself_while_the_broker_is_down(stack, stack_env, redis_url):
     """The looks are the Supervisor worker's own (no beat runs here), and go on while the broker is
     down for everyone: the orders' steps waiting then are told at risk before their complete-by.
-    With SAS_DEBUG_LOGS=sas.watch its log says what each look read and judged."""
+    With SAS_DEBUG_LOGS=sas_app.supervision.forecast.watch its log says what each look read and judged."""
     redis_port, db = redis_url.rsplit(":", 1)[1].split("/")
     proxy = Proxy(int(redis_port))
     env = {**stack_env, "SAS_BROKER_URL": f"redis://127.0.0.1:{proxy.port}/{db}", "SAS_AT_RISK_INTERVAL": "0.1",
-           "SAS_DEBUG_LOGS": "sas.watch"}
+           "SAS_DEBUG_LOGS": "sas_app.supervision.forecast.watch"}
     shop = shop_app(env, step_timeout=4.0)
     shop.migrate()
     stack.env.update(env)

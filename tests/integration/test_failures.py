@@ -149,7 +149,7 @@ def test_rabbitmq_restarted_and_its_queues_purged_mid_run_loses_no_order(stack, 
     finally:
         rabbitmqctl("start_app")
     rabbitmqctl("await_startup")
-    # every worker tried to reach the broker at most about a second apart (sas_app.reconnect), so it
+    # every worker tried to reach the broker at most about a second apart (sas_app.messaging.reconnect), so it
     # was back within a second of the broker, not after Celery's back-off
     for name in ("agents", "scheduler"):
         tries = wait_for(lambda name=name: back_since(stack, name, down_since), 10, f"{name} back on the broker")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event
 
-from sas_app.notify import Notifications
+from sas_app.interfaces.notifications import Notifications
 from tests.integration.conftest import shop_app
 
 pytestmark = pytest.mark.integration

@@ -71,7 +71,8 @@ def test_a_pooler_that_loses_prepared_statements_costs_one_transaction(db_url, c
             conn.exec_driver_sql("DEALLOCATE ALL")
             conn.commit()
 
-        with caplog.at_level(logging.ERROR, logger="sas.store"), pytest.raises(DBAPIError, match="does not exist"):
+        with caplog.at_level(logging.ERROR, logger="sas_app.store.prepared"), \
+                pytest.raises(DBAPIError, match="does not exist"):
             with store.begin() as tx:
                 tx.lock_run("no-such-run")
 
@@ -98,7 +99,8 @@ def test_the_hot_path_on_the_cursor_hands_a_pooler_that_lost_its_statements_to_t
             conn.exec_driver_sql("DEALLOCATE ALL")
             conn.commit()
 
-        with caplog.at_level(logging.ERROR, logger="sas.store"), pytest.raises(DBAPIError, match="does not exist"):
+        with caplog.at_level(logging.ERROR, logger="sas_app.store.prepared"), \
+                pytest.raises(DBAPIError, match="does not exist"):
             with store.begin() as tx:
                 tx.start_new_run("no-such-run", "test")
 
@@ -181,7 +183,7 @@ def test_the_redis_broker_shows_as_redis_and_survives_its_connections_being_kill
     queue = Queue("sas.test.kept-client")
     with app.celery.connection_for_write() as conn:
         assert conn.as_uri().startswith("redis://")  # worker banners and Flower's broker page read this
-        assert type(conn.transport).__module__ == "sas_app.redis_transport"
+        assert type(conn.transport).__module__ == "sas_app.messaging.redis_transport"
         producer = conn.Producer()
         producer.publish({"n": 1}, routing_key=queue.name, declare=[queue])
         redis.Redis.from_url(redis_url).client_kill_filter(_type="normal", skipme=True)

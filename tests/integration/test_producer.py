@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from sas_app.processes import Processes
+from sas_app.testing.processes import Processes
 from tests.integration.stack import REPO, SAS
 from tests.support import wait_for
 

@@ -14,10 +14,10 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
 from sas_app import SasApp, Step
-from sas_app.backlog import DROPPED_S, clear_at, draining, forecast, pace
-from sas_app.lookout import Lookout
 from sas_app.store.rows import StepRow
 from sas_app.store.tables import alerts
+from sas_app.supervision.forecast.lookout import Lookout
+from sas_app.supervision.forecast.queue_model import DROPPED_S, clear_at, draining, forecast, pace
 from tests.support import look, pass_time, statements_run, wait_for
 from tests.testapp import install_test_workflows
 
@@ -56,13 +56,13 @@ def test_a_queue_looked_at_again_and_again_is_told_of_at_most_once_a_sweep_inter
     found in the looks after the first are told together, with their count, a sweep interval on."""
     told = []
     sas.alerts.hook = told.append
-    sas.supervisor.watcher.settings = replace(sas.supervisor.watcher.settings, supervisor_interval=3600.0)
+    sas.supervisor.forecast.watch.settings = replace(sas.supervisor.forecast.watch.settings, supervisor_interval=3600.0)
     backlog_of(sas, pump, 2, "first")
     assert len(look(sas)) == 2 and len(told) == 1  # the first of the incident at once
     later = backlog_of(sas, pump, 3, "later")
     assert len(look(sas)) == 3 and len(told) == 1  # recorded, not told yet
 
-    sas.supervisor.watcher.settings = replace(sas.supervisor.watcher.settings, supervisor_interval=0.001)
+    sas.supervisor.forecast.watch.settings = replace(sas.supervisor.forecast.watch.settings, supervisor_interval=0.001)
     assert look(sas) == []  # nothing new, but an interval on: the three told now
     assert len(told) == 2 and told[1].count == 3 and sorted(told[1].runs) == sorted(later)
     assert look(sas) == [] and len(told) == 2
@@ -79,12 +79,12 @@ def test_a_look_sooner_than_half_an_interval_after_the_last_is_skipped_whichever
     assert len(look(sas)) == 2
 
     with statements_run(other.store.engine) as ran:
-        assert other.supervisor.watch() == []  # the other Supervisor worker's look, just after
+        assert other.supervisor.forecast.look() == []  # the other Supervisor worker's look, just after
     assert [statement.split()[0] for statement in ran if statement != "BEGIN IMMEDIATE"] == ["INSERT"]
 
     pass_time(sas, sas.store.now() + settings.at_risk_interval / 2, "half an interval")
     with statements_run(other.store.engine) as ran:
-        assert other.supervisor.watch() == []  # taken: the same steps, told already
+        assert other.supervisor.forecast.look() == []  # taken: the same steps, told already
     assert any("FROM steps" in statement for statement in ran)
     other.store.dispose()
 
@@ -211,7 +211,7 @@ def test_steps_dispatched_while_a_look_read_the_depths_do_not_push_the_queues_he
     heads = [sas.submit("elsewhere", {}, business_key=f"head-depot-{i}").id for i in range(5)]
     backlog_of(sas, pump, 5, "head")  # five waiting for each agent in the last fifth of their budget: at risk
     assert {s.state for run in heads for s in sas.store.get_steps(run)} == {"running"}
-    depths = sas.supervisor.watcher.depths
+    depths = sas.supervisor.forecast.watch.depths
     read = depths.read
 
     def read_then_dispatch(queue):
@@ -350,7 +350,7 @@ def test_after_an_outage_the_drain_begins_when_its_workers_are_first_seen_at_wor
 
 
 def test_the_watch_notes_the_spans_in_which_its_looks_found_a_queue_getting_shorter(sas):
-    watch = sas.supervisor.watcher
+    watch = sas.supervisor.forecast.watch
     assert watch.note_depths({"svc": 10}, 100.0) == {"sas.agent.svc": []}
     assert watch.note_depths({"svc": 7}, 100.1) == {"sas.agent.svc": [(100.0, 100.1)]}
     assert watch.note_depths({"svc": 9}, 100.2) == {"sas.agent.svc": [(100.0, 100.1)]}  # deeper: nothing to say
@@ -380,7 +380,7 @@ def test_the_lookout_keeps_looking_through_a_database_outage_and_says_so_once(ca
             raise RuntimeError("a bug")
 
     lookout = Lookout(look, 0.001)
-    with caplog.at_level(logging.INFO, logger="sas.supervisor"):
+    with caplog.at_level(logging.INFO, logger="sas_app.supervision.forecast.lookout"):
         lookout.start()
         lookout.start()  # the worker said it was ready twice: one thread
         assert sum(t.name == "sas-lookout" for t in threading.enumerate()) == 1

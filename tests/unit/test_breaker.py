@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sas_app.breaker import Breaker, BreakerOpen
+from sas_app.agents.breaker import Breaker, BreakerOpen
 from tests.support import wait_for
 
 pytestmark = pytest.mark.both_stores

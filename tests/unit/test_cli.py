@@ -136,7 +136,7 @@ def test_a_broker_that_is_down_leaves_the_run_stored_for_the_supervisor(sas_cli)
 
 
 def test_the_dashboard_refuses_a_store_whose_schema_is_behind_and_says_to_migrate(sas_cli, tmp_path):
-    from sas_app.migrate import migrate
+    from sas_app.store.migrate import migrate
 
     url = f"sqlite:///{tmp_path / 'elsewhere.db'}"  # not the embedded default: as a server database is
     never = sas_cli("dashboard", "--port", "1", ok=False, extra_env={"SAS_DATABASE_URL": url})

@@ -11,7 +11,7 @@ import click
 import pytest
 import yaml
 
-from sas_app.cli import main as sas_cli
+from sas_app.cli.main import main as sas_cli
 from workers.app import sas
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"

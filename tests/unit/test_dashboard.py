@@ -310,8 +310,8 @@ def test_every_metric_label_holds_one_of_its_known_values(sas, pump, filled, cli
     """A label is a code, never a message: free text would grow Prometheus's series without limit.
     A deferral (its breaker's message was once its label), a lost worker, a wait, an alert of each
     kind — each label value must come from its known set."""
-    from sas_app import alerts
-    from sas_app.doctor import CHECKS
+    from sas_app.engine import alerts
+    from sas_app.interfaces.doctor import CHECKS
     from sas_app.states import RUN_STATES, Cause
     from tests.support import drive
 

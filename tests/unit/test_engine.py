@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from sas_app import SasApp, Step, Submission
-from sas_app.publishes import Publish
-from sas_app.routing import Advance
+from sas_app.messaging.publishes import Publish
+from sas_app.messaging.routing import Advance
 from tests.support import backoff_over, expire, pass_time, statements_run, sweep_after_expiry
 from tests.testapp import install_test_workflows
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from kombu import Connection
 
-from sas_app import filesystem_transport
 from sas_app.app import SasApp
+from sas_app.messaging import filesystem_transport
 from sas_app.settings import Settings
 
 
@@ -63,7 +63,7 @@ def test_a_message_that_cannot_be_decoded_is_passed_over_and_logged_not_fatal(tm
         # empty, and first in line: names sort as text, and a real one starts with its millisecond
         (tmp_path / "broker" / "queue" / "0_torn.orders.msg").write_bytes(b"")
         queue.put({"order": 7})
-        with caplog.at_level(logging.ERROR, logger="sas.broker"):
+        with caplog.at_level(logging.ERROR, logger="sas_app.messaging.filesystem_transport"):
             assert queue.get(timeout=5).payload == {"order": 7}
         assert "a message on orders could not be decoded and was passed over" in caplog.text
         assert (tmp_path / "broker" / "processed" / "0_torn.orders.msg").exists()  # kept to look at

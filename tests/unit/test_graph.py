@@ -240,7 +240,7 @@ def test_a_run_in_flight_when_the_store_is_upgraded_keeps_running(settings, db_u
     store is migrated; the new code finishes it as the straight line it was."""
     from sqlalchemy import create_engine, text
 
-    from sas_app.migrate import migrate
+    from sas_app.store.migrate import migrate
     from tests.testapp import install_test_workflows
 
     migrate(settings.database_url, "0004")

@@ -1,6 +1,6 @@
 """Every message sas_app publishes after a commit, lost once: the run still ends as it would have.
 
-Each kind of publish (:class:`sas_app.publishes.Publish`) has a story here that makes sas_app send
+Each kind of publish (:class:`sas_app.messaging.publishes.Publish`) has a story here that makes sas_app send
 it; the story runs twice, once as is and once with the first message of that kind dropped by the
 broker (the pump takes it and runs nothing), and both runs must end the same — their state and
 every step's. A kind added to ``Publish`` without a story here fails
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from sas_app import Escalate, SasApp, Sleep, Step, WaitFor, Workflow
-from sas_app.agent import report_lost
-from sas_app.publishes import Publish
+from sas_app.agents.agent import report_lost
+from sas_app.messaging.publishes import Publish
 from tests.support import Pump, drive, pass_time
 
 pytestmark = pytest.mark.both_stores

@@ -11,10 +11,11 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import delete, select, update
 
-from sas_app import Step, Workflow
+from sas_app import SasApp, Step, Workflow
 from sas_app.store.tables import alerts, steps
 from sas_app.store.tables import runs as runs_table
-from tests.support import look, pass_time
+from tests.support import FakeClock, Pump, look, pass_time
+from tests.testapp import install_test_workflows
 
 
 def backlog(sas, pump, n: int) -> tuple[list[str], float]:
@@ -85,13 +86,43 @@ def test_a_retry_whose_message_still_waits_in_the_backlog_is_paced_whether_or_no
     assert len(report.retried) + len(report.paced) == 40 and len(report.paced) >= 34
 
 
-def test_without_pacing_every_retry_goes_back_into_the_backlog_at_once(sas, pump):
+@pytest.mark.parametrize("off", [{"pace_retries": False}, {"at_risk_forecast": False}], ids=["pacing", "forecast"])
+def test_without_pacing_every_retry_goes_back_into_the_backlog_at_once(sas, pump, off):
+    """SAS_PACE_RETRIES=false, or the whole forecast off (SAS_AT_RISK_FORECAST=false)."""
+    forecast = sas.supervisor.forecast
+    forecast.settings = replace(forecast.settings, **off)
+    forecast.on = forecast.settings.at_risk_forecast
     backlog(sas, pump, 40)
-    sas.supervisor.settings = replace(sas.supervisor.settings, pace_retries=False)
 
     report = sas.supervisor.sweep()
 
     assert len(report.retried) == 40 and report.paced == []
+
+
+def test_with_the_forecast_off_a_backlog_raises_no_at_risk_alert_and_no_look_is_taken(settings, tmp_path):
+    """SAS_AT_RISK_FORECAST=false: the steps of a queue that will not reach them in time are not
+    warned of (the sweep still retries them at their complete-by), and no worker starts looking."""
+    clock = FakeClock()
+    sas = SasApp(replace(settings, at_risk_forecast=False), clock=clock)
+    sas.test_clock = clock
+    install_test_workflows(sas, timeout=0.3)
+    sas.migrate()
+    pump = Pump(sas)
+    pump.purge()
+    try:
+        told = []
+        sas.alerts.hook = told.append
+        backlog(sas, pump, 5)
+        sas.supervisor.forecast.start()
+
+        assert look(sas) == [] and told == []
+        assert not sas.supervisor.forecast.lookout.running
+        with sas.store.engine.connect() as conn:
+            assert conn.execute(select(alerts.c.id).where(alerts.c.kind == "at_risk")).all() == []
+        assert len(sas.supervisor.sweep().retried) == 5
+    finally:
+        sas.supervisor.forecast.stop()
+        sas.store.dispose()
 
 
 def test_a_queue_with_room_retries_after_the_back_off_alone(sas, pump):

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from sas_app.processes import Processes, Stopped
+from sas_app.testing.processes import Processes, Stopped
 from tests.support import live_processes_with, wait_for
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
@@ -73,7 +73,7 @@ def test_a_bench_killed_with_sigterm_stops_what_it_started_first(tmp_path):
     driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from sas_app.processes import Processes, stopped_by_signals
+        from sas_app.testing.processes import Processes, stopped_by_signals
         with stopped_by_signals():
             procs = Processes(Path({str(tmp_path)!r}), {{"SAS_TEST_HARNESS": {str(tmp_path)!r}}})
             try:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from sas_app import Producer, SasApp, SchemaNotReady, Settings, Step, Workflow
-from sas_app.notify import Notifications
-from sas_app.routing import SCHEDULER_QUEUE, SUBMIT
+from sas_app.interfaces.notifications import Notifications
+from sas_app.messaging.routing import SCHEDULER_QUEUE, SUBMIT
 
 
 def test_a_submission_sent_as_a_message_makes_one_run_however_often_it_arrives(sas, pump):

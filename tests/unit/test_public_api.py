@@ -1,7 +1,8 @@
 """What a user's code sees of sas_app: its public names only, with their types.
 
-The examples and the order example are user code: they import only names ``sas_app`` exports (a
-private module there is a name a user would copy). ``mypy --strict`` on a file of user-style code
+The examples and the order example are user code: they import only names ``sas_app`` and
+``sas_app.testing`` export (a private module there is a name a user would copy). ``mypy --strict``
+on a file of user-style code
 (``tests/typed_user_code.py``) keeps the decorators and references typed: an ``assert_type`` there
 fails the check the day one of them is ``Any``."""
 
@@ -15,10 +16,11 @@ from pathlib import Path
 import pytest
 
 import sas_app
+import sas_app.testing
 
 REPO = Path(__file__).resolve().parents[2]
-#: the demo drives worker processes through the process harness, not yet public (sas_app.testing)
-HARNESS_USERS = {"workers/demo.py"}
+#: the public packages and the names each exports
+PUBLIC = {"sas_app": set(sas_app.__all__), "sas_app.testing": set(sas_app.testing.__all__)}
 
 
 def imports_of(path: Path) -> list[tuple[str, str | None]]:
@@ -33,11 +35,10 @@ def imports_of(path: Path) -> list[tuple[str, str | None]]:
 
 
 @pytest.mark.parametrize("path", sorted(
-    str(p.relative_to(REPO)) for folder in ("examples", "workers") for p in (REPO / folder).glob("*.py")
-    if str(p.relative_to(REPO)) not in HARNESS_USERS))
+    str(p.relative_to(REPO)) for folder in ("examples", "workers") for p in (REPO / folder).glob("*.py")))
 def test_user_code_imports_only_sas_app_s_public_names(path):
     private = [f"{module}.{name}" if name else module for module, name in imports_of(REPO / path)
-               if module != "sas_app" or name not in sas_app.__all__]
+               if name not in PUBLIC.get(module, ())]
     assert private == [], f"{path} imports what sas_app does not export"
 
 
@@ -57,3 +58,9 @@ def test_mistakes_in_user_code_are_type_errors_each_where_it_is_made():
         capture_output=True, text=True, cwd=REPO, timeout=300)
     flagged = sorted({int(line.split(":")[1]) for line in checked.stdout.splitlines() if ": error:" in line})
     assert flagged == marked, checked.stdout
+
+
+def test_a_run_state_says_whether_the_run_has_finished():
+    """What a progress bar or a "lost" count goes by: the states a run never leaves on its own."""
+    assert [state for state in sas_app.RunState if state.finished] == [
+        sas_app.RunState.PROCESSED, sas_app.RunState.ERROR, sas_app.RunState.COMPENSATED, sas_app.RunState.CANCELLED]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sas_app import Producer, SasApp, Settings, Step, Workflow, WorkflowDefinitionError
-from sas_app.routing import CONFIRM_TIMEOUT
+from sas_app.messaging.routing import CONFIRM_TIMEOUT
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -78,12 +78,12 @@ def test_a_deployment_s_transport_options_are_merged_into_sas_app_s_not_put_in_t
     (tmp_path / "own_config.py").write_text("broker_transport_options = {'max_retries': 3}\n")
     (tmp_path / "no_confirms.py").write_text("broker_transport_options = {'confirm_publish': False}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with caplog.at_level("INFO", logger="sas"):
+    with caplog.at_level("INFO", logger="sas_app"):
         app = SasApp(Settings(broker_url=AMQP, home=tmp_path / "home"), celery_config="own_config")
     assert app.celery.conf.broker_transport_options == {"confirm_publish": True, "max_retries": 3}
     assert app.router.confirm == {"confirm_timeout": CONFIRM_TIMEOUT}
     assert "which keeps confirm_publish=True" in caplog.text
-    with caplog.at_level("INFO", logger="sas"):
+    with caplog.at_level("INFO", logger="sas_app"):
         off = SasApp(Settings(broker_url=AMQP, home=tmp_path / "home"), celery_config="no_confirms")
     assert off.celery.conf.broker_transport_options == {"confirm_publish": False}
     assert "turns publisher confirms off" in caplog.text

@@ -11,7 +11,7 @@ from http.server import ThreadingHTTPServer
 import httpx
 import pytest
 
-from sas_app.processes import free_port
+from sas_app.testing.processes import free_port
 from tests.support import wait_for
 from workers.remote_service import Faults, Ledger, make_handler
 

@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import func, select
 
 from sas_app import SasApp
-from sas_app.retention import parse_duration, parse_states, purge
-from sas_app.routing import PURGE
+from sas_app.interfaces.retention import parse_duration, parse_states, purge
+from sas_app.messaging.routing import PURGE
 from sas_app.store.tables import alerts, events, outbox, signals, steps
 from tests.support import pass_time
 

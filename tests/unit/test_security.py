@@ -9,7 +9,7 @@ import socket
 import pytest
 from sqlalchemy import event, inspect
 
-from sas_app.alerts import WebhookSender
+from sas_app.engine.alerts import WebhookSender
 from sas_app.settings import mask_secrets
 from tests.support import wait_for
 
@@ -59,7 +59,7 @@ def test_a_failing_alert_webhook_is_logged_without_its_credentials_or_token(capl
     url = f"http://ops:pw-{MARK}@127.0.0.1:{closed}/services/T0/B1/tok-{MARK}?key=k-{MARK}"
     sender = WebhookSender(url, timeout=0.5, tries=1)
 
-    with caplog.at_level(logging.ERROR, logger="sas.alerts"):
+    with caplog.at_level(logging.ERROR, logger="sas_app.engine.alerts"):
         sender.send({"run_id": "r-1"})
         wait_for(lambda: "alert webhook" in caplog.text, 10, "the webhook's failure to be logged")
 

@@ -9,7 +9,7 @@ import pytest
 
 from sas_app import InvalidSignal, Step, UnknownRun, WaitFor, Workflow
 from sas_app.errors import WorkflowDefinitionError
-from sas_app.routing import SIGNAL
+from sas_app.messaging.routing import SIGNAL
 from tests.support import pass_time
 
 pytestmark = pytest.mark.both_stores

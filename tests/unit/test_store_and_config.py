@@ -6,7 +6,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from sas_app import SasApp, Settings, faults, migrate
+from sas_app import SasApp, Settings, fault_points, migrate
 from sas_app.store import Store
 from sas_app.store.tables import metadata
 
@@ -49,21 +49,21 @@ def test_celery_gets_the_reliability_defaults(sas):
     assert conf.beat_schedule["sas.supervisor.sweep"]["options"]["queue"] == "sas.supervisor"
     # the at-risk looks are taken by the Supervisor's workers themselves, not sent through the broker
     assert "sas.supervisor.watch" not in conf.beat_schedule
-    assert sas.supervisor.lookout.every == sas.settings.at_risk_interval
+    assert sas.supervisor.forecast.lookout.every == sas.settings.at_risk_interval
 
 
 def test_fault_points_fire_only_when_armed_and_once_when_asked(tmp_path):
     try:
-        faults.hit("agent.after_call")  # nothing armed: no effect
+        fault_points.hit("agent.after_call")  # nothing armed: no effect
         with pytest.raises(ValueError, match="unknown fault point"):
-            faults.arm("agent.nowhere=kill")
-        faults.arm("agent.after_call=raise@once", tmp_path)
-        with pytest.raises(faults.FaultInjected):
-            faults.hit("agent.after_call")
-        faults.hit("agent.after_call")  # once: the marker exists now
-        faults.hit("scheduler.after_commit")
+            fault_points.arm("agent.nowhere=kill")
+        fault_points.arm("agent.after_call=raise@once", tmp_path)
+        with pytest.raises(fault_points.FaultInjected):
+            fault_points.hit("agent.after_call")
+        fault_points.hit("agent.after_call")  # once: the marker exists now
+        fault_points.hit("scheduler.after_commit")
     finally:
-        faults.arm("")
+        fault_points.arm("")
 
 
 def test_a_deployments_own_celery_settings_apply_over_sas_apps(settings, tmp_path, monkeypatch):

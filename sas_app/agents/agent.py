@@ -1,0 +1,351 @@
+"""The Agent: wraps one remote service; one Celery queue per agent (``sas.agent.<name>``).
+
+An action is a plain function ``fn(call: AgentCall) -> JSON``. The base around it retries
+transient faults with exponential back-off while the step's complete-by allows, passes the same
+idempotency key and the attempt's fencing token on every try, stops silently once complete-by has
+passed, and replies to the Scheduler with the result or with a non-transient error.
+
+Replies go to a :class:`Replies` the application wires in: the Scheduler's handlers run in this
+process (one message per step), or, failing that or with ``SAS_INLINE_REPLIES`` off, a message on
+the Scheduler's queue. The agent knows nothing else of the Scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, overload
+
+import httpx
+from billiard.exceptions import WorkerLostError
+from celery.exceptions import SoftTimeLimitExceeded
+from celery.worker.request import Request
+from sqlalchemy.exc import DBAPIError, OperationalError
+from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
+
+from sas_app import fault_points
+from sas_app.agents.breaker import Breaker, BreakerOpen, LocalState, SharedState
+from sas_app.definitions.actions import AgentAction, AgentCall, R, UndoAction, UndoCall
+from sas_app.errors import (
+    PermanentError,
+    StaleAttempt,
+    StepExpired,
+    TransientError,
+    WorkflowDefinitionError,
+)
+from sas_app.messaging.fault_log import FaultLog, describe
+from sas_app.messaging.publishes import Publish, headers
+from sas_app.messaging.routing import (
+    SCHEDULER_QUEUE,
+    STEP_DEFERRED,
+    STEP_DONE,
+    STEP_FAILED,
+    STEP_FAULTS,
+    STEP_LOST,
+    agent_queue,
+    agent_task_name,
+    confirm_options,
+)
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+log = logging.getLogger(__name__)
+
+
+class Replies(Protocol):
+    """Where an agent's replies go when they are handled in its own process: the Scheduler's
+    handlers, with the same names and arguments as its tasks. Any exception sends the reply to the
+    Scheduler's queue instead."""
+
+    def step_done(self, run_id: str, position: int, attempt: int, result: Any = None,
+                  results: dict[str, Any] | None = None, faults: dict[str, Any] | None = None) -> None: ...
+
+    def step_failed(self, run_id: str, position: int, attempt: int, error: str,
+                    faults: dict[str, Any] | None = None) -> None: ...
+
+    def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str,
+                      faults: dict[str, Any] | None = None) -> None: ...
+
+    def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any]) -> None: ...
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The retry policy: :class:`TransientError`, and the network's own transient faults
+    (``httpx.TransportError`` — connect errors and timeouts —, ``ConnectionError``, ``TimeoutError``),
+    and a database an action writes to that dropped or refused its connection (SQLAlchemy's
+    ``OperationalError``, or any error that invalidated the connection: a restarted PostgreSQL).
+
+    Never retried: :class:`PermanentError` (replied as an error at once), :class:`StaleAttempt`
+    and :class:`StepExpired` (the agent stops silently), and any other exception, which is a bug
+    in the action and is replied as an error, so an operator sees it instead of a silent loop."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, (TransientError, httpx.TransportError, ConnectionError, TimeoutError, OperationalError))
+
+
+class AgentRequest(Request):  # type: ignore[misc]
+    """How an agent worker's main process handles one step's message.
+
+    Celery's ``reject_on_worker_lost`` puts the message of a pool process that died back on the
+    queue, where the same attempt runs again at once: a step that kills its worker every time (a
+    poison step) would then kill workers in a loop until its message expires. Instead, the main
+    process reports the lost attempt to the Scheduler (``sas.scheduler.step_lost``), which counts
+    it as a failure and retries it after a back-off, as a new attempt, or fails the step at its
+    threshold; the message is then dropped. Only if that report cannot be sent does the message
+    go back to the queue (and the Supervisor recovers the step at its complete-by either way)."""
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback
+        lost = isinstance(exc, WorkerLostError) or (
+            isinstance(exc, (SystemExit, KeyboardInterrupt))
+            and not (self._already_cancelled or self._already_revoked)
+        )
+        self.lost_reported = lost and self._report_lost(str(exc))
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def reject(self, requeue: bool = False) -> None:
+        super().reject(requeue=requeue and not getattr(self, "lost_reported", False))
+
+    def _report_lost(self, reason: str) -> bool:
+        return report_lost(self.task.app, self.kwargs if isinstance(self.kwargs, dict) else {}, reason)
+
+
+def report_lost(celery: Celery, message: dict[str, Any], reason: str) -> bool:
+    """Tell the Scheduler that the worker process running the step of ``message`` (an agent
+    message's arguments) died (``sas.scheduler.step_lost``). False if the step cannot be named
+    or the report cannot be sent: the message then goes back to its queue, as Celery would do."""
+    try:
+        report = {"run_id": str(message["run_id"]), "position": int(message["position"]),
+                  "attempt": int(message["attempt"]), "reason": reason[:200]}
+    except (KeyError, TypeError, ValueError):
+        return False  # not a step we can name; Celery's default applies
+    try:
+        celery.send_task(STEP_LOST, kwargs=report, queue=SCHEDULER_QUEUE, headers=headers(Publish.STEP_LOST),
+                         **confirm_options(celery))
+    except Exception:
+        log.exception("could not report the lost worker of %s; the message goes back to the queue", report)
+        return False
+    log.warning("worker lost while running %s (%s); reported to the Scheduler", report, reason)
+    return True
+
+
+class Agent:
+    """One remote service's agent. Declare actions with :meth:`action`."""
+
+    def __init__(
+        self,
+        celery: Celery,
+        name: str,
+        *,
+        retry_initial: float = 0.1,
+        retry_max: float = 2.0,
+        breaker_fail_max: int = 5,
+        breaker_reset: float = 10.0,
+        breaker_state: Callable[[], SharedState] | None = None,
+        breaker_fresh: float = 0.0,
+        rate_limit: str | None = None,
+        replies: Replies | None = None,
+        db_clock: Callable[[], float | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``breaker_fail_max`` attempts in a row failing transiently (an attempt's in-process
+        retries count once) open this agent's circuit breaker for ``breaker_reset`` seconds (0
+        disables it); its state is kept in ``breaker_state()`` (Redis or
+        the state store, each read trusted ``breaker_fresh`` seconds; by default this process's).
+        ``rate_limit`` (Celery's, e.g. ``"10/s"``) caps each worker's calls of each action;
+        concurrency is the ``-c`` of the workers consuming ``sas.agent.<name>``.
+
+        With ``replies`` the agent hands its reply to the Scheduler's handler in its own process
+        (the same transaction and fencing as on the Scheduler's queue, one message fewer per step);
+        if that fails, or without, the reply goes to the Scheduler's queue (a broker that refuses
+        it fails the task, visibly in Flower; the Supervisor recovers the step). With a
+        ``db_clock`` (the state store's clock) a step's time left is measured against its
+        complete-by on the database's clock, so a worker whose own clock is off still stops in time
+        and drops a message that waited past it; while that clock cannot be read (None) no step is
+        run — its time left cannot be judged — and the Supervisor retries it at its complete-by.
+        ``clock`` measures the time a step has taken (this process's monotonic clock; the app's
+        injected clock in tests)."""
+        self.celery = celery
+        self.name = name
+        self.queue = agent_queue(name)
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.rate_limit = rate_limit
+        self.breaker = (
+            Breaker(name, breaker_fail_max, breaker_reset, breaker_state or LocalState, counts=is_transient,
+                    fresh=breaker_fresh)
+            if breaker_fail_max > 0 else None
+        )
+        self.replies = replies
+        self.db_clock = db_clock
+        self.clock = clock
+        self.actions: dict[str, AgentAction[Any] | UndoAction[Any]] = {}
+
+    @overload
+    def action(self, fn: Callable[[AgentCall], R], /) -> AgentAction[R]: ...
+
+    @overload
+    def action(self, fn: None = None, /, *, name: str | None = None
+               ) -> Callable[[Callable[[AgentCall], R]], AgentAction[R]]: ...
+
+    def action(self, fn: Callable[[AgentCall], R] | None = None, /, *, name: str | None = None
+               ) -> AgentAction[R] | Callable[[Callable[[AgentCall], R]], AgentAction[R]]:
+        """Decorator: register ``fn`` as the action ``<agent>.<name>`` (default: its own name)."""
+
+        def register(fn: Callable[[AgentCall], R]) -> AgentAction[R]:
+            action = AgentAction(self, self._new_name(name or fn.__name__), fn)
+            self._register_task(action)
+            return action
+
+        return register(fn) if fn is not None else register
+
+    @overload
+    def undo(self, fn: Callable[[UndoCall], R], /) -> UndoAction[R]: ...
+
+    @overload
+    def undo(self, fn: None = None, /, *, name: str | None = None
+             ) -> Callable[[Callable[[UndoCall], R]], UndoAction[R]]: ...
+
+    def undo(self, fn: Callable[[UndoCall], R] | None = None, /, *, name: str | None = None
+             ) -> UndoAction[R] | Callable[[Callable[[UndoCall], R]], UndoAction[R]]:
+        """Decorator: register ``fn`` as the undo ``<agent>.<name>``, which a step names as its
+        ``compensate``; ``fn`` receives an :class:`UndoCall` (``call.undoes`` is the step undone)."""
+
+        def register(fn: Callable[[UndoCall], R]) -> UndoAction[R]:
+            action = UndoAction(self, self._new_name(name or fn.__name__), fn)
+            self._register_task(action)
+            return action
+
+        return register(fn) if fn is not None else register
+
+    def _new_name(self, action_name: str) -> str:
+        if action_name in self.actions:
+            raise WorkflowDefinitionError(f"agent {self.name!r} already has an action {action_name!r}")
+        return action_name
+
+    def _register_task(self, action: AgentAction[Any] | UndoAction[Any]) -> None:
+        self.actions[action.name] = action
+        # Late acks with reject-on-worker-lost: a worker killed mid-step leaves the message to be
+        # redelivered, not lost; the fencing token makes the second run harmless.
+        @self.celery.task(
+            name=agent_task_name(self.name, action.name),
+            shared=False,
+            rate_limit=self.rate_limit,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            ignore_result=True,
+            Request=AgentRequest,
+        )
+        def run_action(**message: Any) -> None:
+            self.execute(action, message)
+
+    def execute(self, action: AgentAction[Any] | UndoAction[Any], message: dict[str, Any]) -> None:
+        db_now = self.db_clock() if self.db_clock else None
+        try:
+            call = AgentCall.from_message(message, db_now, self.clock)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("agent %s rejected a malformed message (%s): %r", action.qualname, exc, message)
+            return
+        where = f"{action.qualname} run {call.run_id} step {call.step} attempt {call.attempt}"
+        if self.db_clock is not None and db_now is None:
+            # Its time left cannot be judged: the message may have waited past its complete-by, and
+            # a retry may be under way. Not run; the Supervisor retries the step at its complete-by.
+            log.warning("%s: the database's clock cannot be read; not run", where)
+            return
+        if call.budget <= 0:
+            log.warning("%s: waited in the queue past its complete-by; dropped unrun", where)
+            return
+        faults = FaultLog()
+        try:
+            result = self._call_with_retries(action, call, faults, where)
+            json.dumps(result, allow_nan=False)
+        except (StepExpired, SoftTimeLimitExceeded):
+            log.warning("%s: complete-by passed; stopping without a reply", where)
+            self._keep_faults(call, faults)
+            return
+        except StaleAttempt as exc:
+            log.warning("%s: superseded (%s); stopping without a reply", where, exc)
+            self._keep_faults(call, faults)
+            return
+        except BreakerOpen as exc:
+            if exc.fault is not None:  # this call's failure opened it
+                faults.add(exc.fault)
+            log.warning("%s: %s; deferring the step", where, exc)
+            self._reply(STEP_DEFERRED, call, faults, delay=exc.delay, reason=str(exc))
+            return
+        except PermanentError as exc:
+            log.info("%s: permanent fault: %s", where, describe(exc))
+            self._reply(STEP_FAILED, call, faults, error=str(exc) or type(exc).__name__)
+            return
+        except Exception as exc:
+            if is_transient(exc):
+                log.warning("%s: still failing when complete-by came (%s); no reply", where, describe(exc))
+                self._keep_faults(call, faults)
+                return
+            log.exception("%s: unexpected error, reported as a permanent failure", where)
+            self._reply(STEP_FAILED, call, faults, error=describe(exc))
+            return
+        fault_points.hit("agent.after_call")
+        if call.remaining() <= 0:
+            log.warning("%s: result came after complete-by; not replying", where)
+            self._keep_faults(call, faults)
+            return
+        self._reply(STEP_DONE, call, faults, result=result)
+
+    def _call_with_retries(self, action: AgentAction[Any] | UndoAction[Any], call: AgentCall, faults: FaultLog,
+                           where: str) -> Any:
+        """The action, retried in-process on transient faults while complete-by allows. The
+        breaker counts a failure once per attempt (its first try): one step retried here cannot
+        open it for everyone, while failures of distinct steps in a row still do."""
+        if call.remaining() <= 0:
+            raise StepExpired(call.step)
+        for attempt in Retrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential(multiplier=self.retry_initial, max=self.retry_max)
+            + wait_random(0, self.retry_initial),
+            stop=stop_before_delay(max(call.remaining(), 0.0)),
+            reraise=True,
+        ):
+            with attempt:
+                call.try_number = attempt.retry_state.attempt_number
+                if call.remaining() <= 0:
+                    raise StepExpired(call.step)
+                fault_points.hit("agent.before_call", call.step)
+                try:
+                    if self.breaker is None:
+                        return action(call)
+                    return self.breaker.call(action, call, lasts=max(call.remaining(), 0.0),
+                                             counted=call.try_number == 1)
+                except Exception as exc:
+                    if is_transient(exc):
+                        log.info("%s try %d: transient fault: %s", where, call.try_number, faults.add(exc))
+                    raise
+        raise StepExpired(call.step)  # pragma: no cover - Retrying either returns or raises
+
+    def _keep_faults(self, call: AgentCall, faults: FaultLog) -> None:
+        """An attempt that ends without a reply (its complete-by passed, or it was superseded)
+        still has its faults written to its history."""
+        if faults.count:
+            self._reply(STEP_FAULTS, call, faults)
+
+    def _reply(self, task: str, call: AgentCall, faults: FaultLog, **outcome: Any) -> None:
+        """To the Scheduler's handler in this process, or failing that to its queue."""
+        reply = {"run_id": call.run_id, "position": call.position, "attempt": call.attempt, **outcome}
+        if task == STEP_DONE:
+            reply["results"] = call.results
+        summary = faults.summary()
+        if summary is not None:  # only then: the reply of a step that went smoothly is unchanged
+            reply["faults"] = summary
+        name = task.rsplit(".", 1)[1]  # step_done, step_failed, step_deferred, step_faults
+        if self.replies is not None:
+            handler: Callable[..., None] = getattr(self.replies, name)
+            try:
+                handler(**reply)
+                return
+            except Exception:
+                log.exception("replying in process failed; sending the reply to the Scheduler's queue")
+        self.celery.send_task(task, kwargs=reply, queue=SCHEDULER_QUEUE, headers=headers(Publish(name)),
+                              **confirm_options(self.celery))

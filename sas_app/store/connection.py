@@ -1,0 +1,93 @@
+"""The database connection and its clock.
+
+:func:`make_engine` tunes an engine for the state store; :class:`db_now` is the clock every
+deadline is compared against. On PostgreSQL that is the server's ``statement_timestamp()``, so
+hosts whose clocks disagree still agree on whether a complete-by has passed. On SQLite (one host,
+the embedded default) it is SQLite's own ``julianday('now')``, or, when a test injects a clock it can
+move forward instead of waiting, ``sas_now()``: a function of each connection of that engine (and
+of no other: compiled statements are cached per engine) that calls the injected clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Double, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+from sas_app.store.prepared import install as install_prepared
+
+Clock = Callable[[], float]
+
+#: the SQL of the database's clock on PostgreSQL, for the statements written as text
+PG_NOW = "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
+
+
+class db_now(FunctionElement[float]):
+    """The database's clock, in epoch seconds: every deadline is compared against this."""
+
+    type = Double()
+    inherit_cache = True
+
+
+@compiles(db_now)
+def _db_now_sqlite(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
+    if getattr(compiler.dialect, "sas_injected_clock", False):
+        return "sas_now()"
+    # julianday('now') is fixed for the whole statement, to the millisecond
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+@compiles(db_now, "postgresql")
+def _db_now_postgresql(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
+    return PG_NOW
+
+
+def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) -> Engine:
+    """An engine tuned for the state store: WAL and ``BEGIN IMMEDIATE`` on SQLite, so that
+    concurrent worker processes serialise their writes instead of failing, and ``sas_now()`` on
+    each SQLite connection reading ``clock`` when one is injected.
+
+    On a server database connections are not pinged before use: that was one more round trip in
+    every transaction, a fifth of a step's cost. After a PostgreSQL restart the first transaction
+    on a stale connection fails, SQLAlchemy discards the pool, and what that transaction was doing
+    is recovered like any lost message (the Supervisor's sweep).
+
+    With ``prepared`` (SAS_PREPARED_STATEMENTS), on psycopg2, the statements marked for it are
+    prepared on each connection (see :mod:`~sas_app.store.prepared`)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        if clock is not None:
+            raise ValueError("an injected clock works on SQLite only: a server database keeps its own")
+        engine = create_engine(url, pool_size=5, max_overflow=5)
+        if prepared and engine.dialect.driver == "psycopg2":
+            install_prepared(engine)
+        return engine
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 30})
+    if clock is not None:
+        engine.dialect.sas_injected_clock = True  # type: ignore[attr-defined]
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
+        if clock is not None:
+            dbapi_connection.create_function("sas_now", 0, clock)
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine

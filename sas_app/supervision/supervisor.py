@@ -1,0 +1,192 @@
+"""The Supervisor: the sweep, a Celery beat task on ``sas.supervisor`` (``sas.supervisor.sweep``,
+every SAS_SUPERVISOR_INTERVAL), and the at-risk forecast (:mod:`sas_app.supervision.forecast`),
+looked at every SAS_AT_RISK_INTERVAL by each worker that consumes ``sas.supervisor``.
+
+It only decides and asks; the Scheduler and the agents do the work. Each sweep, in one transaction:
+
+* every step still ``running`` past its complete-by counts one failure; under the step's threshold
+  it goes back to ``pending`` with a back-off and a new complete-by, and the Scheduler is asked to
+  retry it — or, when its agent's queue is backed up, the retry waits its turn in the store and a
+  later sweep asks (:mod:`sas_app.supervision.forecast.pacing`); at the threshold the step fails with one alert and
+  the run is undone — or goes to ``error`` when there is nothing to undo — while an undo goes on
+  (:mod:`sas_app.engine.recovery` decides);
+* every run past its workflow's deadline raises one alert and is undone (or goes to ``error``
+  when there is nothing to undo);
+* every run or step whose complete-by passed with no Scheduler acting on it — a run pending, a
+  live run asked about (an operator's resume, a step marked done), a step whose back-off or wait
+  is over: the Scheduler's message was lost — gets a new complete-by and the Scheduler is asked
+  again. Every message sas_app sends has such a row behind it (:mod:`sas_app.messaging.publishes`).
+
+Expired rows are read with ``FOR UPDATE SKIP LOCKED``, so Supervisors running at once take
+disjoint rows, and each transition is fenced on the step's attempt, so none is recovered twice.
+The agents' queue depths are read from the broker once a sweep, before any of its transactions
+(:mod:`sas_app.supervision.queue_depths`): a slow broker never holds the rows a sweep has locked.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from sas_app import fault_points
+from sas_app.engine.alerts import Alert, Alerts
+from sas_app.engine.recovery import past_deadline, recover_steps
+from sas_app.messaging.publishes import Publish
+from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, asking
+from sas_app.settings import Settings, instance_id
+from sas_app.states import Cause
+from sas_app.store import Store
+from sas_app.store.observe import FORGET_SUPERVISOR_AFTER
+from sas_app.supervision.forecast import Forecast
+from sas_app.supervision.queue_depths import QueueDepths
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SUPERVISOR_QUEUE", "Supervisor", "SweepReport"]
+#: At most this many batches per sweep, so one sweep never runs unbounded; the next takes the rest.
+MAX_BATCHES = 20
+
+
+@dataclass
+class SweepReport:
+    retried: list[tuple[str, int, float]] = field(default_factory=list)  # (run, position, backoff)
+    paced: list[tuple[str, int, float]] = field(default_factory=list)  # retries held for room in their queue
+    failed: list[str] = field(default_factory=list)  # runs whose step failed for good
+    requeued: list[str] = field(default_factory=list)
+    #: messages waiting on the Scheduler's queue when the sweep began (runs stalled meanwhile are
+    #: not asked about again: see Supervisor.sweep)
+    scheduler_behind: int = 0
+    relayed: int = 0
+    seconds: float = 0.0
+
+
+def _listed(run_ids: list[str], most: int = 10) -> str:
+    """Run ids for a log line: the first ``most``, then how many more."""
+    more = f" and {len(run_ids) - most} more" if len(run_ids) > most else ""
+    return ", ".join(run_ids[:most]) + more
+
+
+class Supervisor:
+    @property
+    def instance_id(self) -> str:
+        return instance_id()
+
+    def __init__(self, store: Store, celery: Celery, settings: Settings, alerts: Alerts, router: Router) -> None:
+        self.store = store
+        self.celery = celery
+        self.settings = settings
+        self.alerts = alerts
+        self.router = router
+        self.depths = QueueDepths(store, celery, settings)
+        #: the at-risk looks and the pacing of retries; its lookout is started by SasApp when a
+        #: worker that consumes sas.supervisor is ready
+        self.forecast = Forecast(store, settings, alerts, self.depths)
+
+        @celery.task(name=SWEEP, ignore_result=True, shared=False)
+        def sweep() -> dict[str, int]:
+            report = self.sweep()
+            return {"retried": len(report.retried), "paced": len(report.paced), "failed": len(report.failed),
+                    "requeued": len(report.requeued), "scheduler_behind": report.scheduler_behind}
+
+    def _busy_depths(self) -> dict[str, int]:
+        """The busy agents' queue depths, one that could not be read counted as empty: its
+        expired steps keep their back-off alone."""
+        return {agent: depth or 0 for agent, depth in self.depths.of_busy_agents().of.items()}
+
+    def sweep_once(self) -> SweepReport:
+        """One batch of the sweep, timed (what bench/sweep.py measures)."""
+        report = SweepReport()
+        started = time.perf_counter()
+        self._sweep_batch(report, self._busy_depths())
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def sweep(self) -> SweepReport:
+        """Up to :data:`MAX_BATCHES` batches (see the module's note), then the stranded
+        notifications.
+
+        A run or step left pending past its complete-by is asked about again only while the
+        Scheduler's queue is empty: with messages waiting there, the Scheduler is behind, not deaf,
+        and its message for that run is most likely among them. Asking again then only deepens the
+        queue — each ask a message more for the Scheduler, whose runs then stall in turn until
+        nothing completes. A message that was lost is asked again once the queue has drained
+        (the measurement: docs/explanation/measurements-behind-the-code.md)."""
+        report = SweepReport()
+        started = time.perf_counter()
+        depths = self._busy_depths()
+        report.scheduler_behind = self.depths.read(SCHEDULER_QUEUE) or 0
+        for _ in range(MAX_BATCHES):
+            if self._sweep_batch(report, depths) < self.settings.sweep_batch:
+                break
+        # Notifications whose relayer died after its commit: sent now, under their own ids.
+        stranded = self.store.unsent(older_than=self.settings.pickup_timeout, limit=self.settings.sweep_batch)
+        self.router.relay(stranded)
+        report.relayed = len(stranded)
+        try:
+            self.store.record_sweep(self.instance_id, len(report.retried) + len(report.paced) + len(report.failed)
+                                    + len(report.requeued), forget_after=FORGET_SUPERVISOR_AFTER)
+        except SQLAlchemyError as exc:  # the heartbeat only informs; the sweep's work is done
+            log.warning("could not record this sweep (is the schema up to date? `sas migrate`): %s",
+                        str(exc).splitlines()[0])
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _sweep_batch(self, report: SweepReport, depths: dict[str, int]) -> int:
+        s = self.settings
+        retried: list[tuple[str, int, float]] = []
+        failed: list[str] = []
+        raised: list[Alert | None] = []
+        with self.store.begin() as tx:
+            expired = tx.expired_steps(s.sweep_batch)
+            paced = self.forecast.paced(tx, expired, depths)
+            for step, outcome in recover_steps(tx, self.alerts, s, expired, Cause.EXPIRED, actor=self.instance_id,
+                                               paced=paced):
+                # a failure, an escalation (the sweep asks again once its wait is over), an undo
+                # retried past its threshold
+                raised.append(outcome.alert)
+                if outcome.retried and outcome.paced:
+                    report.paced.append((step.run_id, step.position, outcome.backoff))  # the sweep wakes it
+                elif outcome.retried:
+                    retried.append((step.run_id, step.position, outcome.backoff))
+                elif outcome.failed:
+                    failed.append(step.run_id)
+            for run in tx.past_deadline(s.sweep_batch):
+                raised.append(past_deadline(tx, self.alerts, s, run, actor=self.instance_id))
+                failed.append(run.id)
+            requeued = []
+            if not report.scheduler_behind:  # see sweep()
+                requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
+                # parents whose child ended and who were not told (the message was lost)
+                requeued += tx.children_ended(s.pickup_timeout, s.sweep_batch)
+        fault_points.hit("supervisor.after_commit")
+        # A message the broker refuses is asked again by the next sweep: the state is committed.
+        self.router.relay(tx.outbox)
+        # the Scheduler is asked about the batch in a message per back-off, not one per run
+        by_backoff: dict[float, list[str]] = {}
+        for run_id, _, backoff in retried:
+            by_backoff.setdefault(backoff, []).append(run_id)
+        for backoff, run_ids in by_backoff.items():
+            log.warning("%d step(s) passed complete-by; retry in %.1fs: runs %s", len(run_ids), backoff,
+                        _listed(run_ids))
+            self.router.send(asking(run_ids, Publish.RETRY, backoff))
+        if requeued:
+            log.warning("%d run(s) waited past complete-by for the Scheduler; asking again: %s", len(requeued),
+                        _listed(requeued))
+            self.router.send(asking(requeued, Publish.REQUEUED))
+        self.alerts.emit_grouped(raised)
+        if failed:
+            self.router.send(asking(failed, Publish.UNDO))  # to undo them, those being compensated
+        for follow_up in tx.follow_ups:  # a child run ended, or is being cancelled with its parent
+            self.router.send(follow_up)
+        report.retried += retried
+        report.failed += failed
+        report.requeued += requeued
+        return len(expired)
+
