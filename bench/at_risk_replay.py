@@ -9,7 +9,7 @@ transitions, their completions, the agent workers' logs and the faults' outages.
 rebuilds, once a look's interval (``--every``, the run's SAS_AT_RISK_INTERVAL), what the Supervisor
 saw of each agent's queue — its depth (the messages sent and not yet received, from the workers'
 ``received`` lines), the running steps whose messages those likely are (the last dispatched, as
-``Tx.queued_steps`` reads them) and the agent's recent completions — asks
+``SweepTx.queued_steps`` reads them) and the agent's recent completions — asks
 :mod:`sas_app.supervision.forecast.queue_model`
 which of them are at risk, raises an alert once per step (as the Supervisor does: a step warned of
 is not warned of again on a later attempt), and judges those alerts as the run's own were judged

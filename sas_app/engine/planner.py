@@ -115,9 +115,9 @@ class Planner:
     def next(self, tx: Tx, run: RunRow) -> Moves:
         """Within the run's transaction: start every step that may start now (or the next undo,
         while compensating), or finish the run when nothing is left. The run has been looked at:
-        a complete-by it had for being asked about is cleared (:meth:`Tx.ask`)."""
+        a complete-by it had for being asked about is cleared (:meth:`RunTx.ask`)."""
         moves = Moves()
-        tx.looked_at(run)
+        tx.runs.looked_at(run)
         self._plan(tx, run, moves)
         return moves
 
@@ -133,9 +133,9 @@ class Planner:
         A step that cannot start (its list is missing or too long, its action is gone from the
         deployed code) fails before anything is dispatched, and the run is undone."""
         while True:
-            graph = Graph(tx.steps_of(run.id))
+            graph = Graph(tx.steps.steps_of(run.id))
             if graph.done():
-                tx.finish_run(run.id, RunState.PROCESSED, actor=instance_id())
+                tx.runs.finish_run(run.id, RunState.PROCESSED, actor=instance_id())
                 log.info("run %s (%s %s) processed", run.id, run.workflow, run.business_key)
                 return
             ended = self._children_ended(tx, run, graph, moves)
@@ -165,16 +165,16 @@ class Planner:
             for parent in graph.fanning_out():
                 branches = graph.branches(parent)
                 if all(b.state == StepState.COMPLETED for b in branches):
-                    changed |= tx.complete_fan_out(run, parent, [b.result for b in branches], instance_id())
+                    changed |= tx.fan_out.complete_fan_out(run, parent, [b.result for b in branches], instance_id())
             first_free = graph.next_free()
             for position, items in lists.items():
                 assert isinstance(items, list)
-                changed |= tx.start_fan_out(graph.at(position), items, first_free, instance_id())
+                changed |= tx.fan_out.start_fan_out(graph.at(position), items, first_free, instance_id())
                 first_free += len(items)
             for step in children:
                 self._start_child(tx, run, step, moves)
             for step in starting:
-                running = tx.mark_step_running(step, instance_id())
+                running = tx.steps.mark_step_running(step, instance_id())
                 if running is not None:
                     moves.messages.append(Dispatch(run, running, results))
                 elif step.not_before is not None and step.not_before - tx.now() <= self.settings.retry_backoff_max:
@@ -184,7 +184,7 @@ class Planner:
 
     def _plan_undo(self, tx: Tx, run: RunRow, moves: Moves) -> None:
         """The next undo, one at a time, last step first; the run ends once all are done."""
-        steps = tx.steps_of(run.id)
+        steps = tx.steps.steps_of(run.id)
         final = RunState.CANCELLED if run.cancelled_by else RunState.COMPENSATED
         for step in (s for s in steps if s.is_undo):
             if step.state == StepState.COMPLETED:
@@ -195,14 +195,14 @@ class Planner:
             if reason:
                 self._refuse(tx, run, step, reason, moves)
                 return
-            running = tx.mark_step_running(step, instance_id())
+            running = tx.steps.mark_step_running(step, instance_id())
             if running is not None:
                 undoes = next(s for s in steps if s.position == running.compensates)
                 moves.messages.append(Dispatch(run, running, Graph(steps).results(), undoes))
             elif step.not_before is not None:
                 moves.wait(run.id, step.not_before - tx.now())
             return
-        tx.finish_run(run.id, final, from_state=run.process_state, actor=instance_id())
+        tx.runs.finish_run(run.id, final, from_state=run.process_state, actor=instance_id())
         log.info("run %s (%s %s) %s", run.id, run.workflow, run.business_key, final)
 
     def dispatch(self, tx: Tx, run: RunRow, step: StepRow, results: dict[str, Any]) -> Moves:
@@ -221,10 +221,10 @@ class Planner:
         assert self.workflows is not None and step.child is not None
         workflow = self.workflows[step.child]
         child_id = uuid.uuid4().hex
-        started = tx.start_child_step(step, child_id, instance_id())
+        started = tx.children.start_child_step(step, child_id, instance_id())
         if started is None:
             return
-        child, _ = tx.insert_run(workflow.new_run(
+        child, _ = tx.submission.insert_run(workflow.new_run(
             child_id, child_key(run.id, step.name, started.attempt), step_input(run, step), priority=run.priority,
             parent_run_id=run.id, parent_position=step.position, depth=run.depth + 1,
         ), self.settings.pickup_timeout)
@@ -237,19 +237,21 @@ class Planner:
         if not waiting:
             return None
         outcome = None
-        children = {c.business_key: c for c in tx.children_of(run.id)}
+        children = {c.business_key: c for c in tx.children.children_of(run.id)}
         for step in waiting:
             child = children.get(child_key(run.id, step.name, step.attempt))
             if child is None or child.process_state not in TERMINAL_RUN_STATES:
                 continue
             if child.process_state == RunState.PROCESSED:
-                if tx.finish_child_step(step, child, Graph(tx.steps_of(child.id)).results(), instance_id()):
+                if tx.children.finish_child_step(step, child, Graph(tx.steps.steps_of(child.id)).results(),
+                                                 instance_id()):
                     outcome = "completed"
                 continue
             reason = f"step {step.name!r}: child run {child.id} ({child.workflow}) ended {child.process_state}"
             if child.error:
                 reason += f": {child.error}"
-            failed = tx.fail_step(run.id, step.position, step.attempt, reason, actor=instance_id(), count_failure=True)
+            failed = tx.steps.fail_step(run.id, step.position, step.attempt, reason, actor=instance_id(),
+                                        count_failure=True)
             if failed is not None:
                 self._fail_run(tx, run, failed, reason, moves)
                 return "failed"
@@ -278,7 +280,7 @@ class Planner:
     def _refuse(self, tx: Tx, run: RunRow, step: StepRow, reason: str, moves: Moves, *, undo: bool = True) -> None:
         """``step`` cannot start or go on: it fails with ``reason`` and one alert, and the run is
         undone (or, without ``undo``, left in error for an operator)."""
-        failed = tx.refuse_step(step, reason, instance_id())
+        failed = tx.steps.refuse_step(step, reason, instance_id())
         if failed is not None:
             log.error("run %s: %s", run.id, reason)
             self._fail_run(tx, run, failed, reason, moves, undo=undo)
@@ -288,6 +290,6 @@ class Planner:
         """``failed`` failed for good: its alert, the run undone (or in error), and its undo started."""
         moves.alerts.append(fail_run(tx, self.alerts, self.settings, run, failed, reason, actor=instance_id(),
                                      undo=undo))
-        after = tx.lock_run(run.id)
+        after = tx.runs.lock_run(run.id)
         if after is not None:
             self._plan(tx, after, moves)

@@ -81,12 +81,12 @@ def undo_run(tx: Tx, run: RunRow, reason: str, settings: Settings, *, actor: str
              cancelled_by: str | None = None) -> list[StepRow]:
     """Start undoing ``run``: it goes to ``compensating`` with a compensation row for each step
     :func:`undoable` names. Returns those steps; none means nothing changed."""
-    steps = tx.steps_of(run.id)
+    steps = tx.steps.steps_of(run.id)
     _cancel_children(tx, run, steps, reason, settings, actor)
     undo = undoable(steps)
-    if not tx.start_compensation(run, undo, reason, settings.pickup_timeout, actor=actor,
-                                 first_free=Graph(steps).next_free(),
-                                 cancelled_by=cancelled_by):
+    if not tx.compensation.start_compensation(run, undo, reason, settings.pickup_timeout, actor=actor,
+                                              first_free=Graph(steps).next_free(),
+                                              cancelled_by=cancelled_by):
         return []
     return undo
 
@@ -97,8 +97,8 @@ def cancel_run(tx: Tx, run: RunRow, why: str, settings: Settings, *, by: str) ->
     to undo. Returns the state it is in now (``compensating`` or ``cancelled``)."""
     if undo_run(tx, run, why, settings, actor=by, cancelled_by=by):
         return RunState.COMPENSATING.value
-    tx.finish_run(run.id, RunState.CANCELLED, from_state=run.process_state, actor=by, error=why, cancelled_by=by)
-    tx.stop_live_steps(run.id, by)  # a wait or sleep left would wait for ever
+    tx.runs.finish_run(run.id, RunState.CANCELLED, from_state=run.process_state, actor=by, error=why, cancelled_by=by)
+    tx.compensation.stop_live_steps(run.id, by)  # a wait or sleep left would wait for ever
     return RunState.CANCELLED.value
 
 
@@ -107,17 +107,17 @@ def _cancel_children(tx: Tx, run: RunRow, steps: Sequence[StepRow], reason: str,
     """A run being undone (or failed) cancels its live child runs: each is undone in turn (its own
     children too), or ends ``cancelled`` when it has nothing to undo."""
     waiting = {s.position for s in steps if s.child is not None and s.state == StepState.RUNNING}
-    for child in tx.children_of(run.id) if waiting else []:
+    for child in tx.children.children_of(run.id) if waiting else []:
         if child.parent_position not in waiting or child.process_state not in (RunState.PENDING,
                                                                                 RunState.PROCESSING):
             continue
-        locked = tx.lock_run(child.id)
+        locked = tx.runs.lock_run(child.id)
         if locked is None:
             continue
         why = f"its parent run {run.id} is being undone: {reason}"
         if not undo_run(tx, locked, why, settings, actor=actor, cancelled_by=actor):
-            tx.finish_run(child.id, RunState.CANCELLED, from_state=locked.process_state, actor=actor, error=why,
-                          cancelled_by=actor)
+            tx.runs.finish_run(child.id, RunState.CANCELLED, from_state=locked.process_state, actor=actor, error=why,
+                               cancelled_by=actor)
         tx.follow_ups.append(Advance(child.id, Publish.CHILD_CANCELLED))
 
 
@@ -158,8 +158,8 @@ def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[St
             at_threshold.append(step)
     outcomes = []
     for (wait, held), group in retrying.items():
-        moved = {s.id for s in tx.retry_steps(group, wait, 0.0 if held else settings.pickup_timeout, actor,
-                                              reason=str(why))}
+        moved = {s.id for s in tx.steps.retry_steps(group, wait, 0.0 if held else settings.pickup_timeout, actor,
+                                                    reason=str(why))}
         outcomes += [(s, Recovery(retried=s.id in moved, failed=False, backoff=wait, paced=held,
                                   alert=_stuck(tx, alerts, s, actor) if s.id in moved else None))
                      for s in group]
@@ -171,7 +171,7 @@ def _give_up(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: Cau
     """An attempt at the step's threshold: its escalation if it has one not yet taken, else the
     step fails for good and the run is undone (or left in ``error``)."""
     what = "passed its complete-by" if why == Cause.EXPIRED else "lost its worker"
-    times = tx.workers_lost(step) + 1 if step.is_undo else step.failure_count + 1  # an undo: see _goes_on
+    times = tx.steps.workers_lost(step) + 1 if step.is_undo else step.failure_count + 1  # an undo: see _goes_on
     reason = f"step {step.name!r} {what} {times} times (threshold {step.max_failures})"
     if detail:
         reason += f": {detail}"
@@ -180,8 +180,9 @@ def _give_up(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why: Cau
         return _escalate(tx, alerts, step, escalate, reason, actor)
     if escalate:
         reason += f", again after waiting {escalate['wait']:g} s; then: {escalate['then']}"
-    failed = tx.fail_step(step.run_id, step.position, step.attempt, EXPIRED_ERROR, actor=actor, count_failure=True)
-    run = tx.lock_run(step.run_id) if failed is not None else None
+    failed = tx.steps.fail_step(step.run_id, step.position, step.attempt, EXPIRED_ERROR, actor=actor,
+                                count_failure=True)
+    run = tx.runs.lock_run(step.run_id) if failed is not None else None
     if failed is None or run is None:
         return Recovery(retried=False, failed=False, backoff=0.0)
     undo = escalate.get("then", "compensate") == "compensate"
@@ -196,7 +197,7 @@ def _goes_on(tx: Tx, step: StepRow, why: Cause) -> bool:
         return True
     if not step.is_undo:
         return False
-    return why == Cause.EXPIRED or tx.workers_lost(step) + 1 < step.max_failures
+    return why == Cause.EXPIRED or tx.steps.workers_lost(step) + 1 < step.max_failures
 
 
 def _stuck(tx: Tx, alerts: Alerts, step: StepRow, actor: str) -> Alert | None:
@@ -204,7 +205,7 @@ def _stuck(tx: Tx, alerts: Alerts, step: StepRow, actor: str) -> Alert | None:
     reaches the threshold; None for every other retry."""
     if step.failure_count + 1 != step.max_failures:
         return None
-    run = tx.lock_run(step.run_id)
+    run = tx.runs.lock_run(step.run_id)
     if run is None:
         return None
     reason = (f"step {step.name!r} failed {step.max_failures} attempts (past its complete-by, or its worker lost); "
@@ -217,8 +218,8 @@ def _escalate(tx: Tx, alerts: Alerts, step: StepRow, escalate: dict[str, Any], r
     """The pattern's escalation at the threshold: wait the extended period "in the expectation that
     the fault will be resolved", then ``retries`` more attempts; one alert for this rung."""
     wait, retries = float(escalate["wait"]), int(escalate["retries"])
-    won = tx.escalate_step(step, wait, failure_count=step.max_failures - retries, actor=actor)
-    run = tx.lock_run(step.run_id) if won is not None else None
+    won = tx.waits.escalate_step(step, wait, failure_count=step.max_failures - retries, actor=actor)
+    run = tx.runs.lock_run(step.run_id) if won is not None else None
     if won is None or run is None:
         return Recovery(retried=False, failed=False, backoff=0.0)
     reason += f": escalated, waiting {wait:g} s, then {retries} more attempt(s), then {escalate['then']}"
@@ -233,10 +234,10 @@ def past_deadline(tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, *, ac
     allowed = (run.deadline or 0.0) - run.created_at
     reason = f"run passed its deadline ({allowed:g} s after it was submitted)"
     alert = alerts.record(tx, Alert(run.id, run.workflow, run.business_key, None, None, None, reason, DEADLINE), actor)
-    tx.count_run_failure(run.id)
+    tx.runs.count_run_failure(run.id)
     if not undo_run(tx, run, reason, settings, actor=actor):
-        tx.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor, error=reason)
-        tx.stop_live_steps(run.id, actor)  # nothing was done; nothing may wait for ever either
+        tx.runs.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor, error=reason)
+        tx.compensation.stop_live_steps(run.id, actor)  # nothing was done; nothing may wait for ever either
     return alert
 
 
@@ -250,10 +251,10 @@ def fail_run(tx: Tx, alerts: Alerts, settings: Settings, run: RunRow, step: Step
         tx, Alert(run.id, run.workflow, run.business_key, step.name, step.position, step.attempt, reason, kind),
         actor,
     )
-    tx.count_run_failure(run.id)
+    tx.runs.count_run_failure(run.id)
     if step.is_undo:
-        tx.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor,
-                      error=f"compensation failed: {reason}")
+        tx.runs.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor,
+                           error=f"compensation failed: {reason}")
     elif not undo or not undo_run(tx, run, reason, settings, actor=actor):
-        tx.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor, error=reason)
+        tx.runs.finish_run(run.id, RunState.ERROR, from_state=run.process_state, actor=actor, error=reason)
     return alert

@@ -136,12 +136,12 @@ class Scheduler:
     def advance_each(self, run_ids: list[str]) -> None:
         """:meth:`advance` for each of ``run_ids`` (a batch the Supervisor recovered): the retried
         steps of plain straight-line runs start again together, in one transaction
-        (:meth:`Tx.restart_retries`); every other run is advanced on its own."""
+        (:meth:`RetryTx.restart_retries`); every other run is advanced on its own."""
         with self.store.begin() as tx:
-            restarted = tx.restart_retries(run_ids, self.instance_id)
+            restarted = tx.retries.restart_retries(run_ids, self.instance_id)
             moves = Moves()
             for run, step, steps in restarted:
-                tx.looked_at(run)
+                tx.runs.looked_at(run)
                 moves.extend(self.planner.dispatch(tx, run, step, Graph(steps).results()))
         self.after_commit(tx, moves)
         done = {run.id for run, _, _ in restarted}
@@ -155,7 +155,7 @@ class Scheduler:
     def moves(self, tx: Tx, run_id: str) -> Moves:
         """:meth:`advance` inside the caller's transaction (a submission's, which so starts its run
         in the transaction that writes it): what to send once ``tx`` has committed."""
-        run, first = tx.start_new_run(run_id, self.instance_id)  # a new run: claimed, locked, started
+        run, first = tx.hot_path.start_new_run(run_id, self.instance_id)  # a new run: claimed, locked, started
         if run is None:
             run = self._lock_or_claim_slot(tx, run_id)
         if run is None:
@@ -172,11 +172,11 @@ class Scheduler:
         """An agent's success reply: record it if that attempt still runs, then go on.
 
         The store completes the step and starts what follows on the hot path in one call
-        (:meth:`Tx.complete_and_advance`: on PostgreSQL one statement); ``results`` (the earlier
+        (:meth:`HotPathTx.complete_and_advance`: on PostgreSQL one statement); ``results`` (the earlier
         steps' results, as the agent received them) then let the next step be dispatched without
         reading the run's steps."""
         with self.store.begin() as tx:
-            done = tx.complete_and_advance(run_id, position, attempt, result, self.instance_id)
+            done = tx.hot_path.complete_and_advance(run_id, position, attempt, result, self.instance_id)
             self._faults(tx, done.run, position, attempt, faults)
             if done.step is None or done.run is None:
                 self._stale(tx, done.run, position, attempt, "step_done")
@@ -189,7 +189,7 @@ class Scheduler:
                 if done.started:
                     earlier = done.results
                     if earlier is None:
-                        earlier = (Graph(tx.steps_of(run_id)).results() if results is None
+                        earlier = (Graph(tx.steps.steps_of(run_id)).results() if results is None
                                    else {**results, done.step: result})
                     moves.messages += [Dispatch(done.run, step, earlier) for step in done.started]
                 if done.finished:
@@ -203,17 +203,18 @@ class Scheduler:
         """An agent's non-transient fault: the step fails with one alert, and the run is undone
         (or goes to ``error`` when there is nothing to undo, or when an undo itself failed)."""
         with self.store.begin() as tx:
-            run = tx.lock_run(run_id)
+            run = tx.runs.lock_run(run_id)
             self._faults(tx, run, position, attempt, faults)
             failed = None
             if run is not None and run.process_state in LIVE_RUN_STATES:
-                failed = tx.fail_step(run_id, position, attempt, error, actor=self.instance_id, count_failure=True)
+                failed = tx.steps.fail_step(run_id, position, attempt, error, actor=self.instance_id,
+                                            count_failure=True)
             if run is None or failed is None:
                 self._stale(tx, run, position, attempt, "step_failed")
                 return
             alert = fail_run(tx, self.alerts, self.settings, run, failed, f"step {failed.name!r} failed: {error}",
                              actor=self.instance_id)
-            after = tx.lock_run(run_id)
+            after = tx.runs.lock_run(run_id)
             moves = self.planner.next(tx, after) if after is not None else Moves()
             moves.alerts.insert(0, alert)
         self.after_commit(tx, moves)
@@ -223,12 +224,12 @@ class Scheduler:
         """The agent did not call its service (its circuit breaker is open): the step waits
         ``delay`` seconds, back in pending, without counting a failure."""
         with self.store.begin() as tx:
-            run = tx.lock_run(run_id)
+            run = tx.runs.lock_run(run_id)
             self._faults(tx, run, position, attempt, faults)
             deferred = False
             if run is not None and run.process_state in LIVE_RUN_STATES:
-                deferred = tx.defer_step(run_id, position, attempt, max(float(delay), 0.0),
-                                         self.settings.pickup_timeout, reason, actor=self.instance_id)
+                deferred = tx.steps.defer_step(run_id, position, attempt, max(float(delay), 0.0),
+                                               self.settings.pickup_timeout, reason, actor=self.instance_id)
             if run is None or not deferred:
                 self._stale(tx, run, position, attempt, "step_deferred")
                 return
@@ -242,8 +243,8 @@ class Scheduler:
         run is undone. A step that kills every worker it runs on (a poison step) therefore costs at
         most ``max_failures`` worker processes, spaced by the back-off, never a redelivery loop."""
         with self.store.begin() as tx:
-            run = tx.lock_run(run_id)
-            step = tx.running_step(run_id, position, attempt) if run is not None else None
+            run = tx.runs.lock_run(run_id)
+            step = tx.steps.running_step(run_id, position, attempt) if run is not None else None
             if run is None or step is None or run.process_state not in LIVE_RUN_STATES:
                 self._stale(tx, run, position, attempt, "step_lost")
                 return
@@ -259,7 +260,7 @@ class Scheduler:
         """The transient faults of an attempt that ended without a reply: written to the run's
         history (the step itself is the Supervisor's, at its complete-by)."""
         with self.store.begin() as tx:
-            self._faults(tx, tx.lock_run(run_id), position, attempt, faults)
+            self._faults(tx, tx.runs.lock_run(run_id), position, attempt, faults)
 
     def signal(self, run_id: str, event: str, payload: Any, by: str) -> str:
         """Record a signal for the run's wait for ``event`` and, if the run is waiting there, end
@@ -269,27 +270,27 @@ class Scheduler:
         out). Refused with :class:`InvalidSignal` (nothing written) when the run has ended or
         never waits for ``event``."""
         with self.store.begin() as tx:
-            run = tx.lock_run(run_id)
+            run = tx.runs.lock_run(run_id)
             if run is None:
                 raise UnknownRun(f"no run with id {run_id!r}")
             what = f"run {run.id} ({run.workflow} {run.business_key})"
             if run.process_state not in (RunState.PENDING, RunState.PROCESSING):
                 raise InvalidSignal(f"{what} is {run.process_state}: it takes no more signals")
-            steps = tx.steps_of(run_id)
+            steps = tx.steps.steps_of(run_id)
             wait = next((s for s in steps if s.event == event and not s.is_undo), None)
             if wait is None:
                 events = sorted(s.event for s in steps if s.event is not None)
                 raise InvalidSignal(f"{what} never waits for event {event!r}; it waits for "
                                     f"{', '.join(map(repr, events)) if events else 'no event'}")
-            signal_id, status = tx.record_signal(wait, payload, by)
+            signal_id, status = tx.signals.record_signal(wait, payload, by)
             moves = Moves()
             if status == SignalStatus.KEPT and wait.state == StepState.PENDING:
                 known = self.planner.workflows is not None and run.workflow in self.planner.workflows
                 if known:  # this process has the run's code: it ends the wait and starts what follows
                     moves = self.planner.next(tx, run)
-                    status = tx.signal_status(signal_id)
+                    status = tx.signals.signal_status(signal_id)
                 else:  # kept: the Scheduler consumes it
-                    moves.messages.append(tx.ask(run.id, Publish.SIGNALLED, self.settings.pickup_timeout))
+                    moves.messages.append(tx.runs.ask(run.id, Publish.SIGNALLED, self.settings.pickup_timeout))
         log.info("%s: signal %r %s", what, event, status)
         self.after_commit(tx, moves)
         return status
@@ -299,11 +300,11 @@ class Scheduler:
     def _lock_or_claim_slot(self, tx: Tx, run_id: str) -> RunRow | None:
         """The run, locked; a pending run with a concurrency key claimed if a slot is free (None
         if it must wait: it stays pending, parked)."""
-        run = tx.lock_run(run_id)
+        run = tx.runs.lock_run(run_id)
         if run is None:
             log.warning("advance: no run %s; message ignored", run_id)
         elif run.process_state == RunState.PENDING and run.slot is not None:
-            run = tx.claim_slot(run, self.settings.pickup_timeout, self.instance_id)
+            run = tx.slots.claim_slot(run, self.settings.pickup_timeout, self.instance_id)
             if run is None:
                 log.info("advance: run %s waits for a slot of its concurrency key", run_id)
         return run

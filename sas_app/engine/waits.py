@@ -45,31 +45,31 @@ def plan_waits(tx: Tx, run: RunRow, results: dict[str, Any], ready: Sequence[Ste
                      else now + step.timeout)
             if isinstance(until, str):
                 return Waited(failed=step, reason=f"step {step.name!r}: {until}")
-            started = tx.start_sleep(step, until, instance_id()) if step.is_sleep else \
-                tx.start_wait(step, until, instance_id())
+            started = tx.waits.start_sleep(step, until, instance_id()) if step.is_sleep else \
+                tx.waits.start_wait(step, until, instance_id())
             if started is None:
                 continue
             step = started
         assert step.not_before is not None
         if step.is_wait:
-            signal = tx.take_signal(step)
+            signal = tx.signals.take_signal(step)
             if signal is not None:
-                outcome.ended |= tx.end_wait(step, signal.payload, instance_id(),
-                                             {"signal": signal.id, "event": step.event})
+                outcome.ended |= tx.waits.end_wait(step, signal.payload, instance_id(),
+                                                   {"signal": signal.id, "event": step.event})
             elif step.not_before <= now:
                 timed_out = _time_out(tx, step)
                 if timed_out is not None:
                     return timed_out
                 outcome.ended = True
         elif step.not_before <= now:
-            outcome.ended |= tx.wake(step, instance_id())
+            outcome.ended |= tx.waits.wake(step, instance_id())
     return outcome
 
 
 def _time_out(tx: Tx, step: StepRow) -> Waited | None:
     """A wait whose timeout passed with no signal: it goes on without one (``continue``), or fails."""
     if step.on_timeout == "continue":
-        tx.end_wait(step, {"timed_out": True}, instance_id(), {"event": step.event, "timed_out": True})
+        tx.waits.end_wait(step, {"timed_out": True}, instance_id(), {"event": step.event, "timed_out": True})
         return None
     reason = f"step {step.name!r}: no {step.event!r} signal came within {step.timeout:g} s"
     return Waited(failed=step, reason=reason, undo=step.on_timeout != "error")

@@ -114,13 +114,13 @@ def _write(client: Client, first: dict[tuple[str, str], tuple[int, Workflow, New
     try:
         with client.store.begin() as tx:
             plain = [new for _, wf, new in first.values() if wf.on_submit is None]
-            written = tx.insert_runs(plain, pickup)
+            written = tx.submission.insert_runs(plain, pickup)
             for key, (index, wf, new) in first.items():
                 if wf.on_submit is None:
                     continue
                 try:
                     with tx.savepoint():
-                        written[key] = run, created = tx.insert_run(new, pickup)
+                        written[key] = run, created = tx.submission.insert_run(new, pickup)
                         if created:
                             wf.on_submit(tx.conn, run)
                 except SasError as exc:

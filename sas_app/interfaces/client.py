@@ -235,7 +235,7 @@ class Client:
         scheduler, moves = self.scheduler, Moves()
         try:
             with self.store.begin() as tx:
-                run, created = tx.insert_run(new, self.settings.pickup_timeout)
+                run, created = tx.submission.insert_run(new, self.settings.pickup_timeout)
                 if created:
                     if wf.on_submit is not None:
                         wf.on_submit(tx.conn, run)

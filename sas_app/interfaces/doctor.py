@@ -114,7 +114,7 @@ class Doctor:
         """Hand every live run with nothing due to the Supervisor (its next sweep asks the
         Scheduler about it); their ids."""
         with self.store.begin() as tx:
-            return tx.hand_over_stranded(by)
+            return tx.operations.hand_over_stranded(by)
 
     # -- the checks ---------------------------------------------------------------------------
 

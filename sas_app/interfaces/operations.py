@@ -43,7 +43,7 @@ class Operator:
             run = _locked(tx, run_id)
             if run.process_state != RunState.ERROR:
                 raise InvalidOperation(f"cannot resubmit run {run_id}: it is {run.process_state}, not error")
-            steps = tx.steps_of(run_id)
+            steps = tx.steps.steps_of(run_id)
             stopped_at_deadline = step is None and not any(s.state == StepState.FAILED for s in steps)
             if stopped_at_deadline and step_input is not None:
                 raise InvalidOperation(f"cannot resubmit run {run_id} with an edited input: it has no failed step "
@@ -51,16 +51,16 @@ class Operator:
             _check_slot(tx, run, "resubmit")
             if stopped_at_deadline:
                 _refuse_fan_outs(run, steps)
-                tx.operator_event(run_id, None, "resubmit", by, reason)
-                tx.restart_stopped(run_id, by)
+                tx.operations.operator_event(run_id, None, "resubmit", by, reason)
+                tx.operations.restart_stopped(run_id, by)
                 undoing = False
             else:
                 failed = _step(tx, run, step, (StepState.FAILED,), "resubmit")
-                tx.operator_event(run_id, failed.position, "resubmit", by, reason)
-                tx.resubmit_step(failed, self.settings.pickup_timeout, by, step_input)
+                tx.operations.operator_event(run_id, failed.position, "resubmit", by, reason)
+                tx.operations.resubmit_step(failed, self.settings.pickup_timeout, by, step_input)
                 undoing = failed.is_undo
-            tx.reopen_run(run, RunState.COMPENSATING if undoing else RunState.PROCESSING, by)
-            asked = tx.ask(run_id, Publish.RESUBMITTED, self.settings.pickup_timeout)
+            tx.operations.reopen_run(run, RunState.COMPENSATING if undoing else RunState.PROCESSING, by)
+            asked = tx.runs.ask(run_id, Publish.RESUBMITTED, self.settings.pickup_timeout)
         self.router.after_commit(tx.outbox, asked, *tx.follow_ups)
 
     def mark_done(self, run_id: str, step: str, *, by: str, reason: str = "", result: Any = None) -> None:
@@ -80,13 +80,13 @@ class Operator:
                                        "not not_started or pending or failed (only an undo may be marked done "
                                        "while it runs)")
             _check_slot(tx, run, "mark a step of")
-            tx.operator_event(run_id, target.position, "mark_done", by, reason)
-            tx.complete_by_hand(target, result, by)
+            tx.operations.operator_event(run_id, target.position, "mark_done", by, reason)
+            tx.operations.complete_by_hand(target, result, by)
             if target.compensates is not None:
-                tx.mark_compensated(run_id, target.compensates, by)
+                tx.compensation.mark_compensated(run_id, target.compensates, by)
             if run.process_state == RunState.ERROR:
-                tx.reopen_run(run, RunState.COMPENSATING if target.is_undo else RunState.PROCESSING, by)
-            asked = tx.ask(run_id, Publish.MARKED_DONE, self.settings.pickup_timeout)
+                tx.operations.reopen_run(run, RunState.COMPENSATING if target.is_undo else RunState.PROCESSING, by)
+            asked = tx.runs.ask(run_id, Publish.MARKED_DONE, self.settings.pickup_timeout)
         self.router.after_commit(tx.outbox, asked, *tx.follow_ups)
 
     def pause(self, run_id: str, *, by: str, reason: str = "") -> None:
@@ -94,19 +94,19 @@ class Operator:
         _check_reason(by, reason)
         with self.store.begin() as tx:
             run = _locked(tx, run_id)
-            if not tx.set_paused(run, by):
+            if not tx.operations.set_paused(run, by):
                 state = "already paused" if run.paused_by else run.process_state
                 raise InvalidOperation(f"cannot pause run {run_id}: it is {state}")
-            tx.operator_event(run_id, None, "pause", by, reason)
+            tx.operations.operator_event(run_id, None, "pause", by, reason)
 
     def resume(self, run_id: str, *, by: str, reason: str = "") -> None:
         _check_reason(by, reason)
         with self.store.begin() as tx:
             run = _locked(tx, run_id)
-            if not tx.set_paused(run, None):
+            if not tx.operations.set_paused(run, None):
                 raise InvalidOperation(f"cannot resume run {run_id}: it is {run.process_state} and not paused")
-            tx.operator_event(run_id, None, "resume", by, reason)
-            asked = tx.ask(run_id, Publish.RESUMED, self.settings.pickup_timeout)
+            tx.operations.operator_event(run_id, None, "resume", by, reason)
+            asked = tx.runs.ask(run_id, Publish.RESUMED, self.settings.pickup_timeout)
         self.router.after_commit(tx.outbox, asked, *tx.follow_ups)
 
     def cancel(self, run_id: str, *, by: str, reason: str = "") -> str:
@@ -117,7 +117,7 @@ class Operator:
             run = _locked(tx, run_id)
             if run.process_state not in (RunState.PENDING, RunState.PROCESSING):
                 raise InvalidOperation(f"cannot cancel run {run_id}: it is {run.process_state}")
-            tx.operator_event(run_id, None, "cancel", by, reason)
+            tx.operations.operator_event(run_id, None, "cancel", by, reason)
             why = f"cancelled by {by}" + (f": {reason}" if reason else "")
             state = cancel_run(tx, run, why, self.settings, by=by)
         undoing = state == RunState.COMPENSATING
@@ -132,7 +132,7 @@ class Operator:
             if run.process_state not in (RunState.PROCESSING, RunState.ERROR):
                 raise InvalidOperation(f"cannot compensate run {run_id}: it is {run.process_state}")
             _check_slot(tx, run, "compensate")
-            tx.operator_event(run_id, None, "compensate", by, reason)
+            tx.operations.operator_event(run_id, None, "compensate", by, reason)
             why = f"compensated by {by}" + (f": {reason}" if reason else "")
             if not undo_run(tx, run, why, self.settings, actor=by):
                 raise InvalidOperation(f"cannot compensate run {run_id}: none of its steps has anything to undo")
@@ -152,7 +152,7 @@ def _check_slot(tx: Tx, run: RunRow, action: str) -> None:
     others hold every one (it released its own when it ended)."""
     if run.process_state != RunState.ERROR or run.slot is None or run.max_running is None:
         return
-    holders = tx.slot_holders(run)
+    holders = tx.slots.slot_holders(run)
     if len(holders) >= run.max_running:
         raise InvalidOperation(f"cannot {action} run {run.id}: its key {run.slot!r} runs at most {run.max_running} "
                                f"at once and {', '.join(holders)} hold(s) it; try again once they end")
@@ -168,7 +168,7 @@ def _refuse_fan_outs(run: RunRow, steps: list[StepRow]) -> None:
 
 
 def _locked(tx: Tx, run_id: str) -> RunRow:
-    run = tx.lock_run(run_id)
+    run = tx.runs.lock_run(run_id)
     if run is None:
         raise UnknownRun(f"no run with id {run_id!r}")
     return run
@@ -176,7 +176,7 @@ def _locked(tx: Tx, run_id: str) -> RunRow:
 
 def _step(tx: Tx, run: RunRow, name: str | None, states: tuple[str, ...], action: str) -> StepRow:
     """The step an action applies to: the one named, or else the single one in ``states``."""
-    candidates = [s for s in tx.steps_of(run.id) if (s.name == name if name else s.state in states)]
+    candidates = [s for s in tx.steps.steps_of(run.id) if (s.name == name if name else s.state in states)]
     wanted = " or ".join(str(state) for state in states)
     if not candidates:
         what = f"no step {name!r}" if name else f"no step in state {wanted}"

@@ -141,7 +141,7 @@ class Schedules:
     def _tick(self, schedule: Schedule) -> list[str]:
         started: list[str] = []
         with self.store.begin() as tx:
-            last = tx.lock_schedule(schedule.name)
+            last = tx.schedules.lock_schedule(schedule.name)
             now = tx.now()
             # a tick handled within SAS_PICKUP_TIMEOUT of its time is late, not missed, whatever catch_up says
             window = now - max(schedule.catch_up, self.settings.pickup_timeout)
@@ -150,7 +150,7 @@ class Schedules:
                 if missed:
                     log.warning("schedule %s: %s tick(s) before %s skipped: older than its catch-up window (%g s)",
                                 schedule.name, missed, tick_key(schedule.name, window), schedule.catch_up)
-                tx.set_last_tick(schedule.name, window)
+                tx.schedules.set_last_tick(schedule.name, window)
                 last = window
             ticks = schedule.ticks(last, now)
             for tick in ticks:
@@ -158,13 +158,13 @@ class Schedules:
                 if run_id is not None:
                     started.append(run_id)
             if ticks:
-                tx.set_last_tick(schedule.name, ticks[-1])
+                tx.schedules.set_last_tick(schedule.name, ticks[-1])
         self.router.after_commit(tx.outbox, *(Advance(run_id, Publish.SCHEDULED) for run_id in started), *tx.follow_ups)
         return started
 
     def _start(self, tx: Tx, schedule: Schedule, tick: float) -> str | None:
         """The run for ``tick`` (its id), unless the overlap policy skips it or it exists already."""
-        live = tx.live_runs_of(schedule.name)
+        live = tx.schedules.live_runs_of(schedule.name)
         key = tick_key(schedule.name, tick)
         if live and schedule.overlap == "skip":
             log.info("schedule %s: tick %s skipped, run %s is still %s", schedule.name, key, live[0].id,
@@ -172,7 +172,7 @@ class Schedules:
             return None
         if schedule.overlap == "cancel_previous":
             for run in live:
-                locked = tx.lock_run(run.id)
+                locked = tx.runs.lock_run(run.id)
                 if locked is not None and locked.process_state in (RunState.PENDING, RunState.PROCESSING):
                     state = cancel_run(tx, locked, f"cancelled by schedule {schedule.name}: tick {key}",
                                        self.settings, by=f"schedule:{schedule.name}")
@@ -181,8 +181,8 @@ class Schedules:
         workflow = self.workflows[schedule.workflow]
         run_id = uuid.uuid4().hex
         payload = {**schedule.payload, "scheduled_for": key.split("@", 1)[1]}
-        run, created = tx.insert_run(workflow.new_run(run_id, key, payload, schedule=schedule.name),
-                                     self.settings.pickup_timeout)
+        run, created = tx.submission.insert_run(workflow.new_run(run_id, key, payload, schedule=schedule.name),
+                                                self.settings.pickup_timeout)
         if created:
             log.info("schedule %s: tick %s started run %s (%s)", schedule.name, key, run.id, instance_id())
         return run.id if created else None

@@ -48,19 +48,19 @@ class Publish(Word):
     #: the Supervisor failed runs for good (a step at its threshold, a deadline): their undos,
     #: pending with a complete-by
     UNDO = "undo"
-    #: an operator resumed a run: the run's own complete-by (``Tx.ask``), cleared when the
+    #: an operator resumed a run: the run's own complete-by (``RunTx.ask``), cleared when the
     #: Scheduler looks at it
     RESUMED = "resumed"
-    #: an operator marked a step done: the run's own complete-by (``Tx.ask``)
+    #: an operator marked a step done: the run's own complete-by (``RunTx.ask``)
     MARKED_DONE = "marked_done"
-    #: an operator resubmitted a run in error: the run's own complete-by (``Tx.ask``)
+    #: an operator resubmitted a run in error: the run's own complete-by (``RunTx.ask``)
     RESUBMITTED = "resubmitted"
     #: an operator (or a schedule) cancelled a run with something to undo: its undos, pending with a
     #: complete-by
     CANCELLED = "cancelled"
     #: an operator undid a run: its undos, pending with a complete-by
     COMPENSATE = "compensate"
-    #: a signal was kept by a process without the run's workflow: the run's own complete-by (``Tx.ask``)
+    #: a signal was kept by a process without the run's workflow: the run's own complete-by (``RunTx.ask``)
     SIGNALLED = "signalled"
 
     # -- an agent asked to act (sas.agent.<agent>.<action>) ------------------------------------------

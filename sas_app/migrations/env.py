@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 
 from sas_app.store import make_engine
-from sas_app.store.tables import metadata
+from sas_app.store.schema import metadata
 
 url = context.config.attributes["database_url"]
 engine = make_engine(url)

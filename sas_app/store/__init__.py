@@ -1,14 +1,20 @@
 """The state store: every SQL statement sas_app runs lives in this package, one concern a module.
 
-``tables`` the schema; ``rows`` the rows handed out; ``connection`` the connection and the database's
-clock; ``transitions`` the fenced transitions of runs and steps; ``submission`` writing a new run;
-``hot_path`` and ``graph_path`` completing a step and starting what follows; ``fan_out`` a
-``for_each`` step's; ``waits`` a sleep's or a wait's, ``signals`` the signals that end waits,
-``slots`` one run at a time per key, ``schedules`` scheduled starts; ``compensation``,
-``operations`` and ``sweep`` the transitions of undoing a run, of operators and the Supervisor's
-queries; ``retention`` deleting old finished runs; ``breakers`` agents' circuit breakers;
-``queries``, ``observe`` and ``diagnosis`` (what ``sas doctor`` checks) the read-only ones;
-``database`` the :class:`Store` that opens transactions. Nothing here sends a message.
+``database`` the :class:`Store` and the :class:`Tx` it opens. A transaction's statements are
+grouped by concern, each reached by its module's name: ``tx.runs`` and ``tx.steps`` the fenced
+transitions of runs and steps; ``tx.submission`` writing a new run; ``tx.hot_path`` (with
+``graph_path``) completing a step and starting what follows; ``tx.fan_out`` a ``for_each`` step's;
+``tx.waits`` a sleep's or a wait's; ``tx.signals`` the signals that end waits; ``tx.children``
+child runs; ``tx.slots`` one run at a time per key; ``tx.schedules`` scheduled starts;
+``tx.compensation`` undoing a run; ``tx.operations`` an operator's; ``tx.sweep`` and
+``tx.retries`` the Supervisor's. ``transitions`` is what they share: the history and the
+notifications each writes.
+
+Outside a transaction: ``tables`` the schema; ``rows`` the rows handed out; ``connection`` the
+connection and the database's clock; ``prepared`` and ``recordset`` statements prepared once and
+rows sent as one parameter; ``queries``, ``observe`` and ``diagnosis`` (what ``sas doctor``
+checks) the read-only ones; ``retention`` deleting old finished runs; ``breakers`` agents' circuit
+breakers; ``migrate`` the schema's migrations. Nothing here sends a message.
 """
 
 from sas_app.store.connection import db_now, make_engine

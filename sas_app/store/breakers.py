@@ -9,7 +9,7 @@ from sqlalchemy import Engine, Integer, String, cast, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from sas_app.store.connection import db_now
-from sas_app.store.tables import breakers
+from sas_app.store.service_tables import breakers
 
 
 class StoreState:

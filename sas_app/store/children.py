@@ -12,7 +12,7 @@ from sas_app.states import TERMINAL_RUN_STATES, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, StepRow, as_row
 from sas_app.store.tables import runs, steps
-from sas_app.store.transitions import TxBase
+from sas_app.store.transitions import Part
 
 
 def child_key(run_id: str, step: str, attempt: int) -> str:
@@ -20,7 +20,7 @@ def child_key(run_id: str, step: str, attempt: int) -> str:
     return f"{run_id}:{step}:{attempt}"
 
 
-class ChildTx(TxBase):
+class ChildTx(Part):
     def start_child_step(self, step: StepRow, child_run_id: str, actor: str) -> StepRow | None:
         """The step (waiting) → running at its next attempt, its child run named in the event."""
         row = self.conn.execute(
@@ -32,14 +32,15 @@ class ChildTx(TxBase):
         ).first()
         started = None if row is None else as_row(StepRow, row)
         if started is not None:
-            self.transition(step.run_id, step.position, step.state, StepState.RUNNING, attempt=started.attempt,
-                            actor=actor, detail={"child": child_run_id})
+            self.tx.transition(step.run_id, step.position, step.state, StepState.RUNNING, attempt=started.attempt,
+                               actor=actor, detail={"child": child_run_id})
         return started
 
     def finish_child_step(self, step: StepRow, child: RunRow, result: Any, actor: str) -> bool:
         """The child was processed: the step completes with its results."""
-        return self.move_step(step, StepState.COMPLETED, actor=actor, detail={"child": child.id}, result=result,
-                              locked_by=None, completed_at=db_now()) is not None
+        return self.tx.steps.move_step(step, StepState.COMPLETED, actor=actor, detail={"child": child.id},
+                                       result=result,
+                                       locked_by=None, completed_at=db_now()) is not None
 
     def children_of(self, run_id: str) -> list[RunRow]:
         rows = self.conn.execute(select(runs).where(runs.c.parent_run_id == run_id).order_by(runs.c.created_at))

@@ -19,10 +19,10 @@ from sas_app.states import RunState, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, StepRow
 from sas_app.store.tables import steps
-from sas_app.store.transitions import TxBase
+from sas_app.store.transitions import Part
 
 
-class CompensationTx(TxBase):
+class CompensationTx(Part):
     def start_compensation(self, run: RunRow, undo: Sequence[StepRow], reason: str, pickup_timeout: float, *,
                            actor: str, first_free: int, cancelled_by: str | None = None) -> bool:
         """``run.process_state`` → compensating, with one pending compensation row per step in
@@ -33,15 +33,15 @@ class CompensationTx(TxBase):
         values: dict[str, Any] = {"error": reason, "complete_by": None}
         if cancelled_by is not None:
             values["cancelled_by"] = cancelled_by
-        if not self.update_run(run.id, run.process_state, RunState.COMPENSATING, **values):
+        if not self.tx.runs.update_run(run.id, run.process_state, RunState.COMPENSATING, **values):
             return False
-        self.transition(run.id, None, run.process_state, RunState.COMPENSATING, actor=actor,
-                        detail={"reason": reason, "undo": [s.name for s in undo]})
+        self.tx.transition(run.id, None, run.process_state, RunState.COMPENSATING, actor=actor,
+                           detail={"reason": reason, "undo": [s.name for s in undo]})
         now = db_now()
         for offset, step in enumerate(undo):
-            self.update_step(run.id, step.position, step.attempt, step.state, StepState.COMPENSATING)
-            self.transition(run.id, step.position, step.state, StepState.COMPENSATING, attempt=step.attempt,
-                            actor=actor)
+            self.tx.steps.update_step(run.id, step.position, step.attempt, step.state, StepState.COMPENSATING)
+            self.tx.transition(run.id, step.position, step.state, StepState.COMPENSATING, attempt=step.attempt,
+                               actor=actor)
             agent, _, action = (step.undo or "").partition(".")
             self.conn.execute(insert(steps).values(
                 run_id=run.id, position=first_free + offset, name=f"undo:{step.name}", agent=agent, action=action,
@@ -68,7 +68,7 @@ class CompensationTx(TxBase):
             .values(state=StepState.STOPPED.value, locked_by=None, complete_by=None, updated_at=db_now())
         )
         for position, state, attempt in found:
-            self.transition(run_id, position, state, StepState.STOPPED, attempt=attempt, actor=actor)
+            self.tx.transition(run_id, position, state, StepState.STOPPED, attempt=attempt, actor=actor)
 
     def mark_compensated(self, run_id: str, position: int, actor: str) -> None:
         """The step at ``position`` has been undone: compensating → compensated."""
@@ -79,4 +79,4 @@ class CompensationTx(TxBase):
             .values(state=StepState.COMPENSATED.value, updated_at=db_now())
         )
         if result.rowcount == 1:
-            self.transition(run_id, position, StepState.COMPENSATING, StepState.COMPENSATED, actor=actor)
+            self.tx.transition(run_id, position, StepState.COMPENSATING, StepState.COMPENSATED, actor=actor)

@@ -10,6 +10,7 @@ import select as select_module
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import bindparam, delete, select, update
@@ -18,30 +19,92 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sas_app.messaging.routing import Notification
 from sas_app.store.breakers import StoreState
 from sas_app.store.children import ChildTx
+from sas_app.store.compensation import CompensationTx
 from sas_app.store.connection import Clock, db_now, make_engine
 from sas_app.store.diagnosis import Diagnosis
 from sas_app.store.fan_out import FanOutTx
 from sas_app.store.hot_path import HotPathTx
 from sas_app.store.operations import OperationsTx
 from sas_app.store.queries import Queries
-from sas_app.store.retention import Retention
+from sas_app.store.retention import RetentionQueries
 from sas_app.store.retries import RetryTx
+from sas_app.store.runs import RunTx
 from sas_app.store.schedules import ScheduleTx
+from sas_app.store.service_tables import looks, supervisors
 from sas_app.store.signals import SignalTx
 from sas_app.store.slots import SlotTx
+from sas_app.store.steps import StepTx
 from sas_app.store.submission import SubmissionTx
 from sas_app.store.sweep import SweepTx
-from sas_app.store.tables import looks, outbox, supervisors
-from sas_app.store.transitions import RUN_DONE_CHANNEL
+from sas_app.store.tables import outbox
+from sas_app.store.transitions import RUN_DONE_CHANNEL, TxBase
 from sas_app.store.waits import WaitTx
 
 
-class Tx(HotPathTx, OperationsTx, SweepTx, RetryTx, FanOutTx, SubmissionTx, ChildTx, WaitTx, SignalTx,
-         SlotTx, ScheduleTx):
-    """Every transition, inside one transaction (see :meth:`Store.begin`)."""
+class Tx(TxBase):
+    """One transaction (see :meth:`Store.begin`): the history and notifications every transition
+    writes (:class:`TxBase`), and each concern's statements under the name of its module in
+    ``sas_app/store/`` — ``tx.runs.lock_run(...)`` is in ``runs.py``, ``tx.waits.start_sleep(...)``
+    in ``waits.py``. Each is made on first use, once per transaction."""
+
+    @cached_property
+    def runs(self) -> RunTx:
+        return RunTx(self)
+
+    @cached_property
+    def steps(self) -> StepTx:
+        return StepTx(self)
+
+    @cached_property
+    def hot_path(self) -> HotPathTx:
+        return HotPathTx(self)
+
+    @cached_property
+    def submission(self) -> SubmissionTx:
+        return SubmissionTx(self)
+
+    @cached_property
+    def fan_out(self) -> FanOutTx:
+        return FanOutTx(self)
+
+    @cached_property
+    def children(self) -> ChildTx:
+        return ChildTx(self)
+
+    @cached_property
+    def waits(self) -> WaitTx:
+        return WaitTx(self)
+
+    @cached_property
+    def signals(self) -> SignalTx:
+        return SignalTx(self)
+
+    @cached_property
+    def slots(self) -> SlotTx:
+        return SlotTx(self)
+
+    @cached_property
+    def schedules(self) -> ScheduleTx:
+        return ScheduleTx(self)
+
+    @cached_property
+    def compensation(self) -> CompensationTx:
+        return CompensationTx(self)
+
+    @cached_property
+    def operations(self) -> OperationsTx:
+        return OperationsTx(self)
+
+    @cached_property
+    def sweep(self) -> SweepTx:
+        return SweepTx(self)
+
+    @cached_property
+    def retries(self) -> RetryTx:
+        return RetryTx(self)
 
 
-class Store(Queries, Diagnosis, Retention):
+class Store(Queries, Diagnosis, RetentionQueries):
     """The durable truth: runs, steps and their history. ``clock`` (SQLite only) replaces the
     database's clock, for tests that move time forward instead of waiting."""
 

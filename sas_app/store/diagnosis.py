@@ -17,7 +17,8 @@ from sqlalchemy import Engine, Select, and_, exists, func, literal, or_, select,
 
 from sas_app.states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from sas_app.store.connection import db_now
-from sas_app.store.tables import DUE_RUN_STATES, events, outbox, runs, steps, supervisors
+from sas_app.store.service_tables import supervisors
+from sas_app.store.tables import DUE_RUN_STATES, events, outbox, runs, steps
 
 #: runs that are the Scheduler's or its agents' to move on (a paused run waits for an operator)
 _WORKING = (RunState.PENDING.value, *LIVE_RUN_STATES)

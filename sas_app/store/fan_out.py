@@ -1,7 +1,7 @@
 """A ``for_each`` step's transitions: it starts by writing one branch row per element (each
 dispatched and supervised like a step, with its own attempts, complete-by and idempotency key),
 completes with their results once every branch has (a step that cannot fan out is refused before
-any is written: :meth:`TxBase.refuse_step`)."""
+any is written: :meth:`StepTx.refuse_step`)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from sas_app.states import StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, StepRow
 from sas_app.store.tables import steps
-from sas_app.store.transitions import TxBase
+from sas_app.store.transitions import Part
 
 
-class FanOutTx(TxBase):
+class FanOutTx(Part):
     def start_fan_out(self, parent: StepRow, items: Sequence[Any], first_free: int, actor: str) -> bool:
         """``parent`` (waiting) → running, with a not_started branch per element of ``items`` from
         position ``first_free`` on. The parent itself has no complete-by: its branches do."""
-        if self.move_step(parent, StepState.RUNNING, actor=actor, detail={"branches": len(items)}, locked_by=None,
-                          complete_by=None, not_before=None) is None:
+        if self.tx.steps.move_step(parent, StepState.RUNNING, actor=actor, detail={"branches": len(items)},
+                                   locked_by=None, complete_by=None, not_before=None) is None:
             return False
         if items:
             now = db_now()
@@ -40,9 +40,10 @@ class FanOutTx(TxBase):
 
     def complete_fan_out(self, run: RunRow, parent: StepRow, results: list[Any], actor: str) -> bool:
         """Every branch completed: the ``for_each`` step completes with their results, in order."""
-        if self.move_step(parent, StepState.COMPLETED, actor=actor, result=results, completed_at=db_now()) is None:
+        if self.tx.steps.move_step(parent, StepState.COMPLETED, actor=actor, result=results,
+                                   completed_at=db_now()) is None:
             return False
         if run.reply_to is not None:
-            self.notify(run.id, run.reply_to, run.business_key, run.workflow, "step_completed", step=parent.name,
-                        position=parent.position, attempt=parent.attempt)
+            self.tx.notify(run.id, run.reply_to, run.business_key, run.workflow, "step_completed", step=parent.name,
+                           position=parent.position, attempt=parent.attempt)
         return True

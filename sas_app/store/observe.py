@@ -18,7 +18,8 @@ from sqlalchemy import case, func, literal, or_, select
 from sas_app.states import OPEN_RUN_STATES, RunState, StepState
 from sas_app.store.database import Store
 from sas_app.store.rows import as_row
-from sas_app.store.tables import alerts, events, runs, steps, supervisors
+from sas_app.store.service_tables import supervisors
+from sas_app.store.tables import alerts, events, runs, steps
 
 
 @dataclass(frozen=True)

@@ -12,20 +12,20 @@ from sas_app.store.connection import db_now
 from sas_app.store.diagnosis import stranded
 from sas_app.store.rows import RunRow, StepRow
 from sas_app.store.tables import runs, steps
-from sas_app.store.transitions import TxBase, run_in
+from sas_app.store.transitions import Part, run_in
 
 
-class OperationsTx(TxBase):
+class OperationsTx(Part):
     def operator_event(self, run_id: str, position: int | None, action: str, by: str, reason: str) -> None:
-        self.event(run_id, position, EventKind.OPERATOR, None, None, actor=by,
-                   detail={"action": action, "by": by, "reason": reason})
+        self.tx.event(run_id, position, EventKind.OPERATOR, None, None, actor=by,
+                      detail={"action": action, "by": by, "reason": reason})
 
     def reopen_run(self, run: RunRow, to_state: str, actor: str) -> bool:
         """error → processing | compensating, for an operator who fixed the cause (its deadline,
         which may have sent it there, lifted)."""
-        won = self.update_run(run.id, run.process_state, to_state, error=None, deadline=None)
+        won = self.tx.runs.update_run(run.id, run.process_state, to_state, error=None, deadline=None)
         if won:
-            self.transition(run.id, None, run.process_state, to_state, actor=actor)
+            self.tx.transition(run.id, None, run.process_state, to_state, actor=actor)
         return won
 
     def resubmit_step(self, step: StepRow, pickup_timeout: float, actor: str, step_input: Any = None) -> bool:
@@ -34,11 +34,11 @@ class OperationsTx(TxBase):
                                   "locked_by": None, "complete_by": db_now() + pickup_timeout}
         if step_input is not None:
             values["input"] = step_input
-        won = self.update_step(step.run_id, step.position, step.attempt, StepState.FAILED, StepState.PENDING,
-                               **values)
+        won = self.tx.steps.update_step(step.run_id, step.position, step.attempt, StepState.FAILED, StepState.PENDING,
+                                        **values)
         if won:
-            self.transition(step.run_id, step.position, StepState.FAILED, StepState.PENDING, attempt=step.attempt,
-                            actor=actor)
+            self.tx.transition(step.run_id, step.position, StepState.FAILED, StepState.PENDING, attempt=step.attempt,
+                               actor=actor)
         return won is not None
 
     def restart_stopped(self, run_id: str, actor: str) -> None:
@@ -52,15 +52,15 @@ class OperationsTx(TxBase):
             .returning(steps.c.position, steps.c.attempt)
         ).all()
         for position, attempt in stopped:
-            self.transition(run_id, position, StepState.STOPPED, StepState.PENDING, attempt=attempt, actor=actor)
+            self.tx.transition(run_id, position, StepState.STOPPED, StepState.PENDING, attempt=attempt, actor=actor)
 
     def complete_by_hand(self, step: StepRow, result: Any, actor: str) -> bool:
         """not_started | pending | failed → completed, for a step an operator did by hand."""
-        won = self.update_step(step.run_id, step.position, step.attempt, step.state, StepState.COMPLETED,
-                               result=result, locked_by=None, completed_at=db_now())
+        won = self.tx.steps.update_step(step.run_id, step.position, step.attempt, step.state, StepState.COMPLETED,
+                                        result=result, locked_by=None, completed_at=db_now())
         if won:
-            self.transition(step.run_id, step.position, step.state, StepState.COMPLETED, attempt=step.attempt,
-                            actor=actor, detail={"by_hand": True})
+            self.tx.transition(step.run_id, step.position, step.state, StepState.COMPLETED, attempt=step.attempt,
+                               actor=actor, detail={"by_hand": True})
         return won is not None
 
     def hand_over_stranded(self, by: str) -> list[str]:

@@ -7,7 +7,8 @@ from sqlalchemy import Engine, func, select
 
 from sas_app.store.connection import db_now
 from sas_app.store.rows import EventRow, RunRow, SignalRow, StepRow, as_row
-from sas_app.store.tables import events, runs, schedules, signals, steps
+from sas_app.store.service_tables import schedules
+from sas_app.store.tables import events, runs, signals, steps
 
 
 class Queries:

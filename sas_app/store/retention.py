@@ -24,7 +24,7 @@ def _purgeable(older_than: float, states: Sequence[str]):  # type: ignore[no-unt
             runs.c.created_at < cutoff, runs.c.updated_at < cutoff, ~parent_not_done)
 
 
-class Retention:
+class RetentionQueries:
     engine: Engine
 
     def count_purgeable(self, older_than: float, states: Sequence[str]) -> int:

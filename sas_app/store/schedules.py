@@ -11,13 +11,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sas_app.states import RunState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, as_row
-from sas_app.store.tables import runs, schedules
-from sas_app.store.transitions import TxBase
+from sas_app.store.service_tables import schedules
+from sas_app.store.tables import runs
+from sas_app.store.transitions import Part
 
 _INSERT: dict[str, Any] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 
 
-class ScheduleTx(TxBase):
+class ScheduleTx(Part):
     def lock_schedule(self, name: str) -> float:
         """The schedule's last tick, its row held until commit; a schedule seen for the first
         time starts from now (no run for ticks before it existed)."""

@@ -12,10 +12,10 @@ from sas_app.states import EventKind, SignalStatus, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import SignalRow, StepRow, as_row
 from sas_app.store.tables import signals
-from sas_app.store.transitions import TxBase
+from sas_app.store.transitions import Part
 
 
-class SignalTx(TxBase):
+class SignalTx(Part):
     def record_signal(self, wait: StepRow, payload: Any, sent_by: str) -> tuple[int, str]:
         """Record a signal for ``wait``'s event (the caller holds the run's lock): ``kept``, or
         ``ignored`` when a signal for it is kept or consumed already or the wait has ended.
@@ -26,7 +26,7 @@ class SignalTx(TxBase):
                                        signals.c.status.in_((SignalStatus.KEPT.value, SignalStatus.CONSUMED.value)))
             .limit(1)
         ).first()
-        late = wait.state == StepState.PENDING and wait.not_before is not None and self.now() > wait.not_before
+        late = wait.state == StepState.PENDING and wait.not_before is not None and self.tx.now() > wait.not_before
         open_ = wait.state in (StepState.NOT_STARTED, StepState.PENDING) and not late
         status = SignalStatus.KEPT if open_ and taken is None else SignalStatus.IGNORED
         why = None if status == SignalStatus.KEPT else ("after the wait's timeout" if late else
@@ -35,8 +35,8 @@ class SignalTx(TxBase):
             insert(signals).values(run_id=wait.run_id, event=wait.event, payload=payload, status=status.value,
                                    sent_by=sent_by, received_at=db_now()).returning(signals.c.id)
         ).scalar_one()
-        self.event(wait.run_id, wait.position, EventKind.SIGNAL, None, None, actor=sent_by,
-                   detail={"event": wait.event, "status": status.value, "signal": signal_id,
+        self.tx.event(wait.run_id, wait.position, EventKind.SIGNAL, None, None, actor=sent_by,
+                      detail={"event": wait.event, "status": status.value, "signal": signal_id,
                            **({"why": why} if why else {})})
         return int(signal_id), status.value
 

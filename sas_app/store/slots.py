@@ -2,7 +2,7 @@
 names a key starts only while fewer than ``max_running`` runs of its workflow with that key are
 live (processing or being undone) and none submitted before it still waits. Otherwise it stays
 ``pending`` — parked, re-asked by the Supervisor every pick-up timeout — and the run ending before
-it (in any way: :meth:`TxBase.update_run`) asks the Scheduler about the next in line in its own
+it (in any way: :meth:`RunTx.update_run`) asks the Scheduler about the next in line in its own
 transaction's follow-ups.
 
 Claims of one key are serialised — on PostgreSQL by a transaction-scoped advisory lock on the
@@ -21,13 +21,14 @@ from sas_app.messaging.routing import Advance
 from sas_app.states import EventKind, RunState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow
+from sas_app.store.runs import CLAIM_SLOT_RUN
 from sas_app.store.tables import runs
-from sas_app.store.transitions import CLAIM_SLOT_RUN, TxBase, run_in
+from sas_app.store.transitions import Part, run_in
 
 _LIVE = (RunState.PROCESSING.value, RunState.COMPENSATING.value)
 
 
-class SlotTx(TxBase):
+class SlotTx(Part):
     def claim_slot(self, run: RunRow, pickup_timeout: float, locked_by: str) -> RunRow | None:
         """``run`` (pending, locked by the caller) → processing if its key has a free slot and no
         run before it waits; else it stays pending, asked about again after ``pickup_timeout``.
@@ -43,11 +44,11 @@ class SlotTx(TxBase):
         if holders >= run.max_running or before:
             self._park(run, int(holders), int(before), pickup_timeout)
             return None
-        claimed = self.claimed(self.conn.execute(CLAIM_SLOT_RUN, {"b_run_id": run.id, "b_locked_by": locked_by})
-                               .first(), locked_by)
+        claimed = self.tx.runs.claimed(self.conn.execute(CLAIM_SLOT_RUN, {"b_run_id": run.id, "b_locked_by": locked_by})
+                                       .first(), locked_by)
         if claimed is not None and holders + 1 < run.max_running:  # room for the next in line too
-            self.follow_ups += [Advance(i, Publish.SLOT_FREED)
-                                for i in self.next_in_line(run.workflow, run.slot, run.id)]
+            self.tx.follow_ups += [Advance(i, Publish.SLOT_FREED)
+                                   for i in self.tx.runs.next_in_line(run.workflow, run.slot, run.id)]
         return claimed
 
     def slot_holders(self, run: RunRow) -> list[str]:
@@ -59,7 +60,7 @@ class SlotTx(TxBase):
             runs.c.id != run.id)).scalars())
 
     def _lock_key(self, run: RunRow) -> None:
-        if self.is_postgresql:
+        if self.tx.is_postgresql:
             key = func.hashtextextended(f"{run.workflow}\x1f{run.slot}", 0)
             self.conn.execute(select(func.pg_advisory_xact_lock(key)))
 
@@ -69,5 +70,5 @@ class SlotTx(TxBase):
                           .values(complete_by=now + pickup_timeout, slot_since=func.coalesce(runs.c.slot_since, now),
                                   updated_at=now))
         if run.slot_since is None:  # once, not on every re-ask
-            self.event(run.id, None, EventKind.REQUEUE, RunState.PENDING, RunState.PENDING,
-                       detail={"waiting_for_slot": run.slot, "running": holders, "before": before})
+            self.tx.event(run.id, None, EventKind.REQUEUE, RunState.PENDING, RunState.PENDING,
+                          detail={"waiting_for_slot": run.slot, "running": holders, "before": before})

@@ -17,7 +17,7 @@ from sas_app.store.prepared import PREPARE, PREPARED, rows
 from sas_app.store.recordset import insert_from_json, rows_parameter
 from sas_app.store.rows import NewStep, RunRow, as_row
 from sas_app.store.tables import runs, steps
-from sas_app.store.transitions import TxBase
+from sas_app.store.transitions import Part
 
 
 def _insert_run(insert_fn: Any) -> Any:
@@ -78,7 +78,7 @@ class NewRun:
     schedule: str | None = None
 
 
-class SubmissionTx(TxBase):
+class SubmissionTx(Part):
     def insert_run(self, new: NewRun, pickup_timeout: float) -> tuple[RunRow, bool]:
         """Write ``new`` pending, to be picked up within ``pickup_timeout``. Returns ``(run,
         created)``; when its workflow already has a run for this business key nothing is written
@@ -113,7 +113,7 @@ class SubmissionTx(TxBase):
         if not news:
             return
         step_rows = [_step_values(new.run_id, position, s) for new in news for position, s in enumerate(new.steps)]
-        if self.is_postgresql:
+        if self.tx.is_postgresql:
             rows(self.conn, _INSERT_STEPS_JSON, rows_parameter(step_rows))
         else:
             self.conn.execute(_INSERT_STEPS, step_rows)
@@ -121,10 +121,10 @@ class SubmissionTx(TxBase):
             detail: dict[str, Any] = {"business_key": new.business_key}
             if new.parent_run_id is not None:
                 detail["parent"] = new.parent_run_id
-            self.transition(new.run_id, None, None, RunState.PENDING, detail=detail)
+            self.tx.transition(new.run_id, None, None, RunState.PENDING, detail=detail)
             if new.reply_to is not None:
-                self.notify(new.run_id, new.reply_to, new.business_key, new.workflow, "received",
-                            state=RunState.PENDING)
+                self.tx.notify(new.run_id, new.reply_to, new.business_key, new.workflow, "received",
+                               state=RunState.PENDING)
 
 
 def _run_values(new: NewRun, pickup_timeout: float) -> dict[str, Any]:

@@ -16,12 +16,12 @@ from sas_app.states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, StepRow, as_row
 from sas_app.store.tables import DUE_RUN_STATES, alerts, runs, steps
-from sas_app.store.transitions import TxBase, run_in
+from sas_app.store.transitions import Part, run_in
 
 _LIVE = run_in(*LIVE_RUN_STATES)  # through the run's primary key: see run_in
 
 
-class SweepTx(TxBase):
+class SweepTx(Part):
     def expired_steps(self, limit: int) -> list[StepRow]:
         """Running steps of live runs whose complete-by has passed, oldest first, locked with
         ``SKIP LOCKED`` so that concurrent Supervisors take disjoint sets."""
@@ -51,7 +51,7 @@ class SweepTx(TxBase):
     def requeue_stalled(self, pickup_timeout: float, limit: int, actor: str) -> list[str]:
         """Runs and pending steps that no Scheduler picked up by their complete-by (a lost
         message): a pending run not claimed, a live run asked about and not looked at
-        (:meth:`TxBase.ask`), a step whose back-off or wait is over. Their complete-by is pushed
+        (:meth:`RunTx.ask`), a step whose back-off or wait is over. Their complete-by is pushed
         forward and their run ids returned, to be asked about again. Two statements whatever the
         number (each an UPDATE of the rows a ``SKIP LOCKED`` select took), and their events in the
         transaction's one insert."""
@@ -84,10 +84,10 @@ class SweepTx(TxBase):
             .returning(steps.c.run_id, steps.c.position, steps.c.attempt)
         ).all()
         for run_id, state in moved_runs:
-            self.event(run_id, None, EventKind.REQUEUE, state, state, actor=actor)
+            self.tx.event(run_id, None, EventKind.REQUEUE, state, state, actor=actor)
         for run_id, position, attempt in moved_steps:
-            self.event(run_id, position, EventKind.REQUEUE, StepState.PENDING, StepState.PENDING,
-                       attempt=attempt, actor=actor)
+            self.tx.event(run_id, position, EventKind.REQUEUE, StepState.PENDING, StepState.PENDING,
+                          attempt=attempt, actor=actor)
         return list(dict.fromkeys([*(run_id for run_id, _ in moved_runs),
                                    *(run_id for run_id, _, _ in moved_steps)]))
 

@@ -1,5 +1,6 @@
-"""The state store's tables, named as the pattern names them: ``runs``, ``steps``, ``events``,
-``outbox``, ``alerts`` and ``supervisors``.
+"""The tables of runs, named as the pattern names them: ``runs``, ``steps``, ``events``, and what
+belongs to a run beside them (``signals``, ``outbox``, ``alerts``); the service's own tables are in
+:mod:`sas_app.store.service_tables`, the whole schema in :mod:`sas_app.store.schema`.
 
 Times are seconds since the epoch (``DOUBLE PRECISION``), always taken from the database's clock
 (:class:`sas_app.store.connection.db_now`), so hosts whose clocks disagree still agree on whether a
@@ -37,7 +38,7 @@ _json = JSON().with_variant(JSONB(), "postgresql")
 _event_id = BigInteger().with_variant(Integer(), "sqlite")
 
 #: the run states in which a run's complete-by is due: pending (to be picked up), processing or
-#: compensating (asked about, to be looked at: see TxBase.ask)
+#: compensating (asked about, to be looked at: see RunTx.ask)
 DUE_RUN_STATES = ("pending", "processing", "compensating")
 #: the predicates of the Supervisor's partial indexes (migrations 0015, 0017)
 RUNS_DUE = "complete_by IS NOT NULL AND process_state IN ('pending', 'processing', 'compensating')"
@@ -54,7 +55,7 @@ runs = Table(
     Column("process_state", String(20), nullable=False, server_default="pending"),
     Column("locked_by", String(200)),
     # While pending: the time by which a Scheduler must have picked the run up; while processing or
-    # compensating, if set: by which it must have looked at the run it was asked about (TxBase.ask).
+    # compensating, if set: by which it must have looked at the run it was asked about (RunTx.ask).
     Column("complete_by", Double),
     Column("failure_count", Integer, nullable=False, server_default="0"),
     Column("reply_to", String(200)),
@@ -271,48 +272,4 @@ Index("ix_alerts_at", alerts.c.at)
 Index("ix_alerts_run", alerts.c.run_id)
 
 
-# One row per schedule (``SasApp.schedule``): the last tick it started a run for (or skipped), so a
-# tick is handled once whichever beat sends it, and ticks missed while beat was down are found.
-schedules = Table(
-    "schedules",
-    metadata,
-    Column("name", String(100), primary_key=True),
-    Column("last_tick", Double, nullable=False),
-    Column("updated_at", Double, nullable=False),
-)
-
-
-# One row per Supervisor process: how many sweeps it made and when it last swept, for the
-# dashboard ("is a Supervisor alive?") and the sweeps metric. One UPSERT per sweep.
-supervisors = Table(
-    "supervisors",
-    metadata,
-    Column("instance", String(200), primary_key=True),
-    Column("sweeps", BigInteger, nullable=False),
-    Column("recovered", BigInteger, nullable=False),
-    Column("last_sweep_at", Double, nullable=False),
-)
-
-# When each kind of periodic look was last taken (the database's clock): one row, the at-risk
-# watch's. Each Supervisor worker looks, and a look held up arrives beside the next; the one that
-# finds the last less than half an interval ago is skipped (see sas_app.supervision.forecast.watch).
-# One UPSERT per look.
-looks = Table(
-    "looks",
-    metadata,
-    Column("name", String(100), primary_key=True),
-    Column("at", Double, nullable=False),
-)
-
-#: Agents' circuit breakers, when no Redis holds them (see sas_app.agents.breaker): a few keys per agent;
-#: ``expires_at`` (the database's clock) for the probe lock only.
-breakers = Table(
-    "breakers",
-    metadata,
-    Column("key", String(200), primary_key=True),
-    Column("value", String(100), nullable=False),
-    Column("expires_at", Double),
-)
-
-__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "breakers", "events", "looks", "metadata", "outbox", "runs",
-           "schedules", "signals", "steps", "supervisors"]
+__all__ = ["RUN_STATES", "STEP_STATES", "alerts", "events", "metadata", "outbox", "runs", "signals", "steps"]

@@ -41,7 +41,7 @@ def queued_steps(tx: Tx, agent: str, depth: int, read_at: float | None = None) -
     (at most :data:`QUEUE_LOOKS_AT`), and how many messages wait behind them not looked at: work
     still to do; past the running steps they are those of attempts already given up, dropped
     unworked."""
-    queued = tx.queued_steps(agent, depth, QUEUE_LOOKS_AT, read_at) if depth else []
+    queued = tx.sweep.queued_steps(agent, depth, QUEUE_LOOKS_AT, read_at) if depth else []
     return queued, depth - len(queued) if len(queued) == QUEUE_LOOKS_AT else 0
 
 
@@ -72,7 +72,7 @@ class QueueDepths:
         """How many messages wait in the queue of each agent with a step running, and when they
         were read, outside any transaction."""
         with self.store.begin() as tx:
-            agents = tx.busy_agents()
+            agents = tx.sweep.busy_agents()
             at = tx.now() if agents else None
         return Depths({agent: self.read(agent_queue(agent)) for agent in agents}, at)
 

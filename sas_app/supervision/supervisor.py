@@ -144,7 +144,7 @@ class Supervisor:
         failed: list[str] = []
         raised: list[Alert | None] = []
         with self.store.begin() as tx:
-            expired = tx.expired_steps(s.sweep_batch)
+            expired = tx.sweep.expired_steps(s.sweep_batch)
             paced = self.forecast.paced(tx, expired, depths)
             for step, outcome in recover_steps(tx, self.alerts, s, expired, Cause.EXPIRED, actor=self.instance_id,
                                                paced=paced):
@@ -157,14 +157,14 @@ class Supervisor:
                     retried.append((step.run_id, step.position, outcome.backoff))
                 elif outcome.failed:
                     failed.append(step.run_id)
-            for run in tx.past_deadline(s.sweep_batch):
+            for run in tx.sweep.past_deadline(s.sweep_batch):
                 raised.append(past_deadline(tx, self.alerts, s, run, actor=self.instance_id))
                 failed.append(run.id)
             requeued = []
             if not report.scheduler_behind:  # see sweep()
-                requeued = tx.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
+                requeued = tx.sweep.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
                 # parents whose child ended and who were not told (the message was lost)
-                requeued += tx.children_ended(s.pickup_timeout, s.sweep_batch)
+                requeued += tx.children.children_ended(s.pickup_timeout, s.sweep_batch)
         fault_points.hit("supervisor.after_commit")
         # A message the broker refuses is asked again by the next sweep: the state is committed.
         self.router.relay(tx.outbox)

@@ -15,7 +15,8 @@ from sqlalchemy import select
 
 from bench.proxy import Proxy
 from sas_app import SasApp, Settings, Step, Workflow
-from sas_app.store.tables import alerts, looks
+from sas_app.store.service_tables import looks
+from sas_app.store.tables import alerts
 from tests.integration.conftest import shop_app
 from tests.support import FakeClock, Pump, look, pass_time, wait_for
 from tests.testapp import install_test_workflows
@@ -166,7 +167,7 @@ def test_the_steps_waiting_when_the_broker_stops_answering_are_told_in_their_las
     proxy.cut(60)
     assert look(sas) == []  # blind, and none of them due before the next look
     with sas.store.begin() as tx:  # one of them was taken just before the broker went away, and completed
-        tx.complete_and_advance(runs[2], 0, 1, {}, "test")
+        tx.hot_path.complete_and_advance(runs[2], 0, 1, {}, "test")
     due = min(sas.store.get_steps(run_id)[0].complete_by for run_id in runs[:2])
     every = sas.settings.at_risk_interval
     pass_time(sas, due - 3.5 * every, "the steps' last looks but two")

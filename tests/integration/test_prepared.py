@@ -20,7 +20,8 @@ from sas_app.store import Store
 from sas_app.store.hot_path import START_NEW_RUN
 from sas_app.store.prepared import PREPARE, rows
 from sas_app.store.recordset import rows_parameter
-from sas_app.store.transitions import INSERT_EVENTS_JSON, MARK_NEXT_RUNNING
+from sas_app.store.steps import MARK_NEXT_RUNNING
+from sas_app.store.transitions import INSERT_EVENTS_JSON
 from tests.support import Pump
 from tests.testapp import install_test_workflows
 
@@ -66,7 +67,7 @@ def test_a_pooler_that_loses_prepared_statements_costs_one_transaction(db_url, c
     statements = sent(store)
     try:
         with store.begin() as tx:
-            assert tx.lock_run("no-such-run") is None  # prepared on the pool's one connection
+            assert tx.runs.lock_run("no-such-run") is None  # prepared on the pool's one connection
         with store.engine.connect() as conn:  # what a pooler in transaction mode does to a session
             conn.exec_driver_sql("DEALLOCATE ALL")
             conn.commit()
@@ -74,12 +75,12 @@ def test_a_pooler_that_loses_prepared_statements_costs_one_transaction(db_url, c
         with caplog.at_level(logging.ERROR, logger="sas_app.store.prepared"), \
                 pytest.raises(DBAPIError, match="does not exist"):
             with store.begin() as tx:
-                tx.lock_run("no-such-run")
+                tx.runs.lock_run("no-such-run")
 
         assert "Set SAS_PREPARED_STATEMENTS=false" in caplog.text
         statements.clear()
         with store.begin() as tx:  # a fresh connection, and nothing prepared from now on
-            assert tx.lock_run("no-such-run") is None
+            assert tx.runs.lock_run("no-such-run") is None
         assert statements and not any(s.startswith(("EXECUTE", "PREPARE")) for s in statements)
     finally:
         store.dispose()
@@ -93,7 +94,7 @@ def test_the_hot_path_on_the_cursor_hands_a_pooler_that_lost_its_statements_to_t
     statements = sent(store)
     try:
         with store.begin() as tx:
-            assert tx.start_new_run("no-such-run", "test") == (None, None)
+            assert tx.hot_path.start_new_run("no-such-run", "test") == (None, None)
         assert any(s.startswith("EXECUTE sas_") for s in statements)  # the cursor's, seen by the events too
         with store.engine.connect() as conn:
             conn.exec_driver_sql("DEALLOCATE ALL")
@@ -102,12 +103,12 @@ def test_the_hot_path_on_the_cursor_hands_a_pooler_that_lost_its_statements_to_t
         with caplog.at_level(logging.ERROR, logger="sas_app.store.prepared"), \
                 pytest.raises(DBAPIError, match="does not exist"):
             with store.begin() as tx:
-                tx.start_new_run("no-such-run", "test")
+                tx.hot_path.start_new_run("no-such-run", "test")
 
         assert "Set SAS_PREPARED_STATEMENTS=false" in caplog.text
         statements.clear()
         with store.begin() as tx:
-            assert tx.start_new_run("no-such-run", "test") == (None, None)
+            assert tx.hot_path.start_new_run("no-such-run", "test") == (None, None)
         assert statements and not any(s.startswith(("EXECUTE", "PREPARE")) for s in statements)
     finally:
         store.dispose()

@@ -192,11 +192,11 @@ def test_the_steps_counted_as_waiting_are_the_last_dispatched_head_first(sas, pu
     dispatched = [s.run_id for s in sorted((sas.store.get_steps(r)[0] for r in runs),
                                            key=lambda s: (s.complete_by - s.timeout, s.id))]
     with sas.store.begin() as tx:
-        assert tx.busy_agents() == ["svc"]
+        assert tx.sweep.busy_agents() == ["svc"]
         # two of five messages taken by workers: the last three wait, the oldest of them at the head
-        assert [s.run_id for s in tx.queued_steps("svc", 3, 100)] == dispatched[2:]
-        assert [s.run_id for s in tx.queued_steps("svc", 3, 2)] == dispatched[2:4]
-        assert [s.run_id for s in tx.queued_steps("svc", 9, 100)] == dispatched
+        assert [s.run_id for s in tx.sweep.queued_steps("svc", 3, 100)] == dispatched[2:]
+        assert [s.run_id for s in tx.sweep.queued_steps("svc", 3, 2)] == dispatched[2:4]
+        assert [s.run_id for s in tx.sweep.queued_steps("svc", 9, 100)] == dispatched
 
 
 def test_steps_dispatched_while_a_look_read_the_depths_do_not_push_the_queues_head_out(sas, pump):

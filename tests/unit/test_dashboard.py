@@ -347,7 +347,7 @@ def test_every_metric_label_holds_one_of_its_known_values(sas, pump, filled, cli
 def test_a_supervisor_not_heard_from_is_marked_gone_then_dropped(sas, pump, client):
     from sqlalchemy import insert, select
 
-    from sas_app.store.tables import supervisors
+    from sas_app.store.service_tables import supervisors
 
     sas.supervisor.sweep()  # this process: sweeping
     now = sas.store.now()

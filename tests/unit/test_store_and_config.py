@@ -8,7 +8,7 @@ from alembic.migration import MigrationContext
 
 from sas_app import SasApp, Settings, fault_points, migrate
 from sas_app.store import Store
-from sas_app.store.tables import metadata
+from sas_app.store.schema import metadata
 
 
 def test_migrations_build_exactly_the_models_schema_and_can_run_again(db_url):

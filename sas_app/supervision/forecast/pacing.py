@@ -45,11 +45,11 @@ def paced_retries(tx: Tx, expired: list[StepRow], depths: dict[str, int], window
         queued, behind = queued_steps(tx, agent, depth)
         if not queued:
             continue
-        per_second = pace(*tx.recent_completions(agent, window))
+        per_second = pace(*tx.sweep.recent_completions(agent, window))
         if per_second <= 0:  # no pace to go by: the back-off alone
             continue
         clear = clear_at(queued, now, per_second, behind) or now
-        last_due = tx.paced_retries_due_last(agent)
+        last_due = tx.sweep.paced_retries_due_last(agent)
         waiting = {step.id for step in queued}
         # its message waits; a message sent now would wait too long; or retries wait their turn
         group = [step for step in candidates

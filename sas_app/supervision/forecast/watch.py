@@ -125,7 +125,7 @@ class Watch:
                 if not queued:
                     said.append(f"{agent} {depth} waiting, no step running")
                     continue
-                completed, asked_at = tx.recent_completions(agent, s.at_risk_window)
+                completed, asked_at = tx.sweep.recent_completions(agent, s.at_risk_window)
                 per_second = draining(completed, asked_at, head=queued[0], seen_since=seen_since,
                                       taken=taken.get(queue, ()))
                 if per_second is None:  # a backlog too young to judge
@@ -136,18 +136,18 @@ class Watch:
                 said.append(f"{agent} {depth} waiting, {per_second:.1f}/s, {len(risks_of[agent])} at risk")
             for agent in unread:  # its steps still running wait as they did: nothing is taken meanwhile
                 if waiting.get(agent):
-                    still = tx.still_running([(step.id, step.attempt) for step in waiting[agent]])
+                    still = tx.sweep.still_running([(step.id, step.attempt) for step in waiting[agent]])
                     waiting[agent] = [step for step in waiting[agent] if (step.id, step.attempt) in still]
                     risks_of[agent] = stranded(waiting[agent], now, every=s.at_risk_interval)
                 said.append(f"{agent} unread, {len(risks_of.get(agent, ()))} at risk")
             self._waiting = waiting
             for agent, risks in risks_of.items():
                 queue = agent_queue(agent)
-                names = tx.run_names({risk.step.run_id for risk in risks}) if risks else {}
+                names = tx.sweep.run_names({risk.step.run_id for risk in risks}) if risks else {}
                 warnings = [Alert(step.run_id, *names[step.run_id], step.name, step.position, step.attempt,
                                   f"{risk.reason} on {queue}", AT_RISK)
                             for risk in risks if (step := risk.step).run_id in names]
-                told = tx.alerts_raised([w.dedup_key for w in warnings]) if warnings else set()
+                told = tx.sweep.alerts_raised([w.dedup_key for w in warnings]) if warnings else set()
                 for warning in warnings:  # each step once: those told in an earlier look are not written again
                     alert = None if warning.dedup_key in told else self.alerts.record(tx, warning, instance_id())
                     if alert is not None:
