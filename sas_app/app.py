@@ -216,7 +216,7 @@ class SasApp:
         return self.schedules.add(name, cron=cron, payload=payload, workflow=workflow, overlap=overlap,
                                   catch_up=catch_up)
 
-    # -- using (sas_app.interfaces.client) ---------------------------------------------------------------
+    # -- using (sas_app.interfaces.client) ---------------------------------------------------
 
     def submit(self, workflow: Workflow | str, payload: Any, *, business_key: str, reply_to: str | None = None,
                priority: int = 5) -> RunHandle:
@@ -263,7 +263,7 @@ class SasApp:
     def handle(self, run_id: str) -> RunHandle:
         return self.client.handle(run_id)
 
-    # -- operating (sas_app.interfaces.operations) -----------------------------------------------------------
+    # -- operating (sas_app.interfaces.operations) ------------------------------------------
     # Each is refused with InvalidOperation when the run's state does not allow it, and recorded
     # in the run's events with ``by`` and ``reason``.
 

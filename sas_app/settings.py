@@ -75,7 +75,8 @@ class Settings:
     #: SAS_RETENTION_STATES — which finished runs retention deletes. Default processed, compensated, cancelled.
     retention_states: str = "processed,compensated,cancelled"
     #: SAS_ALERT_HOOK — ``module:function`` called with each alert after it is stored (one for an
-    #: incident of many steps, with their ``count`` and ``runs``: see sas_app.engine.alerts). Default none.
+    #: incident of many steps, with their ``count`` and ``runs``: see sas_app.engine.alerts). Default
+    #: none.
     alert_hook: str = ""
     #: SAS_ALERT_WEBHOOK — URL that receives each alert (as the hook does) as a JSON POST (retried).
     #: Default none.
@@ -120,7 +121,8 @@ class Settings:
     #: behind a connection pooler in transaction mode (PgBouncer), which does not keep a session's
     #: prepared statements from one transaction to the next. Default on.
     prepared_statements: bool = True
-    #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.fault_points). Default none.
+    #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.fault_points).
+    #: Default none.
     faults: str = ""
     #: SAS_TRACING — OpenTelemetry traces: ``otlp`` (to OTEL_EXPORTER_OTLP_ENDPOINT) or ``console``.
     #: Default off.

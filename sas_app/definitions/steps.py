@@ -5,11 +5,11 @@
 - :class:`ChildRun` starts another workflow as a child run and waits for it;
 - :class:`Sleep` waits in the store for a time; :class:`WaitFor` waits for a signal.
 
-Steps refer to each other by object — ``after=[reserve, fraud]``,
-``for_each=reserve.output("items")``, ``call.result_of(reserve)`` — or, where a name reads as well,
-by name (``after=["reserve_stock"]``, ``for_each="items"`` for a payload key). Durations are seconds
-or a ``timedelta``. Each kind becomes a :class:`StepSpec`, the one shape the engine reads (every
-field, most unused by any one kind); a :class:`~sas_app.definitions.workflow.Workflow` holds its steps so.
+Steps refer to each other by object — ``after=[reserve, fraud]``, ``for_each=reserve.output("items")``,
+``call.result_of(reserve)`` — or, where a name reads as well, by name (``after=["reserve_stock"]``,
+``for_each="items"`` for a payload key). Durations are seconds or a ``timedelta``. Each kind becomes a
+:class:`StepSpec`, the one shape the engine reads (every field, most unused by any one kind); a
+:class:`~sas_app.definitions.workflow.Workflow` holds its steps so.
 """
 
 from __future__ import annotations

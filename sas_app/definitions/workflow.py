@@ -57,8 +57,9 @@ class Workflow:
     """
 
     name: str
-    #: its steps (:class:`~sas_app.definitions.steps.Step`, :class:`~sas_app.definitions.steps.ChildRun`, ...), held as
-    #: the engine reads them (:class:`~sas_app.definitions.steps.StepSpec`)
+    #: its steps (:class:`~sas_app.definitions.steps.Step`,
+    #: :class:`~sas_app.definitions.steps.ChildRun`, ...), held as the engine reads them
+    #: (:class:`~sas_app.definitions.steps.StepSpec`)
     steps: Sequence[StepDef | StepSpec]
     on_submit: OnSubmit | None = None
     description: str = ""

@@ -1,5 +1,5 @@
-"""Signals: what ends a run's wait for an event (:func:`sas_app.definitions.workflow.WaitFor`) — an approval,
-a payment provider's webhook, a warehouse's confirmation.
+"""Signals: what ends a run's wait for an event (:func:`sas_app.definitions.steps.WaitFor`) — an
+approval, a payment provider's webhook, a warehouse's confirmation.
 
 :meth:`Signals.send` (``sas.signal(...)`` in Python, ``sas signal`` on the command line, the
 dashboard's Approve and Reject buttons) and the Celery task ``sas.signal`` (for producers that

@@ -1,9 +1,9 @@
 """kombu's Redis transport, with one client per channel instead of one per command.
 
 kombu's Redis channel builds a new ``redis.Redis`` around its connection pool for every publish and
-every acknowledgement. With redis-py 5 and later that object copies some 170 response callbacks
-each time it is built, about 0.1 ms: two of them for every message a worker takes and one for every
-message sent, a tenth of sas_app's CPU per step. A client holds nothing but its pool and those
+every acknowledgement. With redis-py 5 and later that object copies all its response callbacks
+each time it is built: twice for every message a worker takes and once for every message sent, a
+share of sas_app's CPU per step worth saving. A client holds nothing but its pool and those
 callbacks (every command takes a connection from the pool and gives it back), so a channel can keep
 one, built again only when its pool is. It also mends one way kombu's channel fails when closed
 after its connection (:meth:`Channel._get_pool`).

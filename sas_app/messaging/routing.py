@@ -48,7 +48,8 @@ WATCH = "sas.supervisor.watch"
 TICK = "sas.schedules.tick"
 #: sent by beat when SAS_RETENTION is set: delete finished runs past it (on the Supervisor's queue)
 PURGE = "sas.retention.purge"
-#: sent by producers that have only the broker: submit a run (on the Scheduler's queue): see sas_app.interfaces.client
+#: sent by producers that have only the broker: submit a run (on the Scheduler's queue): see
+#: sas_app.interfaces.client
 SUBMIT = "sas.submit"
 #: sent by producers to end a run's wait (on the Scheduler's queue): see sas_app.interfaces.signals
 SIGNAL = "sas.signal"

@@ -179,7 +179,7 @@ class Observer:
     def waiting_by_kind(self) -> list[tuple[str, int]]:
         """How many runs wait in the store now, by kind ("sleep", "event", "slot"): the steps
         waiting, counted on their own partial index without reading the runs (a run waiting in two
-        branches at once counts twice; bench/sweep.py times it over 100k)."""
+        branches at once counts twice; ``bench/sweep.py`` times it)."""
         query = select(_KIND, func.count()).where(*_WAITING).group_by(_KIND)
         parked = select(func.count()).where(runs.c.slot.is_not(None), runs.c.slot_since.is_not(None),
                                             runs.c.process_state == RunState.PENDING.value)

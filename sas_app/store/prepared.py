@@ -2,8 +2,7 @@
 
 PostgreSQL plans a statement every time it runs one, unless it was prepared. The hot path's
 statement (complete a step, start the next: :mod:`~sas_app.store.hot_path`) costs more to plan
-than to run — 0.8 ms of planning for 0.75 ms of execution, a third of the database's CPU per step.
-A statement run with the execution option ``sas_prepare=True`` is therefore, on a psycopg2
+than to run. A statement run with the execution option ``sas_prepare=True`` is therefore, on a psycopg2
 connection, prepared (``PREPARE``) the first time that connection runs it, and run with ``EXECUTE``
 from then on, so PostgreSQL reuses its plan. A prepared statement outlives a rolled-back
 transaction and dies with its connection, so each connection prepares its own, once.
@@ -11,8 +10,8 @@ transaction and dies with its connection, so each connection prepares its own, o
 The hot statements (:func:`rows`) go one step further: they run their ``EXECUTE`` on the DBAPI
 cursor of the transaction's connection, not through SQLAlchemy's execution. SQLAlchemy's own
 execution of a statement built once (its compiled-cache lookup, execution context, result object
-and row) cost 0.15-0.2 ms of the client's CPU a statement, as much as psycopg2 and the network:
-five of them a run on the hot path. The statement's text, parameters and result types are worked
+and row) costs the client as much CPU as psycopg2 and the network together, on every statement of
+the hot path. The statement's text, parameters and result types are worked
 out once per statement and engine (by SQLAlchemy, from the same construct), SQLAlchemy's cursor
 events still fire (``before_cursor_execute``, ``after_cursor_execute``, with no execution context),
 and a DBAPI error (or an interrupt) is handed to SQLAlchemy's own error handling (wrapped, the

@@ -1,6 +1,6 @@
 """The Scheduler's side of a batch the Supervisor recovered: the steps it put back to pending,
 dispatched again together — one statement for the batch instead of a transaction per run, so that
-a fleet's worth of expired steps (bench/recovery.py: 10,000) is running again within seconds.
+a fleet's worth of expired steps is running again within seconds (``bench/recovery.py``).
 
 Only the plain case is taken here: a straight-line run, processing and not paused, whose step
 is an agent call that ran before (a retry, or a deferral) and whose back-off is over. Anything

@@ -41,8 +41,8 @@ looks = Table(
     Column("at", Double, nullable=False),
 )
 
-#: Agents' circuit breakers, when no Redis holds them (see sas_app.agents.breaker): a few keys per agent;
-#: ``expires_at`` (the database's clock) for the probe lock only.
+#: Agents' circuit breakers, when no Redis holds them (see sas_app.agents.breaker): a few keys per
+#: agent; ``expires_at`` (the database's clock) for the probe lock only.
 breakers = Table(
     "breakers",
     metadata,

@@ -2,9 +2,9 @@
 likely are (the store's running steps, last dispatched first) — what the Supervisor's pacing of
 retries and its at-risk watch go by.
 
-The depths are read several times a second (:mod:`sas_app.supervision.forecast.watch`), so each thread of a process
-keeps one broker connection for them, tried once and with a timeout on each read: with the broker
-down a read is blind at once, not after seconds of retries, nor held by a connection half open.
+The depths are read several times a second (:mod:`sas_app.supervision.forecast.watch`), so each thread
+of a process keeps one broker connection for them, tried once and with a timeout on each read: with the
+broker down a read is blind at once, not after seconds of retries, nor held by a connection half open.
 """
 
 from __future__ import annotations

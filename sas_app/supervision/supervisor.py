@@ -5,9 +5,9 @@ looked at every SAS_AT_RISK_INTERVAL by each worker that consumes ``sas.supervis
 It only decides and asks; the Scheduler and the agents do the work. Each sweep, in one transaction:
 
 * every step still ``running`` past its complete-by counts one failure; under the step's threshold
-  it goes back to ``pending`` with a back-off and a new complete-by, and the Scheduler is asked to
-  retry it — or, when its agent's queue is backed up, the retry waits its turn in the store and a
-  later sweep asks (:mod:`sas_app.supervision.forecast.pacing`); at the threshold the step fails with one alert and
+  it goes back to ``pending`` with a back-off and a new complete-by, and the Scheduler is asked to retry
+  it — or, when its agent's queue is backed up, the retry waits its turn in the store and a later sweep
+  asks (:mod:`sas_app.supervision.forecast.pacing`); at the threshold the step fails with one alert and
   the run is undone — or goes to ``error`` when there is nothing to undo — while an undo goes on
   (:mod:`sas_app.engine.recovery` decides);
 * every run past its workflow's deadline raises one alert and is undone (or goes to ``error``

@@ -2,10 +2,10 @@
 resume, cancel and compensate; from the runs list, resubmit or cancel every run a filter selects,
 after a confirmation page that says how many it will touch.
 
-Each action is the operator's own (:mod:`sas_app.interfaces.operations`): the same rules, one transaction per
-run, recorded as an ``operator`` event by the user the dashboard authenticated, and refused with
-the same message as the CLI (a 409 page naming it; nothing changed). The dashboard asks for basic
-auth before any of it and checks a CSRF token on every form (see :mod:`sas_app.web.dashboard`).
+Each action is the operator's own (:mod:`sas_app.interfaces.operations`): the same rules, one
+transaction per run, recorded as an ``operator`` event by the user the dashboard authenticated, and
+refused with the same message as the CLI (a 409 page naming it; nothing changed). The dashboard asks for
+basic auth before any of it and checks a CSRF token on every form (see :mod:`sas_app.web.dashboard`).
 """
 
 from __future__ import annotations

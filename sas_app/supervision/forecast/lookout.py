@@ -1,19 +1,18 @@
-"""The Supervisor's lookout: the at-risk looks (:mod:`sas_app.supervision.forecast.watch`) taken by a thread of each
-worker that consumes the Supervisor's queue, every SAS_AT_RISK_INTERVAL — not sent to it by beat
-through the broker.
+"""The Supervisor's lookout: the at-risk looks (:mod:`sas_app.supervision.forecast.watch`) taken by
+a thread of each worker that consumes the Supervisor's queue, every SAS_AT_RISK_INTERVAL — not sent
+to it by beat through the broker.
 
-Sent through the broker, no look came while the broker was down: the steps waiting in its queues
-then, the likeliest of all to miss their complete-by, were never told (a 1,500-order chaos run's
-backlog, its steps due in the first two seconds of a seven-second outage: 79 of them untold). Taken
-here, a look goes on and finds the broker not answering (:meth:`Watch.look`). And the broker
-carries no look: two beats sent each one, several a second. Supervisor workers looking at once
-take each look once between them (:meth:`Store.take_look`).
+Sent through the broker, no look would come while the broker is down, and the steps waiting in its
+queues then are the likeliest of all to miss their complete-by. Taken here, a look goes on and
+finds the broker not answering (:meth:`Watch.look`). And the broker carries no look: two beats
+would send each one, several a second. Supervisor workers looking at once take each look once
+between them (:meth:`Store.take_look`).
 
 The thread runs in the worker's main process, and looks at a fixed rate (a look that took long is
-followed by the next at once, not an interval later): in an outage each look tells the steps due
-before the look after next (:func:`sas_app.supervision.forecast.queue_model.stranded`), and a step due in a gap between
-such windows would be told by none. Its pool processes, forked from it, open database connections of their own
-(:meth:`SasApp._after_fork`).
+followed by the next at once, not an interval later): in an outage each look tells the steps due before
+the look after next (:func:`sas_app.supervision.forecast.queue_model.stranded`), and a step due in a gap
+between such windows would be told by none. Its pool processes, forked from it, open database
+connections of their own (:meth:`SasApp._after_fork`).
 """
 
 from __future__ import annotations

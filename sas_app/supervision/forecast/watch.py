@@ -1,15 +1,16 @@
 """The Supervisor's at-risk watch (every SAS_AT_RISK_INTERVAL, taken by its workers' lookout:
-:mod:`sas_app.supervision.forecast.lookout`): an alert, once per step, for each running step whose message will likely
-be taken from its agent's queue past its complete-by (:mod:`sas_app.supervision.forecast.queue_model` says how that is
-judged), told as one alert per queue and incident.
+:mod:`sas_app.supervision.forecast.lookout`): an alert, once per step, for each running step whose
+message will likely be taken from its agent's queue past its complete-by
+(:mod:`sas_app.supervision.forecast.queue_model` says how that is judged), told as one alert per queue
+and incident.
 
 Looks come several times a second: a step at the margin is judged in its last look, a fraction of a
 second before its complete-by, when the forecast is seldom wrong — once: a look less than half an
-interval after the last one taken, by any process (each Supervisor worker looks), is skipped. A
-queue silent while this process could not see it (it has just started, or the broker or the
-database did not answer it: they were down for the workers too) is not called stuck before it has
-seen it a while. While the broker does not answer, nothing is taken from it: the steps its queues
-held when it last did are told in their last look (:func:`sas_app.supervision.forecast.queue_model.stranded`).
+interval after the last one taken, by any process (each Supervisor worker looks), is skipped. A queue
+silent while this process could not see it (it has just started, or the broker or the database did not
+answer it: they were down for the workers too) is not called stuck before it has seen it a while. While
+the broker does not answer, nothing is taken from it: the steps its queues held when it last did are
+told in their last look (:func:`sas_app.supervision.forecast.queue_model.stranded`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from sas_app.supervision.queue_depths import QueueDepths, queued_steps
 #: (docs/explanation/measurements-behind-the-code.md).
 TAKEN_APART = 0.5
 
-#: each look, at DEBUG (SAS_DEBUG_LOGS=sas_app.supervision.forecast.watch): what it read and judged of each queue
+#: each look, at DEBUG (SAS_DEBUG_LOGS=sas_app.supervision.forecast.watch): what it read and judged of
+#: each queue
 log = logging.getLogger(__name__)
 
 
@@ -61,9 +63,9 @@ class Watch:
         self._seen_since: float | None = None
         #: when this process last looked (monotonic)
         self._looked_at = -inf
-        #: per queue, its depth at this process's last look (and when, the store's clock), and
-        #: the spans between two of its looks that found it getting shorter, within the at-risk
-        #: window: its workers were taking messages then (:func:`sas_app.supervision.forecast.queue_model.draining`)
+        #: per queue, its depth at this process's last look (and when, the store's clock), and the spans
+        #: between two of its looks that found it getting shorter, within the at-risk window: its
+        #: workers were taking messages then (:func:`sas_app.supervision.forecast.queue_model.draining`)
         self._depth_at: dict[str, tuple[float, int]] = {}
         self._taken: dict[str, deque[tuple[float, float]]] = {}
         #: per agent, the steps whose messages waited in its queue at the last look that read it
