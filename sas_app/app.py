@@ -58,7 +58,8 @@ class SasApp:
 
     ``celery_config`` names a module of your own Celery settings (``celeryconfig``, by Celery's
     convention) applied over sas_app's; ``clock`` replaces an SQLite store's clock and the one
-    its agents measure a step's time left on (tests).
+    its agents measure a step's time left on, and its ``sleep``, if it has one, is what their
+    in-process retries wait with (tests: :class:`sas_app.testing.VirtualClock`).
     """
 
     def __init__(self, settings: Settings | None = None, *, main: str = "sas", celery_config: str | None = None,
@@ -82,6 +83,8 @@ class SasApp:
         self.alerts = Alerts(load_hook(self.settings.alert_hook), self.settings.alert_webhook,
                              self.settings.alert_webhook_timeout)
         self.agents: dict[str, Agent] = {}
+        #: the options each agent was declared with (what a test environment declares again)
+        self.agent_options: dict[str, dict[str, Any]] = {}
         self.workflows: dict[str, Workflow] = {}
         self.tables: list[MetaData] = []
         self.router = Router(self.celery, self.settings, self.store.mark_sent)
@@ -158,9 +161,11 @@ class SasApp:
                                     "replies": self.scheduler if s.inline_replies else None,
                                     "db_clock": self.store.db_clock if s.inline_replies else None,
                                     "clock": self._clock or time.monotonic,
+                                    "sleep": getattr(self._clock, "sleep", time.sleep),
                                     "rate_limit": s.rate_limit(name)}
         agent = Agent(self.celery, name, **{**defaults, **options})
         self.agents[name] = agent
+        self.agent_options[name] = dict(options)
         return agent
 
     def has_action(self, agent: str, action: str) -> bool | None:

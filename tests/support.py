@@ -7,18 +7,15 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from queue import Empty
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, event
 
 from sas_app import SasApp
-from sas_app.messaging.publishes import HEADER
 from sas_app.states import TERMINAL_RUN_STATES
 from sas_app.testing.processes import wait_until
+from sas_app.testing.pump import Pump
 
 T = TypeVar("T")
 
@@ -125,139 +122,6 @@ def drive(sas: SasApp, pump: Pump, run_ids: Iterable[str], rounds: int = 60) -> 
         sas.supervisor.sweep()
     states = {run_id: getattr(sas.store.get_run(run_id), "process_state", None) for run_id in ids}
     raise AssertionError(f"runs still live after {rounds} rounds: {states}")
-
-
-@dataclass(frozen=True)
-class Message:
-    task: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    headers: dict[str, Any]
-    #: the broker's priority it was published with (None: none)
-    priority: int | None = None
-
-    def run_ids(self) -> list[str]:
-        """The runs the message is about (a Scheduler's message, an agent's, a reply)."""
-        named = self.kwargs.get("run_id") or self.kwargs.get("run_ids") or (self.args[0] if self.args else None)
-        if isinstance(named, str):
-            return [named]
-        return [run_id for run_id in named or () if isinstance(run_id, str)]
-
-    def countdown(self) -> float:
-        """Seconds until its ETA, as a worker would hold it: 0 without one; with one, at least a
-        millisecond, so that a message published with a countdown waits for the clock to move even
-        when its ETA passed on this host's clock while the store's clock stood still."""
-        eta = self.headers.get("eta")
-        return max(datetime.fromisoformat(eta).timestamp() - time.time(), 0.001) if eta else 0.0
-
-
-class Pump:
-    """Reads the app's queues on a real kombu broker (``memory://`` in unit tests) and runs each
-    message's task body in this process: the real handlers, the real serialisation, no workers.
-
-    After each message it runs it checks the promise every publish keeps: none of the runs the
-    message names is left live with nothing due in the store (:meth:`Store.stranded_runs`).
-    :meth:`lose` drops messages of one kind as a broker would."""
-
-    def __init__(self, sas: SasApp) -> None:
-        self.sas = sas
-        #: kinds of message (:class:`Publish` values) still to drop, and how many of each
-        self.to_lose: dict[str, int] = {}
-        #: the kinds of the messages dropped so far, in order
-        self.lost: list[str] = []
-        #: messages published with a countdown, held until the store's clock reaches their time
-        #: (:meth:`run_due`)
-        self.held: list[tuple[float, Message]] = []
-
-    def lose(self, kind: str, times: int = 1) -> None:
-        """Drop the next ``times`` messages of ``kind`` (their ``sas_publish`` header) unrun."""
-        self.to_lose[kind] = self.to_lose.get(kind, 0) + times
-
-    def _dropped(self, message: Message) -> bool:
-        kind = message.headers.get(HEADER)
-        if not self.to_lose.get(kind, 0):
-            return False
-        self.to_lose[kind] -= 1
-        self.lost.append(kind)
-        return True
-
-    def queues(self) -> list[str]:
-        return self.sas.queues()
-
-    def drain(self, queue: str) -> list[Any]:
-        """Remove and return every message waiting on ``queue`` (kombu's messages, JSON only)."""
-        drained = []
-        with self.sas.celery.connection_for_read() as conn:
-            simple = conn.SimpleQueue(queue, no_ack=True, accept=["json"])
-            try:
-                while True:
-                    try:
-                        drained.append(simple.get(block=False))
-                    except Empty:
-                        break
-            finally:
-                simple.close()
-        return drained
-
-    def take(self, queue: str) -> list[Message]:
-        """Remove and return every task message waiting on ``queue`` without running it."""
-        taken = []
-        for raw in self.drain(queue):
-            args, kwargs, _ = raw.decode()
-            taken.append(Message(raw.headers["task"], list(args), dict(kwargs), dict(raw.headers),
-                                 raw.properties.get("priority")))
-        return taken
-
-    def purge(self) -> None:
-        for queue in self.queues():
-            self.take(queue)
-
-    def execute(self, message: Message) -> None:
-        self.sas.celery.tasks[message.task].run(*message.args, **message.kwargs)
-
-    def _execute_checked(self, message: Message) -> None:
-        """:meth:`execute`, then the promise checked for the runs it names."""
-        self.execute(message)
-        stranded = self.sas.store.stranded_runs(among=message.run_ids())
-        assert not stranded.count, f"after {message.task}: run {stranded.example} is live with nothing due"
-
-    def run_due(self, limit: int = 1000) -> int:
-        """:meth:`run` as a worker does it: a message published with a countdown (a back-off) is
-        held until the store's clock has moved that far, and run by a later call. Returns how
-        many ran."""
-        ran = 0
-        while ran < limit:
-            now = self.sas.store.now()
-            for message in (m for q in self.queues() for m in self.take(q)):
-                self.held.append((now + message.countdown(), message))
-            due = [m for at, m in self.held if at <= now]
-            if not due:
-                return ran
-            self.held = [(at, m) for at, m in self.held if at > now]
-            for message in due:
-                if not self._dropped(message):
-                    self._execute_checked(message)
-                    ran += 1
-        raise AssertionError(f"still busy after {limit} messages: a message loop?")
-
-    def next_held(self) -> float | None:
-        """When the soonest message held for its countdown is due (the store's clock)."""
-        return min((at for at, _ in self.held), default=None)
-
-    def run(self, queues: Iterable[str] | None = None, limit: int = 1000) -> int:
-        """Run messages until the given queues (default: all) are empty; return how many ran."""
-        chosen = list(queues or self.queues())
-        ran = 0
-        while ran < limit:
-            batch = [m for q in chosen for m in self.take(q)]
-            if not batch:
-                return ran
-            for message in batch:
-                if self._dropped(message):
-                    continue
-                self._execute_checked(message)
-                ran += 1
-        raise AssertionError(f"still busy after {limit} messages: a message loop?")
 
 
 def live_processes_with(marker: str) -> list[int]:

@@ -26,6 +26,7 @@ from sas_app import (
     WaitFor,
     Workflow,
 )
+from sas_app.testing import Call, Environment
 
 sas = SasApp()
 payment = sas.agent("payment")
@@ -80,3 +81,12 @@ def watch(run_id: str) -> bool:
     by_key = sas.signal(workflow=orders, business_key="order-1", event="approval", payload={})
     assert_type(by_key, SignalReceipt)
     return view.state is RunState.PROCESSED
+
+
+def test_with_the_kit(env: Environment) -> None:
+    env.stub(charge, returns={"charged": 1.0})
+    view = env.run(orders, {"amount": 1.0})
+    assert_type(view.state, RunState)
+    assert_type(env.calls(charge), list[Call])
+    assert_type(env.now, float)
+

@@ -150,6 +150,7 @@ class Agent:
         replies: Replies | None = None,
         db_clock: Callable[[], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """``breaker_fail_max`` attempts in a row failing transiently (an attempt's in-process
         retries count once) open this agent's circuit breaker for ``breaker_reset`` seconds (0
@@ -167,7 +168,8 @@ class Agent:
         and drops a message that waited past it; while that clock cannot be read (None) no step is
         run — its time left cannot be judged — and the Supervisor retries it at its complete-by.
         ``clock`` measures the time a step has taken (this process's monotonic clock; the app's
-        injected clock in tests)."""
+        injected clock in tests), and ``sleep`` is what an in-process retry waits with (a virtual
+        clock's in tests: time moves on, none passes)."""
         self.celery = celery
         self.name = name
         self.queue = agent_queue(name)
@@ -182,6 +184,7 @@ class Agent:
         self.replies = replies
         self.db_clock = db_clock
         self.clock = clock
+        self.sleep = sleep
         self.actions: dict[str, AgentAction[Any] | UndoAction[Any]] = {}
 
     @overload
@@ -307,6 +310,7 @@ class Agent:
             wait=wait_exponential(multiplier=self.retry_initial, max=self.retry_max)
             + wait_random(0, self.retry_initial),
             stop=stop_before_delay(max(call.remaining(), 0.0)),
+            sleep=self.sleep,
             reraise=True,
         ):
             with attempt:

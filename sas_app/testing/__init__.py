@@ -1,8 +1,27 @@
-"""Testing with sas_app: start and stop the real processes of a deployment — Celery workers and beat,
-and any command such as a simulated remote service — from a test, a demo or a benchmark
-(:class:`Processes`), and wait on a condition with a bound (:func:`wait_until`).
+"""Testing with sas_app.
+
+Your workflows, in milliseconds: :class:`Environment` runs your app's workflows on the real engine
+with a virtual clock that skips to the next thing due, an in-memory broker and stubbable agents
+(the ``sas_env`` pytest fixture makes one). Your deployment, for real: :class:`Processes` starts and
+stops its Celery workers, beat and services from a test, a demo or a benchmark, and
+:func:`wait_until` waits on a condition with a bound.
 """
 
+from sas_app.testing.clock import VirtualClock
+from sas_app.testing.environment import Environment
 from sas_app.testing.processes import Processes, Ready, Stopped, free_port, wait_until
+from sas_app.testing.stubs import HANG, WORKER_LOST, Call, StubExhausted
 
-__all__ = ["Processes", "Ready", "Stopped", "free_port", "wait_until"]
+__all__ = [
+    "HANG",
+    "WORKER_LOST",
+    "Call",
+    "Environment",
+    "Processes",
+    "Ready",
+    "Stopped",
+    "StubExhausted",
+    "VirtualClock",
+    "free_port",
+    "wait_until",
+]

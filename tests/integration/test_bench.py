@@ -85,3 +85,10 @@ def test_backpressure_bench_overloads_an_agent_and_loses_nothing(tmp_path):
     assert paced["runs"] == 120 and paced["lost"] == 0 and paced["ended_within_bound"]
     assert sum(paced["states"].values()) == 120 and paced["messages_per_step"] >= 1
     assert paced["series"] and paced["depth_max"] > 0
+
+
+def test_kit_bench_times_the_examples_and_the_kit_s_own_tests(tmp_path):
+    result = run_bench("bench.kit", tmp_path=tmp_path)
+    assert result["tests"] == len(result["by_test_ms"]) >= 10
+    assert set(result["by_file_s"]) == {"examples.test_approval", "examples.test_fanout", "examples.test_signup",
+                                        "tests.unit.test_testing_kit"}

@@ -64,3 +64,17 @@ def test_a_run_state_says_whether_the_run_has_finished():
     """What a progress bar or a "lost" count goes by: the states a run never leaves on its own."""
     assert [state for state in sas_app.RunState if state.finished] == [
         sas_app.RunState.PROCESSED, sas_app.RunState.ERROR, sas_app.RunState.COMPENSATED, sas_app.RunState.CANCELLED]
+
+
+def test_the_readme_s_test_kit_example_is_a_test_the_examples_run():
+    """The README's test is examples/test_signup.py's own, as it is there."""
+    readme = (REPO / "README.md").read_text()
+    shown = readme.split("### Test it in milliseconds", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    test_file = (REPO / "examples" / "test_signup.py").read_text()
+    imports, _, test = shown.partition("\n\n\ndef ")
+    imported = {(node.module, alias.name) for node in ast.walk(ast.parse(test_file))
+                if isinstance(node, ast.ImportFrom) for alias in node.names}
+    shown_imports = {(node.module, alias.name) for node in ast.walk(ast.parse(imports))
+                     if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert shown_imports <= imported, "the README imports only what the test imports"
+    assert "def " + test in test_file, "the README's test is examples/test_signup.py's, as it is there"

@@ -1,0 +1,185 @@
+"""sas_app's test kit (``sas_app.testing``) as a user meets it: their own app, run on the real
+engine with a virtual clock — days of sleeps, waits and escalations in well under a second — with
+agents stubbed to fail in every way a remote service does."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from sas_app import (
+    AgentCall,
+    Escalate,
+    OnTimeout,
+    PermanentError,
+    RunState,
+    SasApp,
+    Settings,
+    Sleep,
+    Step,
+    StepState,
+    Then,
+    TransientError,
+    UndoCall,
+    WaitFor,
+    Workflow,
+)
+from sas_app.testing import HANG, WORKER_LOST, StubExhausted
+
+
+@pytest.fixture
+def sas(tmp_path) -> SasApp:
+    """A user's app, as their own module would make it: its agents, undos and workflows."""
+    app = SasApp(Settings(database_url=f"sqlite:///{tmp_path / 'own.db'}", broker_url="memory://localhost/",
+                          home=tmp_path / "home"))
+    billing = app.agent("billing")
+    mail = app.agent("mail")
+
+    @billing.action
+    def charge(call: AgentCall) -> dict[str, float]:
+        return {"charged": call.payload["amount"]}
+
+    @billing.undo
+    def refund(call: UndoCall) -> dict[str, str]:
+        return {"refunded": call.undoes.idempotency_key}
+
+    @mail.action
+    def notify(call: AgentCall) -> dict[str, bool]:
+        return {"sent": True}
+
+    charging = Step("charge", charge, timeout=10, compensate=refund)
+    app.register(Workflow("subscription", [
+        charging,
+        Sleep("cooling_off", timedelta(days=3)),
+        WaitFor("approval", "approval", timeout=timedelta(hours=2), on_timeout=OnTimeout.CONTINUE),
+        Step("notify", notify, timeout=30, max_failures=2,
+             on_exhausted=Escalate(wait=timedelta(hours=1), retries=1, then=Then.COMPENSATE)),
+    ]))
+    app.register(Workflow("charge_only", [charging]))
+    return app
+
+
+def test_days_of_sleeping_waiting_and_escalating_pass_on_the_virtual_clock(sas, sas_env):
+    """A three-day sleep, a two-hour wait that times out, then a mail service down through its
+    escalation's hour: the charge is refunded — with no server and no real waiting."""
+    env = sas_env(sas)
+    env.stub("mail.notify", raises=TransientError("mail service unavailable"))
+    started = env.now
+
+    view = env.run("subscription", {"amount": 30.0})
+
+    assert view.state is RunState.COMPENSATED
+    assert env.now - started > timedelta(days=3, hours=3).total_seconds()
+    assert view.step("approval").result == {"timed_out": True}
+    [refund] = env.calls("billing.refund")
+    assert refund.undoes == "charge" and refund.idempotency_key == f"{view.id}:charge:undo"
+    assert sorted({c.attempt for c in env.calls("mail.notify")}) == [1, 2, 3]  # two, then one after the wait
+    assert [a.kind for a in env.alerts] == ["escalated", "failed"]
+
+
+def test_a_signal_ends_a_wait_and_the_clock_moves_only_when_asked(sas, sas_env):
+    env = sas_env(sas)
+    run = env.start("subscription", {"amount": 30.0})
+    assert run.step("cooling_off").state == StepState.PENDING  # asleep in the store
+
+    env.advance(timedelta(days=3, minutes=5))
+    assert env.get_run(run).step("approval").state == StepState.PENDING  # now waiting for the signal
+    env.signal(run, "approval", {"ok": True})
+
+    view = env.finish(run)
+    assert view.state is RunState.PROCESSED
+    assert view.step("approval").result == {"ok": True}
+
+
+def test_each_call_is_recorded_with_its_key_fencing_token_and_input(sas, sas_env):
+    env = sas_env(sas)
+    env.stub("billing.charge", sequence=[HANG, TransientError("busy"), {"charged": 1.0}])
+
+    view = env.run("charge_only", {"amount": 1.0}, business_key="order-7")
+
+    assert view.state is RunState.PROCESSED
+    calls = env.calls("billing.charge")
+    assert [(c.attempt, c.try_number) for c in calls] == [(1, 1), (2, 1), (2, 2)]
+    assert {c.idempotency_key for c in calls} == {f"{view.id}:charge"}
+    assert [c.fencing_token for c in calls] == [1, 2, 2]
+    assert {(c.business_key, c.payload["amount"]) for c in calls} == {("order-7", 1.0)}
+    assert calls[1].at - calls[0].at >= 10  # the retry came after the first attempt's complete-by
+
+
+def test_a_worker_that_dies_mid_step_costs_the_step_one_attempt(sas, sas_env):
+    env = sas_env(sas)
+    env.stub("billing.charge", sequence=[WORKER_LOST, {"charged": 2.0}])
+
+    view = env.run("charge_only", {"amount": 2.0})
+
+    assert view.state is RunState.PROCESSED
+    assert view.step("charge").attempt == 2
+    assert any((e.detail or {}).get("reason") == "worker_lost" for e in view.events)
+
+
+def test_a_permanent_fault_undoes_what_was_done(sas, sas_env):
+    env = sas_env(sas)
+    env.stub("mail.notify", raises=PermanentError("no such address"))
+    env.stub("billing.charge", returns={"charged": 5.0})
+
+    run = env.start("subscription", {"amount": 5.0})
+    env.advance(timedelta(days=3, hours=2, minutes=1))  # through the sleep and the wait's timeout
+
+    view = env.get_run(run)
+    assert view.state is RunState.COMPENSATED
+    assert len(env.calls("billing.refund")) == 1
+
+
+def test_the_users_app_is_left_as_it_was(sas, sas_env, tmp_path):
+    env = sas_env(sas)
+    env.stub("billing.charge", raises=PermanentError("declined"))
+    env.run("charge_only", {"amount": 1.0})
+
+    assert not (tmp_path / "own.db").exists()  # the environment's store is its own
+    assert env.app.store.count_runs_by_state() == {"error": 1}
+    # the stub answers in the environment only: the app's own action still runs its function
+    assert sas.agents["billing"].actions["charge"].fn(
+        AgentCall("r", "k", "charge_only", "charge", 0, 1, "r:charge", {"amount": 3.0}, {}, 10.0)) == {"charged": 3.0}
+
+
+def test_bad_input_to_the_kit_is_an_error_that_names_it(sas, sas_env):
+    env = sas_env(sas)
+    with pytest.raises(KeyError, match=r"no action 'billing\.chrage'; it has"):
+        env.stub("billing.chrage", returns={})
+    with pytest.raises(ValueError, match="exactly one of"):
+        env.stub("billing.charge", returns={}, hangs=True)
+    with pytest.raises(ValueError, match="forward only"):
+        env.advance(timedelta(seconds=-1))
+    run = env.start("charge_only", {"amount": 1.0})
+    with pytest.raises(ValueError, match="waits for no event 'approval'"):
+        env.signal(run, "approval", {})
+
+    env.stub("billing.charge", sequence=[TransientError("busy")])
+    with pytest.raises(StubExhausted, match="ran out of answers: call 2"):
+        env.run("charge_only", {"amount": 1.0})
+
+
+def test_an_operator_resubmits_a_run_in_error_once_the_service_is_fixed(sas, sas_env):
+    env = sas_env(sas)
+    env.stub("billing.charge", raises=PermanentError("card expired"))
+    failed = env.run("charge_only", {"amount": 4.0})
+    assert failed.state is RunState.ERROR  # a first step that failed: nothing to undo
+
+    env.unstub("billing.charge")
+    env.app.resubmit(failed.id, by="ops", reason="card updated")
+
+    view = env.finish(failed)
+    assert view.state is RunState.PROCESSED
+    assert view.step("charge").result == {"charged": 4.0}
+    assert [c.attempt for c in env.calls("billing.charge")] == [1, 2]
+
+
+def test_a_submitter_hears_of_each_step_of_its_run(sas, sas_env):
+    env = sas_env(sas)
+
+    view = env.run("charge_only", {"amount": 6.0}, reply_to="shop")
+
+    kinds = [(note["run_id"], note["kind"]) for note in env.notifications("shop")]
+    assert kinds[0] == (view.id, "received") and kinds[-1] == (view.id, "processed")
+    assert env.notifications("shop") == env.notifications("shop")  # each once, kept in order
