@@ -11,8 +11,9 @@ from sqlalchemy import and_, select, update
 from sas_app.states import TERMINAL_RUN_STATES, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, StepRow, as_row
+from sas_app.store.steps import StepTx
 from sas_app.store.tables import runs, steps
-from sas_app.store.transitions import Part
+from sas_app.store.transitions import Part, TxBase
 
 
 def child_key(run_id: str, step: str, attempt: int) -> str:
@@ -21,6 +22,10 @@ def child_key(run_id: str, step: str, attempt: int) -> str:
 
 
 class ChildTx(Part):
+    def __init__(self, tx: TxBase, steps: StepTx) -> None:
+        super().__init__(tx)
+        self.steps = steps
+
     def start_child_step(self, step: StepRow, child_run_id: str, actor: str) -> StepRow | None:
         """The step (waiting) → running at its next attempt, its child run named in the event."""
         row = self.conn.execute(
@@ -38,9 +43,9 @@ class ChildTx(Part):
 
     def finish_child_step(self, step: StepRow, child: RunRow, result: Any, actor: str) -> bool:
         """The child was processed: the step completes with its results."""
-        return self.tx.steps.move_step(step, StepState.COMPLETED, actor=actor, detail={"child": child.id},
-                                       result=result,
-                                       locked_by=None, completed_at=db_now()) is not None
+        return self.steps.move_step(step, StepState.COMPLETED, actor=actor, detail={"child": child.id},
+                                    result=result,
+                                    locked_by=None, completed_at=db_now()) is not None
 
     def children_of(self, run_id: str) -> list[RunRow]:
         rows = self.conn.execute(select(runs).where(runs.c.parent_run_id == run_id).order_by(runs.c.created_at))

@@ -18,11 +18,18 @@ from sas_app.messaging.routing import undo_key
 from sas_app.states import RunState, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, StepRow
+from sas_app.store.runs import RunTx
+from sas_app.store.steps import StepTx
 from sas_app.store.tables import steps
-from sas_app.store.transitions import Part
+from sas_app.store.transitions import Part, TxBase
 
 
 class CompensationTx(Part):
+    def __init__(self, tx: TxBase, runs: RunTx, steps: StepTx) -> None:
+        super().__init__(tx)
+        self.runs = runs
+        self.steps = steps
+
     def start_compensation(self, run: RunRow, undo: Sequence[StepRow], reason: str, pickup_timeout: float, *,
                            actor: str, first_free: int, cancelled_by: str | None = None) -> bool:
         """``run.process_state`` → compensating, with one pending compensation row per step in
@@ -33,13 +40,13 @@ class CompensationTx(Part):
         values: dict[str, Any] = {"error": reason, "complete_by": None}
         if cancelled_by is not None:
             values["cancelled_by"] = cancelled_by
-        if not self.tx.runs.update_run(run.id, run.process_state, RunState.COMPENSATING, **values):
+        if not self.runs.update_run(run.id, run.process_state, RunState.COMPENSATING, **values):
             return False
         self.tx.transition(run.id, None, run.process_state, RunState.COMPENSATING, actor=actor,
                            detail={"reason": reason, "undo": [s.name for s in undo]})
         now = db_now()
         for offset, step in enumerate(undo):
-            self.tx.steps.update_step(run.id, step.position, step.attempt, step.state, StepState.COMPENSATING)
+            self.steps.update_step(run.id, step.position, step.attempt, step.state, StepState.COMPENSATING)
             self.tx.transition(run.id, step.position, step.state, StepState.COMPENSATING, attempt=step.attempt,
                                actor=actor)
             agent, _, action = (step.undo or "").partition(".")

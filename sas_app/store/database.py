@@ -57,7 +57,7 @@ class Tx(TxBase):
 
     @cached_property
     def hot_path(self) -> HotPathTx:
-        return HotPathTx(self)
+        return HotPathTx(self, self.runs, self.steps, self.compensation)
 
     @cached_property
     def submission(self) -> SubmissionTx:
@@ -65,15 +65,15 @@ class Tx(TxBase):
 
     @cached_property
     def fan_out(self) -> FanOutTx:
-        return FanOutTx(self)
+        return FanOutTx(self, self.steps)
 
     @cached_property
     def children(self) -> ChildTx:
-        return ChildTx(self)
+        return ChildTx(self, self.steps)
 
     @cached_property
     def waits(self) -> WaitTx:
-        return WaitTx(self)
+        return WaitTx(self, self.runs, self.steps)
 
     @cached_property
     def signals(self) -> SignalTx:
@@ -81,7 +81,7 @@ class Tx(TxBase):
 
     @cached_property
     def slots(self) -> SlotTx:
-        return SlotTx(self)
+        return SlotTx(self, self.runs)
 
     @cached_property
     def schedules(self) -> ScheduleTx:
@@ -89,11 +89,11 @@ class Tx(TxBase):
 
     @cached_property
     def compensation(self) -> CompensationTx:
-        return CompensationTx(self)
+        return CompensationTx(self, self.runs, self.steps)
 
     @cached_property
     def operations(self) -> OperationsTx:
-        return OperationsTx(self)
+        return OperationsTx(self, self.runs, self.steps)
 
     @cached_property
     def sweep(self) -> SweepTx:
@@ -101,7 +101,7 @@ class Tx(TxBase):
 
     @cached_property
     def retries(self) -> RetryTx:
-        return RetryTx(self)
+        return RetryTx(self, self.steps)
 
 
 class Store(Queries, Diagnosis, RetentionQueries):

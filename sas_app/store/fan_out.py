@@ -14,16 +14,21 @@ from sas_app.messaging.routing import branch_key
 from sas_app.states import StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, StepRow
+from sas_app.store.steps import StepTx
 from sas_app.store.tables import steps
-from sas_app.store.transitions import Part
+from sas_app.store.transitions import Part, TxBase
 
 
 class FanOutTx(Part):
+    def __init__(self, tx: TxBase, steps: StepTx) -> None:
+        super().__init__(tx)
+        self.steps = steps
+
     def start_fan_out(self, parent: StepRow, items: Sequence[Any], first_free: int, actor: str) -> bool:
         """``parent`` (waiting) → running, with a not_started branch per element of ``items`` from
         position ``first_free`` on. The parent itself has no complete-by: its branches do."""
-        if self.tx.steps.move_step(parent, StepState.RUNNING, actor=actor, detail={"branches": len(items)},
-                                   locked_by=None, complete_by=None, not_before=None) is None:
+        if self.steps.move_step(parent, StepState.RUNNING, actor=actor, detail={"branches": len(items)},
+                                locked_by=None, complete_by=None, not_before=None) is None:
             return False
         if items:
             now = db_now()
@@ -40,8 +45,8 @@ class FanOutTx(Part):
 
     def complete_fan_out(self, run: RunRow, parent: StepRow, results: list[Any], actor: str) -> bool:
         """Every branch completed: the ``for_each`` step completes with their results, in order."""
-        if self.tx.steps.move_step(parent, StepState.COMPLETED, actor=actor, result=results,
-                                   completed_at=db_now()) is None:
+        if self.steps.move_step(parent, StepState.COMPLETED, actor=actor, result=results,
+                                completed_at=db_now()) is None:
             return False
         if run.reply_to is not None:
             self.tx.notify(run.id, run.reply_to, run.business_key, run.workflow, "step_completed", step=parent.name,

@@ -21,12 +21,15 @@ from sqlalchemy import Integer, String, bindparam, column, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from sas_app.states import LIVE_RUN_STATES, EventKind, RunState, StepState
+from sas_app.store.compensation import CompensationTx
 from sas_app.store.connection import PG_NOW
 from sas_app.store.graph_path import COMPLETE_IN_GRAPH
 from sas_app.store.prepared import PREPARED, rows
 from sas_app.store.rows import RunRow, StepRow, field_names, prefixed, prefixed_columns
+from sas_app.store.runs import RunTx
+from sas_app.store.steps import StepTx
 from sas_app.store.tables import runs, steps
-from sas_app.store.transitions import RUN_DONE_CHANNEL, Part
+from sas_app.store.transitions import RUN_DONE_CHANNEL, Part, TxBase
 
 _RUN_COLUMNS = field_names(RunRow)
 _STEP_COLUMNS = field_names(StepRow)
@@ -134,23 +137,29 @@ class Completion:
 
 
 class HotPathTx(Part):
+    def __init__(self, tx: TxBase, runs: RunTx, steps: StepTx, compensation: CompensationTx) -> None:
+        super().__init__(tx)
+        self.runs = runs
+        self.steps = steps
+        self.compensation = compensation
+
     def start_new_run(self, run_id: str, locked_by: str) -> tuple[RunRow | None, StepRow | None]:
         """Claim ``run_id`` if it is pending with no concurrency key (None, None otherwise) and,
         if it is a straight line and not paused, mark its first step running: the run (locked)
         and that step, with their events and notifications."""
         if not self.tx.is_postgresql:
-            run = self.tx.runs.claim_pending_run(run_id, locked_by)
+            run = self.runs.claim_pending_run(run_id, locked_by)
             first = None
             if run is not None and not run.paused_by and run.linear:
-                first = self.tx.steps.mark_next_running(run_id, 0, locked_by)
+                first = self.steps.mark_next_running(run_id, 0, locked_by)
             return run, first
         found = rows(self.conn, START_NEW_RUN, {"b_run_id": run_id, "b_locked_by": locked_by})
         if not found:
             return None, None
         mapping = found[0]
-        run = self.tx.runs.claimed(prefixed(RunRow, mapping, "r_"), locked_by)
-        first = None if mapping["n_id"] is None else self.tx.steps.dispatched(prefixed(StepRow, mapping, "n_"),
-                                                                              locked_by)
+        run = self.runs.claimed(prefixed(RunRow, mapping, "r_"), locked_by)
+        first = None if mapping["n_id"] is None else self.steps.dispatched(prefixed(StepRow, mapping, "n_"),
+                                                                           locked_by)
         return run, first
 
     def complete_and_advance(self, run_id: str, position: int, attempt: int, result: Any,
@@ -206,20 +215,20 @@ class HotPathTx(Part):
 
     def _step_by_step(self, run_id: str, position: int, attempt: int, result: Any, locked_by: str,
                       locked: RunRow | None = None) -> Completion:
-        run = locked or self.tx.runs.lock_run(run_id)
+        run = locked or self.runs.lock_run(run_id)
         if run is None or run.process_state not in LIVE_RUN_STATES:
             return Completion(run)
-        done = self.tx.steps.complete_step(run_id, position, attempt, result, actor=locked_by)
+        done = self.steps.complete_step(run_id, position, attempt, result, actor=locked_by)
         if done is None:
             return Completion(run)
         if done.compensates is not None:
-            self.tx.compensation.mark_compensated(run_id, done.compensates, locked_by)
+            self.compensation.mark_compensated(run_id, done.compensates, locked_by)
         self._notify_completed(run, done.name, position, attempt, undo=done.is_undo)
         following, finished = None, False
         if not done.is_undo and run.linear and run.process_state == _PROCESSING and run.paused_by is None:
-            following = self.tx.steps.mark_next_running(run_id, position + 1, locked_by)
+            following = self.steps.mark_next_running(run_id, position + 1, locked_by)
             if following is None and not self._has_later_step(run_id, position):
-                finished = self.tx.runs.finish_run(run_id, RunState.PROCESSED, actor=locked_by)
+                finished = self.runs.finish_run(run_id, RunState.PROCESSED, actor=locked_by)
         started = [] if following is None else [following]
         return Completion(run, done.name, started, finished, plan=not started and not finished)
 
@@ -228,7 +237,7 @@ class HotPathTx(Part):
         its parent's Scheduler asked, if it is a child run, and the next run waiting for its slot."""
         if run.reply_to is not None:
             self.tx.notify(run.id, run.reply_to, run.business_key, run.workflow, _PROCESSED, state=_PROCESSED)
-        self.tx.runs.ended(run.id, run.workflow, run.parent_run_id, run.slot)
+        self.runs.ended(run.id, run.workflow, run.parent_run_id, run.slot)
 
     def _notify_completed(self, run: RunRow, name: str, position: int, attempt: int, *, undo: bool) -> None:
         if run.reply_to is not None:

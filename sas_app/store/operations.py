@@ -11,11 +11,18 @@ from sas_app.states import EventKind, RunState, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.diagnosis import stranded
 from sas_app.store.rows import RunRow, StepRow
+from sas_app.store.runs import RunTx
+from sas_app.store.steps import StepTx
 from sas_app.store.tables import runs, steps
-from sas_app.store.transitions import Part, run_in
+from sas_app.store.transitions import Part, TxBase, run_in
 
 
 class OperationsTx(Part):
+    def __init__(self, tx: TxBase, runs: RunTx, steps: StepTx) -> None:
+        super().__init__(tx)
+        self.runs = runs
+        self.steps = steps
+
     def operator_event(self, run_id: str, position: int | None, action: str, by: str, reason: str) -> None:
         self.tx.event(run_id, position, EventKind.OPERATOR, None, None, actor=by,
                       detail={"action": action, "by": by, "reason": reason})
@@ -23,7 +30,7 @@ class OperationsTx(Part):
     def reopen_run(self, run: RunRow, to_state: str, actor: str) -> bool:
         """error → processing | compensating, for an operator who fixed the cause (its deadline,
         which may have sent it there, lifted)."""
-        won = self.tx.runs.update_run(run.id, run.process_state, to_state, error=None, deadline=None)
+        won = self.runs.update_run(run.id, run.process_state, to_state, error=None, deadline=None)
         if won:
             self.tx.transition(run.id, None, run.process_state, to_state, actor=actor)
         return won
@@ -34,8 +41,8 @@ class OperationsTx(Part):
                                   "locked_by": None, "complete_by": db_now() + pickup_timeout}
         if step_input is not None:
             values["input"] = step_input
-        won = self.tx.steps.update_step(step.run_id, step.position, step.attempt, StepState.FAILED, StepState.PENDING,
-                                        **values)
+        won = self.steps.update_step(step.run_id, step.position, step.attempt, StepState.FAILED, StepState.PENDING,
+                                     **values)
         if won:
             self.tx.transition(step.run_id, step.position, StepState.FAILED, StepState.PENDING, attempt=step.attempt,
                                actor=actor)
@@ -56,8 +63,8 @@ class OperationsTx(Part):
 
     def complete_by_hand(self, step: StepRow, result: Any, actor: str) -> bool:
         """not_started | pending | failed → completed, for a step an operator did by hand."""
-        won = self.tx.steps.update_step(step.run_id, step.position, step.attempt, step.state, StepState.COMPLETED,
-                                        result=result, locked_by=None, completed_at=db_now())
+        won = self.steps.update_step(step.run_id, step.position, step.attempt, step.state, StepState.COMPLETED,
+                                     result=result, locked_by=None, completed_at=db_now())
         if won:
             self.tx.transition(step.run_id, step.position, step.state, StepState.COMPLETED, attempt=step.attempt,
                                actor=actor, detail={"by_hand": True})

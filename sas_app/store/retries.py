@@ -16,14 +16,19 @@ from sqlalchemy import select, update
 from sas_app.states import RunState, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, StepRow, as_row
+from sas_app.store.steps import StepTx
 from sas_app.store.tables import runs, steps
-from sas_app.store.transitions import Part, run_in
+from sas_app.store.transitions import Part, TxBase, run_in
 
 #: a restarted step, its run, and all of the run's steps (what its agent is told comes from them)
 Restarted = tuple[RunRow, StepRow, list[StepRow]]
 
 
 class RetryTx(Part):
+    def __init__(self, tx: TxBase, steps: StepTx) -> None:
+        super().__init__(tx)
+        self.steps = steps
+
     def restart_retries(self, run_ids: Sequence[str], locked_by: str) -> list[Restarted]:
         """For each plain run among ``run_ids`` (see above) not locked by another transaction: its
         retried step pending → running with ``attempt + 1`` (fenced on the state and the
@@ -49,7 +54,7 @@ class RetryTx(Part):
                     complete_by=now + steps.c.timeout, not_before=None, updated_at=now)
             .returning(*steps.c)
         ).all()
-        running = [step for step in (self.tx.steps.dispatched(row, locked_by) for row in rows) if step is not None]
+        running = [step for step in (self.steps.dispatched(row, locked_by) for row in rows) if step is not None]
         if not running:
             return []
         of_run: dict[str, list[StepRow]] = {}

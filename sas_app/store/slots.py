@@ -21,14 +21,18 @@ from sas_app.messaging.routing import Advance
 from sas_app.states import EventKind, RunState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow
-from sas_app.store.runs import CLAIM_SLOT_RUN
+from sas_app.store.runs import CLAIM_SLOT_RUN, RunTx
 from sas_app.store.tables import runs
-from sas_app.store.transitions import Part, run_in
+from sas_app.store.transitions import Part, TxBase, run_in
 
 _LIVE = (RunState.PROCESSING.value, RunState.COMPENSATING.value)
 
 
 class SlotTx(Part):
+    def __init__(self, tx: TxBase, runs: RunTx) -> None:
+        super().__init__(tx)
+        self.runs = runs
+
     def claim_slot(self, run: RunRow, pickup_timeout: float, locked_by: str) -> RunRow | None:
         """``run`` (pending, locked by the caller) → processing if its key has a free slot and no
         run before it waits; else it stays pending, asked about again after ``pickup_timeout``.
@@ -44,11 +48,11 @@ class SlotTx(Part):
         if holders >= run.max_running or before:
             self._park(run, int(holders), int(before), pickup_timeout)
             return None
-        claimed = self.tx.runs.claimed(self.conn.execute(CLAIM_SLOT_RUN, {"b_run_id": run.id, "b_locked_by": locked_by})
-                                       .first(), locked_by)
+        claimed = self.runs.claimed(self.conn.execute(CLAIM_SLOT_RUN, {"b_run_id": run.id, "b_locked_by": locked_by})
+                                    .first(), locked_by)
         if claimed is not None and holders + 1 < run.max_running:  # room for the next in line too
             self.tx.follow_ups += [Advance(i, Publish.SLOT_FREED)
-                                   for i in self.tx.runs.next_in_line(run.workflow, run.slot, run.id)]
+                                   for i in self.runs.next_in_line(run.workflow, run.slot, run.id)]
         return claimed
 
     def slot_holders(self, run: RunRow) -> list[str]:

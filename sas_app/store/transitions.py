@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -22,9 +22,6 @@ from sas_app.store.connection import PG_NOW, db_now
 from sas_app.store.prepared import rows
 from sas_app.store.recordset import insert_from_json, rows_parameter
 from sas_app.store.tables import alerts, events, outbox, runs
-
-if TYPE_CHECKING:
-    from sas_app.store.database import Tx
 
 #: The PostgreSQL channel on which a run's id is announced when it reaches a terminal state.
 RUN_DONE_CHANNEL = "sas_run_done"
@@ -136,8 +133,9 @@ class Part:
     """One concern's statements on a transaction, reached from it by the name of the concern's
     module: ``tx.waits`` is the :class:`~sas_app.store.waits.WaitTx` of ``tx``, in
     ``sas_app/store/waits.py``. Every concern writes its history through the transaction
-    (``self.tx.event``, ``self.tx.transition``) and reaches the others through it too."""
+    (``self.tx.event``, ``self.tx.transition``); one that builds on others is given them when
+    made (``WaitTx(tx, runs, steps)``)."""
 
-    def __init__(self, tx: Tx) -> None:
+    def __init__(self, tx: TxBase) -> None:
         self.tx = tx
         self.conn: Connection = tx.conn
