@@ -4,7 +4,6 @@ the processes a harness left running."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +13,7 @@ from sqlalchemy import Engine, event
 
 from sas_app import SasApp
 from sas_app.states import TERMINAL_RUN_STATES
+from sas_app.testing.clock import VirtualClock
 from sas_app.testing.processes import wait_until
 from sas_app.testing.pump import Pump
 
@@ -35,21 +35,22 @@ def statements_run(engine: Engine) -> Iterator[list[str]]:
         event.remove(engine, "before_cursor_execute", record)
 
 
-class FakeClock:
-    """The state store's clock in unit tests (SQLite, injected through ``SasApp(clock=...)``): it
-    stands still until a test moves it, so an expiry is a step forward, never a wait."""
+class FakeClock(VirtualClock):
+    """The state store's clock in unit tests (SQLite, injected through ``SasApp(clock=...)``): the
+    kit's virtual clock — it stands still until a test moves it, so an expiry is a step forward,
+    never a wait, and agents' in-process retries wait on it — which these tests may also set to
+    any moment (``clock.now = …``)."""
 
-    def __init__(self) -> None:
-        self.now = time.time()
+    @property
+    def now(self) -> float:
+        return self._now
 
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+    @now.setter
+    def now(self, moment: float) -> None:
+        self._now = float(moment)
 
     def move_past(self, moment: float) -> None:
-        self.now = max(self.now, moment + 0.001)
+        self._now = max(self._now, moment + 0.001)
 
 
 def pass_time(sas: SasApp, moment: float, what: str) -> None:
