@@ -49,9 +49,6 @@ class FakeClock(VirtualClock):
     def now(self, moment: float) -> None:
         self._now = float(moment)
 
-    def move_past(self, moment: float) -> None:
-        self._now = max(self._now, moment + 0.001)
-
 
 def pass_time(sas: SasApp, moment: float, what: str) -> None:
     """Make the store's clock read later than ``moment``: at once on an injected clock; on a

@@ -6,10 +6,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-
-def seconds(duration: float | timedelta) -> float:
-    """A duration as seconds: a number of seconds, or a ``timedelta``."""
-    return duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
+from sas_app.definitions.steps import seconds_of
 
 
 class VirtualClock:
@@ -17,6 +14,9 @@ class VirtualClock:
     store's clock (``SasApp(clock=...)``), it is the time every complete-by, back-off, sleep,
     wait, deadline, escalation and cron tick is compared with; an agent measures a step's time
     left on it, and its in-process retries wait on it (:meth:`sleep`)."""
+
+    #: how far past a moment :meth:`move_past` moves
+    PAST = 0.001
 
     def __init__(self, start: float | None = None) -> None:
         self._now = time.time() if start is None else float(start)
@@ -30,7 +30,7 @@ class VirtualClock:
 
     def advance(self, duration: float | timedelta) -> None:
         """Move forward by ``duration``; a negative one is refused (time never goes back)."""
-        step = seconds(duration)
+        step = float(seconds_of(duration))
         if step < 0:
             raise ValueError(f"the clock moves forward only: cannot advance by {duration!r}")
         self._now += step
@@ -40,6 +40,11 @@ class VirtualClock:
         if moment < self._now:
             raise ValueError(f"the clock moves forward only: {moment} is {self._now - moment:.3f} s before now")
         self._now = float(moment)
+
+    def move_past(self, moment: float) -> None:
+        """Move just past ``moment`` (epoch seconds) unless the clock already is: the store acts on
+        what is strictly past due."""
+        self._now = max(self._now, moment + self.PAST)
 
     def sleep(self, duration: float) -> None:
         """What an agent's in-process retry waits: the clock moves on, no time passes."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import replace
 from datetime import timedelta
 from functools import cache
@@ -32,6 +33,7 @@ from typing import Any
 from sas_app.agents.agent import report_lost
 from sas_app.app import SasApp
 from sas_app.definitions.actions import ActionName, UndoAction
+from sas_app.definitions.steps import seconds_of
 from sas_app.definitions.workflow import Workflow, workflow_name
 from sas_app.engine.alerts import Alert
 from sas_app.interfaces.client import RunView
@@ -41,13 +43,11 @@ from sas_app.interfaces.signals import SignalReceipt
 from sas_app.settings import Settings
 from sas_app.states import TERMINAL_RUN_STATES
 from sas_app.store.migrate import migrate
-from sas_app.testing.clock import VirtualClock, seconds
+from sas_app.testing.clock import VirtualClock
 from sas_app.testing.pump import Message, Pump
 from sas_app.testing.stubs import HANG, WORKER_LOST, Call, Recorder, Stub, WorkerDied, _Exhausted
 
 _UNSET: Any = object()
-#: how far past a due time the clock moves to reach it (the store acts on what is strictly past due)
-PAST = 0.001
 #: at most this many times the clock moves while one call drives runs to their end
 MOST_MOVES = 1000
 
@@ -66,7 +66,6 @@ class Environment:
     (the pytest fixture ``sas_env`` does)."""
 
     def __init__(self, app: SasApp, *, start: float | None = None) -> None:
-        self.source = app
         self._folder = tempfile.TemporaryDirectory(prefix="sas-test-")
         home = Path(self._folder.name)
         shutil.copyfile(_schema_template(), home / "state.db")
@@ -85,6 +84,7 @@ class Environment:
         self.pump.purge()  # the in-memory broker is shared by every app of this process
         self._keys = count(1)
         self._inboxes: dict[str, tuple[Notifications, list[dict[str, Any]]]] = {}
+        self._open = ExitStack()  # the inboxes, closed with the environment
 
     def _declare(self, app: SasApp) -> None:
         for name, agent in app.agents.items():
@@ -108,8 +108,7 @@ class Environment:
                               catch_up=schedule.catch_up)
 
     def close(self) -> None:
-        for inbox, _ in self._inboxes.values():
-            inbox.__exit__()
+        self._open.close()
         self.pump.purge()
         self.pump.close()
         self.app.store.dispose()
@@ -130,15 +129,16 @@ class Environment:
 
     def advance(self, duration: float | timedelta) -> None:
         """Let ``duration`` pass: everything due meanwhile happens at its time, in order."""
-        if seconds(duration) < 0:
+        step = float(seconds_of(duration))
+        if step < 0:
             raise ValueError(f"time moves forward only: cannot advance by {duration!r}")
-        target = self.clock.now + seconds(duration)
+        target = self.clock.now + step
         self.settle()
         for _ in range(MOST_MOVES):
             due = self._next_due()
-            if due is None or due + PAST > target:
+            if due is None or due + VirtualClock.PAST > target:
                 break
-            self.clock.move_to(max(due + PAST, self.clock.now))
+            self.clock.move_past(due)
             self.settle()
         else:
             raise AssertionError(f"still busy after {MOST_MOVES} moves of the clock: a loop?")
@@ -198,7 +198,7 @@ class Environment:
             if due is None:
                 raise AssertionError(f"run {run_id} ({view.run.workflow}) is {view.process_state} and waits for "
                                      "nothing due: signal it, or resume it, first")
-            self.clock.move_to(max(due + PAST, self.clock.now))
+            self.clock.move_past(due)
         raise AssertionError(f"run {run_id} still live after {MOST_MOVES} moves of the clock")
 
     def get_run(self, run: RunView | str) -> RunView:
@@ -206,15 +206,10 @@ class Environment:
         return self.app.get_run(run if isinstance(run, str) else run.id)
 
     def signal(self, run: RunView | str, event: str, payload: Any = None, *, by: str = "test") -> SignalReceipt:
-        """Send ``event`` to ``run`` (early, while it waits, or late) and run what it makes due.
-        An event no step of the run's workflow waits for is an error naming it."""
-        view = self.get_run(run)
-        workflow = self.app.workflows[view.run.workflow]
-        events = sorted({spec.event for spec in workflow.specs if spec.event})
-        if event not in events:
-            raise ValueError(f"run {view.id} ({workflow.name}) waits for no event {event!r}: its workflow waits "
-                             f"for {events or 'no event at all'}")
-        receipt = self.app.signal(view.id, event, payload, by=by)
+        """Send ``event`` to ``run`` (early, while it waits, or late) and run what it makes due. An
+        event the run never waits for, or a run that has ended, is refused as by the app
+        (:class:`InvalidSignal`, naming it), nothing written."""
+        receipt = self.app.signal(run if isinstance(run, str) else run.id, event, payload, by=by)
         self.settle()
         return receipt
 
@@ -227,8 +222,7 @@ class Environment:
 
     def _inbox(self, reply_to: str) -> tuple[Notifications, list[dict[str, Any]]]:
         if reply_to not in self._inboxes:
-            inbox = Notifications(self.app.celery, reply_to)
-            inbox.__enter__()
+            inbox = self._open.enter_context(Notifications(self.app.celery, reply_to))
             self._inboxes[reply_to] = (inbox, [])
         return self._inboxes[reply_to]
 

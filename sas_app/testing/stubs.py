@@ -92,7 +92,7 @@ class Stub:
         answer = self.answers[min(self.used, len(self.answers) - 1)]
         self.used += 1
         if answer is HANG:
-            clock.advance(max(call.remaining(), 0.0) + 0.001)
+            clock.move_past(clock.now + call.remaining())
             return None
         if answer is WORKER_LOST:
             raise WorkerDied(f"{self.action}: worker lost (stubbed)")

@@ -91,7 +91,6 @@ def test_without_pacing_every_retry_goes_back_into_the_backlog_at_once(sas, pump
     """SAS_PACE_RETRIES=false, or the whole forecast off (SAS_AT_RISK_FORECAST=false)."""
     forecast = sas.supervisor.forecast
     forecast.settings = replace(forecast.settings, **off)
-    forecast.on = forecast.settings.at_risk_forecast
     backlog(sas, pump, 40)
 
     report = sas.supervisor.sweep()

@@ -11,6 +11,7 @@ import pytest
 from sas_app import (
     AgentCall,
     Escalate,
+    InvalidSignal,
     OnTimeout,
     PermanentError,
     RunState,
@@ -151,9 +152,14 @@ def test_bad_input_to_the_kit_is_an_error_that_names_it(sas, sas_env):
         env.stub("billing.charge", returns={}, hangs=True)
     with pytest.raises(ValueError, match="forward only"):
         env.advance(timedelta(seconds=-1))
-    run = env.start("charge_only", {"amount": 1.0})
-    with pytest.raises(ValueError, match="waits for no event 'approval'"):
-        env.signal(run, "approval", {})
+    env.stub("billing.charge", hangs=True)
+    live = env.start("charge_only", {"amount": 1.0})  # its charge not answered yet
+    with pytest.raises(InvalidSignal, match="never waits for event 'approval'; it waits for no event"):
+        env.signal(live, "approval", {})
+    done = env.start("subscription", {"amount": 1.0})
+    env.finish(done)
+    with pytest.raises(InvalidSignal, match="it takes no more signals"):
+        env.signal(done, "approval", {})
 
     env.stub("billing.charge", sequence=[TransientError("busy")])
     with pytest.raises(StubExhausted, match="ran out of answers: call 2"):

@@ -28,10 +28,14 @@ class Forecast:
 
     def __init__(self, store: Store, settings: Settings, alerts: Alerts, depths: QueueDepths) -> None:
         self.settings = settings
-        self.on = settings.at_risk_forecast
         self.watch = Watch(store, settings, alerts, depths)
         #: the looks, taken by a thread of each worker that consumes the Supervisor's queue
         self.lookout = Lookout(self.look, settings.at_risk_interval)
+
+    @property
+    def on(self) -> bool:
+        """SAS_AT_RISK_FORECAST: whether the forecast looks and paces at all."""
+        return self.settings.at_risk_forecast
 
     def start(self) -> None:
         """Look every SAS_AT_RISK_INTERVAL from now on (a worker of the Supervisor's queue is ready)."""
