@@ -65,14 +65,14 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.pool import NullPool
 
 from bench import alert_quality
-from bench.chaos_faults import Faults, plan_chaos
+from bench.chaos_faults import KINDS, Faults, plan_chaos
 from bench.chaos_report import percentile, print_report, reason, recovery_times
 from bench.held_orders import HeldOrders
-from bench.proxy import Proxy
-from bench.rabbitmq_node import RabbitNode
-from bench.servers import Servers
 from bench.soak import Watch, judge, own_pid, parse_duration
 from bench.throughput import record
+from harness.proxy import Proxy
+from harness.rabbitmq_node import RabbitNode
+from harness.servers import Servers
 from sas_app.states import TERMINAL_RUN_STATES
 from sas_app.testing.processes import Processes, Ready, free_port, interrupts_ignored, stopped_by_signals
 
@@ -404,6 +404,7 @@ class Chaos(Faults):
                        "charge_timeout_s": 3, "step_timeout_s": 5,
                        "broker": self.broker_url().replace(self.secrets()[0], "***"),
                        "postgres": self.servers.database_url.replace(self.servers.pg_password, "***")},
+            "fault_kinds": list(KINDS),  # each injected at least once (--each times)
             "faults_injected": dict(sorted(self.injected.items())),
             "timeline": self.timeline,
             "submitted": len(self.accepted),

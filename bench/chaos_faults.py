@@ -16,9 +16,9 @@ from typing import Any
 from bench.alert_quality import Outage, ready_times
 from bench.chaos_operators import KINDS as OPERATOR_KINDS
 from bench.chaos_operators import Operators
-from bench.proxy import Proxy
-from bench.rabbitmq_node import RabbitNode
-from bench.servers import Servers
+from harness.proxy import Proxy
+from harness.rabbitmq_node import RabbitNode
+from harness.servers import Servers
 from sas_app.testing.processes import Processes, Stopped
 
 #: what the schedule can do, each at least ``--each`` times ("poison" submits a poison order; the

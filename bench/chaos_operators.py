@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy import select
 
-from bench.rabbitmq_node import RabbitNode
-from bench.servers import Servers
+from harness.rabbitmq_node import RabbitNode
+from harness.servers import Servers
 from sas_app import InvalidOperation, SasApp
 from sas_app.states import RunState, StepState
 from sas_app.testing.processes import Processes

@@ -1,10 +1,11 @@
 """The test kit's speed: the wall-clock time of the examples' tests and of the kit's own (days of
 sleeps, waits and escalations on a virtual clock), as a user's ``pytest`` runs them — one process,
-no server.
+no server — and of the project's unit tier (``pytest -m unit``: its engine tests, on the kit).
 
 Runs ``pytest examples tests/unit/test_testing_kit.py`` in a subprocess (no xdist, in file order),
-reads each test's time from its JUnit report, prints them and the whole run's wall clock, and
-writes ``bench/results/kit-<date>.json``. Usage: ``python -m bench.kit [--out DIR]``
+reads each test's time from its JUnit report, prints them and the whole run's wall clock; then
+``pytest -m unit -n 2`` as scripts/test runs it; and writes ``bench/results/kit-<date>.json``.
+Usage: ``python -m bench.kit [--out DIR]``
 """
 
 from __future__ import annotations
@@ -43,12 +44,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{seconds * 1000:8.0f} ms  {test}")
     print(f"{len(times)} tests: {sum(times.values()):.2f} s in the tests, {wall:.2f} s for the whole pytest run "
           "(start-up and imports included)")
+    unit = unit_tier()
+    print(f"unit tier (pytest -m unit -n 2): {unit['tests']} tests in {unit['wall_s']:.1f} s")
     result = {"date": date.today().isoformat(), "command": "python -m bench.kit", "machine": machine(),
               "tests": len(times), "tests_s": round(sum(times.values()), 3), "pytest_wall_s": round(wall, 2),
+              "unit_tier": unit,
               "by_file_s": {name: round(seconds, 3) for name, seconds in by_file.items()},
               "by_test_ms": {name: round(seconds * 1000) for name, seconds in times.items()}}
     record(args.out, "kit", result)
     return result
+
+
+def unit_tier() -> dict[str, Any]:
+    """The unit tier as scripts/test runs it (two workers): its tests and its wall clock."""
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "junit.xml"
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "unit", "-n", "2", f"--junitxml={report}"],
+                       cwd=REPO, check=True, capture_output=True)
+        wall = time.perf_counter() - started
+        tests = sum(1 for _ in ET.parse(report).getroot().iter("testcase"))
+    return {"tests": tests, "wall_s": round(wall, 1)}
 
 
 if __name__ == "__main__":

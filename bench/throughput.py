@@ -38,7 +38,7 @@ import redis
 from sqlalchemy import create_engine, func, select, text
 
 from bench.cpu import CpuMeter, Pids, children, named, worker
-from bench.pgbouncer import pgbouncer, through
+from harness.pgbouncer import pgbouncer, through
 from sas_app import Submission
 from sas_app.testing.processes import CELERY_READY, Processes, stopped_by_signals
 

@@ -90,7 +90,8 @@ class SasApp:
         self.router = Router(self.celery, self.settings, self.store.mark_sent)
         self.scheduler = Scheduler(self.store, self.celery, self.settings, self.alerts, self.router, self.has_action,
                                    self.workflows)
-        self.supervisor = Supervisor(self.store, self.celery, self.settings, self.alerts, self.router)
+        self.supervisor = Supervisor(self.store, self.celery, self.settings, self.alerts, self.router,
+                                     clock or time.monotonic)
         inline = self.scheduler if self.settings.inline_replies else None
         self.client = Client(self.store, self.settings, self.router, self.workflows, inline, self.celery)
         self.operator = Operator(self.store, self.settings, self.router)

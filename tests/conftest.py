@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import fcntl
 import os
 import uuid
 from collections.abc import Iterator
@@ -10,6 +9,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from sas_app import SasApp, Settings
+from sas_app.testing import Environment
 from tests.support import FakeClock, Pump
 from tests.testapp import install_test_workflows
 
@@ -22,28 +22,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.definition.get_closest_marker("both_stores") and "db_url" in metafunc.fixturenames:
         metafunc.parametrize("db_url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)],
                              indirect=True)
-
-
-@pytest.fixture(autouse=True)
-def alone_when_marked(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """scripts/test runs two tests at once (pytest-xdist; SAS_TEST_WORKERS=0: one at a time): a test marked
-    ``alone`` runs while no other does, as it changes what every test shares (restarts RabbitMQ,
-    empties all of Redis) or counts it (the benches read Redis's command counts). A readers-writer lock between the
-    workers, its files in their common temporary folder; a turnstile first, so that a test
-    waiting to run alone is not passed by the other worker's next tests."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        yield
-        return
-    shared = tmp_path_factory.getbasetemp().parent
-    alone = request.node.get_closest_marker("alone") is not None
-    with open(shared / "turnstile.lock", "a") as turnstile, open(shared / "alone.lock", "a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
@@ -101,20 +79,22 @@ def settings(db_url, tmp_path) -> Settings:
 
 
 @pytest.fixture
-def sas(settings):
-    # On SQLite the store's clock is injected: expiries are a step forward (tests.support.expire).
-    clock = FakeClock() if settings.database_url.startswith("sqlite") else None
-    app = SasApp(settings, clock=clock)
-    app.test_clock = clock
-    # On PostgreSQL the steps' complete-by runs on the server's real clock: 1 s, not the default
-    # 0.3 s, so a step a slow machine delivers a few hundred ms late is not expired on arrival
-    install_test_workflows(app, timeout=0.3 if clock else 1.0)
-    app.migrate()
-    Pump(app).purge()  # the memory transport is shared by every app in this process
-    yield app
-    app.store.dispose()
+def env(settings: Settings, db_url: str) -> Iterator[Environment]:
+    """The engine tests run on the test kit users have (:class:`Environment`): an app with the test
+    workflows (tests/testapp.py), on a clock the test moves, in SQLite or — on a ``both_stores``
+    test's PostgreSQL turn — a schema of its own in PostgreSQL, its messages run by the test."""
+    user = SasApp(settings)
+    install_test_workflows(user)
+    with Environment(user, clock=FakeClock(), database_url=None if db_url.startswith("sqlite") else db_url) as env:
+        env.app.test_clock = env.clock  # type: ignore[attr-defined]
+        yield env
 
 
 @pytest.fixture
-def pump(sas) -> Pump:
-    return Pump(sas)
+def sas(env: Environment) -> SasApp:
+    return env.app
+
+
+@pytest.fixture
+def pump(env: Environment) -> Pump:
+    return env.pump

@@ -4,7 +4,7 @@ the processes a harness left running."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, event
 
 from sas_app import SasApp
-from sas_app.states import TERMINAL_RUN_STATES
 from sas_app.testing.clock import VirtualClock
 from sas_app.testing.processes import wait_until
 from sas_app.testing.pump import Pump
@@ -51,8 +50,8 @@ class FakeClock(VirtualClock):
 
 
 def pass_time(sas: SasApp, moment: float, what: str) -> None:
-    """Make the store's clock read later than ``moment``: at once on an injected clock; on a
-    server database (whose clock is its own) by waiting for it, bounded."""
+    """Make the store's clock read later than ``moment``: at once on the test's clock (the
+    ``sas`` fixture's); on an app with the database's own clock by waiting for it, bounded."""
     clock = getattr(sas, "test_clock", None)
     if clock is not None:
         clock.move_past(moment)
@@ -96,30 +95,6 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
         return wait_until(predicate, timeout, what, interval, not_yet=())
     except TimeoutError as exc:
         raise AssertionError(str(exc)) from None
-
-
-def drive(sas: SasApp, pump: Pump, run_ids: Iterable[str], rounds: int = 60) -> None:
-    """Run every message (checking that no run is left live with nothing due); while any of
-    ``run_ids`` is live or has a notification not relayed, move the store's clock to the next
-    thing due (or a pick-up time on, when nothing is: a child's end, an unsent notification wait
-    that long to be found) and sweep — until all have ended and been told, in at most ``rounds``
-    rounds."""
-    ids = list(run_ids)
-    for _ in range(rounds):
-        pump.run_due()
-        stranded = sas.store.stranded_runs()
-        assert not stranded.count, f"run {stranded.example} is live with nothing due"
-        runs = [sas.store.get_run(run_id) for run_id in ids]
-        # every notification not relayed (a negative age: those written this very moment too)
-        unsent = {note.body["run_id"] for note in sas.store.unsent(older_than=-60, limit=1000)}
-        if all(run is not None and run.process_state in TERMINAL_RUN_STATES for run in runs) and not unsent & set(ids):
-            return
-        now = sas.store.now()
-        due = [t for t in (sas.store.next_due(), pump.next_held()) if t is not None and t > now]
-        pass_time(sas, min(due, default=now + sas.settings.pickup_timeout), "the next thing due")
-        sas.supervisor.sweep()
-    states = {run_id: getattr(sas.store.get_run(run_id), "process_state", None) for run_id in ids}
-    raise AssertionError(f"runs still live after {rounds} rounds: {states}")
 
 
 def live_processes_with(marker: str) -> list[int]:

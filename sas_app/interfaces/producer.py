@@ -23,6 +23,7 @@ from typing import Any
 
 from celery import Celery
 
+from sas_app.messaging import memory_transport
 from sas_app.messaging.celery_config import AMQP
 from sas_app.messaging.routing import SCHEDULER_QUEUE, SUBMIT, confirm_options
 from sas_app.settings import is_amqp
@@ -32,8 +33,10 @@ class Producer:
     def __init__(self, broker_url: str, **celery_settings: Any) -> None:
         self.celery = Celery("sas-producer", broker=broker_url, set_as_current=False)
         amqp = AMQP if is_amqp(broker_url) else {}
+        # the in-memory broker's queues per virtual host, as the app's (a test environment's, say)
+        memory = {"broker_transport": memory_transport.NAME} if broker_url.startswith("memory://") else {}
         self.celery.conf.update({"task_serializer": "json", "accept_content": ["json"],
-                                 "broker_connection_retry_on_startup": True, **amqp, **celery_settings})
+                                 "broker_connection_retry_on_startup": True, **amqp, **memory, **celery_settings})
 
     def submit(self, workflow: str, payload: dict[str, Any], *, business_key: str, reply_to: str | None = None,
                priority: int = 5) -> str:

@@ -15,7 +15,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sas_app.messaging import filesystem_transport, reconnect, redis_transport
+from sas_app.messaging import filesystem_transport, memory_transport, reconnect, redis_transport
 from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP
 from sas_app.settings import Settings
 
@@ -79,6 +79,8 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         conf.update(AMQP)
     if settings.broker_url.startswith("redis://"):
         conf["broker_transport"] = redis_transport.NAME  # one client per channel
+    if settings.broker_url.startswith("memory://"):
+        conf["broker_transport"] = memory_transport.NAME  # queues of its own per virtual host
     if settings.embedded_broker:
         # kombu's filesystem transport: every process sharing SAS_HOME shares the queues. A
         # consumer takes a message by renaming its file into ``processed`` (atomic on one file

@@ -6,6 +6,10 @@ hosts whose clocks disagree still agree on whether a complete-by has passed. On 
 the embedded default) it is SQLite's own ``julianday('now')``, or, when a test injects a clock it can
 move forward instead of waiting, ``sas_now()``: a function of each connection of that engine (and
 of no other: compiled statements are cached per engine) that calls the injected clock.
+
+A test may inject a clock on PostgreSQL too, into a schema of its own whose ``statement_timestamp()``
+reads the setting :data:`PG_CLOCK_SETTING` (``sas_app.testing`` makes one): each transaction of the
+engine sets it from the clock first.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ Clock = Callable[[], float]
 
 #: the SQL of the database's clock on PostgreSQL, for the statements written as text
 PG_NOW = "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
+#: the PostgreSQL setting an injected clock's time is written to, each transaction
+PG_CLOCK_SETTING = "sas.now"
 
 
 class db_now(FunctionElement[float]):
@@ -51,7 +57,8 @@ def _db_now_postgresql(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
 def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) -> Engine:
     """An engine tuned for the state store: WAL and ``BEGIN IMMEDIATE`` on SQLite, so that
     concurrent worker processes serialise their writes instead of failing, and ``sas_now()`` on
-    each SQLite connection reading ``clock`` when one is injected.
+    each SQLite connection reading ``clock`` when one is injected (on PostgreSQL, each transaction
+    writing it to :data:`PG_CLOCK_SETTING`).
 
     On a server database connections are not pinged before use: that was one more round trip in
     every transaction, a fifth of a step's cost. After a PostgreSQL restart the first transaction
@@ -62,11 +69,11 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
     prepared on each connection (see :mod:`~sas_app.store.prepared`)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        if clock is not None:
-            raise ValueError("an injected clock works on SQLite only: a server database keeps its own")
         engine = create_engine(url, pool_size=5, max_overflow=5)
         if prepared and engine.dialect.driver == "psycopg2":
             install_prepared(engine)
+        if clock is not None:
+            _tell_the_time(engine, clock)
         return engine
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
@@ -91,3 +98,26 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _tell_the_time(engine: Engine, clock: Clock) -> None:
+    """Each transaction on ``engine`` first sets :data:`PG_CLOCK_SETTING` to ``clock``'s time, for
+    a test schema's ``statement_timestamp()`` to read. A connection whose ``statement_timestamp()``
+    is PostgreSQL's own is refused: the clock would be ignored."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SELECT 'statement_timestamp()'::regprocedure::oid = 'pg_catalog.statement_timestamp()'"
+                       "::regprocedure::oid")
+        own = cursor.fetchone()[0]
+        cursor.close()
+        dbapi_connection.rollback()
+        if own:
+            raise ValueError("a clock injected on PostgreSQL needs a schema whose statement_timestamp() reads "
+                             f"{PG_CLOCK_SETTING} (sas_app.testing.Environment makes one); this database keeps "
+                             "its own clock")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql(f"SELECT set_config('{PG_CLOCK_SETTING}', '{float(clock())!r}', false)")

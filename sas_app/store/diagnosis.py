@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Select, and_, exists, func, literal, or_, select, union_all
 
-from sas_app.states import LIVE_RUN_STATES, EventKind, RunState, StepState
+from sas_app.states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, EventKind, RunState, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.service_tables import supervisors
 from sas_app.store.tables import DUE_RUN_STATES, events, outbox, runs, steps
@@ -88,14 +88,22 @@ class Diagnosis:
             last = conn.execute(select(func.max(supervisors.c.last_sweep_at))).scalar_one()
             return None if last is None else float(conn.execute(select(db_now() - literal(last))).scalar_one())
 
-    def next_due(self) -> float | None:
+    def next_due(self, pickup_timeout: float) -> float | None:
         """The soonest time the Supervisor will act on something (the database's clock): a run's or a
-        live step's complete-by, a live run's deadline. None if nothing is due."""
+        live step's complete-by, a live run's deadline, a pick-up time after a child run ended with
+        its parent's step still waiting for it or after a notification was written and not yet
+        relayed (their messages lost). None if nothing is due."""
+        child = runs.alias("child")
         soonest = union_all(
             select(func.min(runs.c.complete_by)).where(runs.c.process_state.in_(DUE_RUN_STATES)),
             select(func.min(steps.c.complete_by)).join(runs, runs.c.id == steps.c.run_id)
             .where(steps.c.state.in_(_LIVE_STEP_STATES), runs.c.process_state.in_(LIVE_RUN_STATES)),
             select(func.min(runs.c.deadline)).where(runs.c.process_state.in_(_BEFORE_DEADLINE)),
+            select(func.min(child.c.updated_at) + pickup_timeout)
+            .join(steps, and_(child.c.parent_run_id == steps.c.run_id, child.c.parent_position == steps.c.position))
+            .where(steps.c.child.is_not(None), steps.c.state == StepState.RUNNING.value,
+                   child.c.process_state.in_(TERMINAL_RUN_STATES)),
+            select(func.min(outbox.c.created_at) + pickup_timeout).where(outbox.c.sent_at.is_(None)),
         ).subquery()
         with self.engine.connect() as conn:
             due = conn.execute(select(func.min(soonest.c[0]))).scalar_one()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -78,7 +79,8 @@ class Supervisor:
     def instance_id(self) -> str:
         return instance_id()
 
-    def __init__(self, store: Store, celery: Celery, settings: Settings, alerts: Alerts, router: Router) -> None:
+    def __init__(self, store: Store, celery: Celery, settings: Settings, alerts: Alerts, router: Router,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.celery = celery
         self.settings = settings
@@ -87,7 +89,7 @@ class Supervisor:
         self.depths = QueueDepths(store, celery, settings)
         #: the at-risk looks and the pacing of retries; its lookout is started by SasApp when a
         #: worker that consumes sas.supervisor is ready
-        self.forecast = Forecast(store, settings, alerts, self.depths)
+        self.forecast = Forecast(store, settings, alerts, self.depths, clock)
 
         @celery.task(name=SWEEP, ignore_result=True, shared=False)
         def sweep() -> dict[str, int]:

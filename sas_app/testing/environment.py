@@ -1,7 +1,8 @@
 """A test environment for your own :class:`SasApp`: its agents, undos, workflows, schedules and
 tables declared again on an app of the environment's own — the real Scheduler, planner, agents and
 Supervisor, an in-memory broker whose messages run in this process, an embedded store in a
-temporary folder — on a :class:`VirtualClock` that moves only when there is nothing to do now.
+temporary folder (or a schema of its own in your PostgreSQL database) — on a :class:`VirtualClock`
+that moves only when there is nothing to do now.
 
 >>> env = Environment(sas)                                   # sas: your app
 >>> env.stub(payment.charge, raises=TransientError("busy"))  # or returns=..., hangs=True, ...
@@ -19,6 +20,7 @@ schedule's tick — and the Supervisor sweeps, as it would at that moment.
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -40,10 +42,12 @@ from sas_app.interfaces.client import RunView
 from sas_app.interfaces.notifications import Notifications
 from sas_app.interfaces.schedules import Overlap
 from sas_app.interfaces.signals import SignalReceipt
+from sas_app.messaging import memory_transport
 from sas_app.settings import Settings
 from sas_app.states import TERMINAL_RUN_STATES
 from sas_app.store.migrate import migrate
 from sas_app.testing.clock import VirtualClock
+from sas_app.testing.postgres import ScratchSchema
 from sas_app.testing.pump import Message, Pump
 from sas_app.testing.stubs import HANG, WORKER_LOST, Call, Recorder, Stub, WorkerDied, _Exhausted
 
@@ -62,26 +66,40 @@ def _schema_template() -> Path:
 
 class Environment:
     """Your app's workflows on the real engine, a virtual clock and an in-memory broker (see the
-    module's docstring). ``start`` sets the clock (epoch seconds; default now). Close it when done
-    (the pytest fixture ``sas_env`` does)."""
+    module's docstring). ``start`` sets the clock (epoch seconds; default now), or ``clock`` is
+    one of your own (a :class:`VirtualClock`, shared, say, with what your test stubs). ``database_url``, a
+    PostgreSQL database's, puts the store in a schema of the environment's own there (created and
+    migrated now, dropped on close; the user needs the right to create schemas); without it the
+    store is SQLite in a temporary folder. Close it when done (the pytest fixture ``sas_env``
+    does)."""
 
-    def __init__(self, app: SasApp, *, start: float | None = None) -> None:
+    def __init__(self, app: SasApp, *, start: float | None = None, clock: VirtualClock | None = None,
+                 database_url: str | None = None) -> None:
+        if start is not None and clock is not None:
+            raise ValueError("give the environment a start or a clock, not both")
         self._folder = tempfile.TemporaryDirectory(prefix="sas-test-")
         home = Path(self._folder.name)
-        shutil.copyfile(_schema_template(), home / "state.db")
-        self.clock = VirtualClock(start)
+        self._schema: ScratchSchema | None = None
+        self.clock = clock if clock is not None else VirtualClock(start)
         self.recorder = Recorder(self.clock)
         #: every alert raised, in order
         self.alerts: list[Alert] = []
         try:
-            self.app = SasApp(_test_settings(app.settings, home), main=f"{app.celery.main}-test", clock=self.clock)
+            if database_url:
+                self._schema = ScratchSchema(database_url)
+                store_url = self._schema.url
+            else:
+                shutil.copyfile(_schema_template(), home / "state.db")
+                store_url = f"sqlite:///{home / 'state.db'}"
+            self._broker = f"sas-test-{home.name}"  # a virtual host of its own on the in-memory broker
+            self.app = SasApp(_test_settings(app.settings, home, store_url, self._broker),
+                              main=f"{app.celery.main}-test", clock=self.clock)
             self.app.alerts.hook = self.alerts.append
             self._declare(app)
         except BaseException:
-            self._folder.cleanup()
+            self._dispose()
             raise
         self.pump = Pump(self.app, on_error=self._on_error, keep_open=True)
-        self.pump.purge()  # the in-memory broker is shared by every app of this process
         self._keys = count(1)
         self._inboxes: dict[str, tuple[Notifications, list[dict[str, Any]]]] = {}
         self._open = ExitStack()  # the inboxes, closed with the environment
@@ -109,9 +127,14 @@ class Environment:
 
     def close(self) -> None:
         self._open.close()
-        self.pump.purge()
         self.pump.close()
+        memory_transport.forget(self._broker)
         self.app.store.dispose()
+        self._dispose()
+
+    def _dispose(self) -> None:
+        if self._schema is not None:
+            self._schema.drop()
         self._folder.cleanup()
 
     def __enter__(self) -> Environment:
@@ -149,9 +172,14 @@ class Environment:
         """When the next thing is due: a row's due time, a message held for its countdown, a
         schedule's tick."""
         now = self.clock.now
-        due = [self.app.store.next_due(), self.pump.next_held(),
+        due = [self.app.store.next_due(self.app.settings.pickup_timeout), self.pump.next_held(),
                *(s.next_tick(now) for s in self.app.schedules.schedules.values())]
         return min((t for t in due if t is not None), default=None)
+
+    def _unsent(self, run_id: str) -> bool:
+        """Whether a notification of ``run_id``'s is still to be relayed."""
+        notes = self.app.store.unsent(older_than=-math.inf, limit=self.app.settings.sweep_batch)
+        return any(note.body.get("run_id") == run_id for note in notes)
 
     def settle(self) -> None:
         """Run every message due now, and what the Supervisor and beat would do now, until
@@ -185,14 +213,14 @@ class Environment:
         return self.finish(self.start(workflow, payload, business_key=business_key, reply_to=reply_to))
 
     def finish(self, run: RunView | str) -> RunView:
-        """Drive ``run`` to its end, moving the clock to the next thing due whenever nothing can
-        happen now; the finished run. A run that waits for nothing due (a wait with no timeout,
-        a paused run) is an error naming it."""
+        """Drive ``run`` to its end, and its last notification out, moving the clock to the next
+        thing due whenever nothing can happen now; the finished run. A run that waits for
+        nothing due (a wait with no timeout, a paused run) is an error naming it."""
         run_id = run if isinstance(run, str) else run.id
         for _ in range(MOST_MOVES):
             self.settle()
             view = self.app.get_run(run_id)
-            if view.process_state in TERMINAL_RUN_STATES:
+            if view.process_state in TERMINAL_RUN_STATES and not self._unsent(run_id):
                 return view
             due = self._next_due()
             if due is None:
@@ -284,11 +312,12 @@ class Environment:
         return exc
 
 
-def _test_settings(settings: Settings, home: Path) -> Settings:
-    """``settings`` on the environment's own store and broker, with nothing that reaches outside
-    it (hooks, webhooks, faults, tracing, a breaker's Redis)."""
+def _test_settings(settings: Settings, home: Path, database_url: str, broker: str) -> Settings:
+    """``settings`` on the environment's own store and broker (``broker``: its virtual host on the
+    in-memory one), with nothing that reaches outside it (hooks, webhooks, faults, tracing, a
+    breaker's Redis)."""
     overrides: Mapping[str, Any] = {
-        "database_url": f"sqlite:///{home / 'state.db'}", "broker_url": "memory://localhost/", "home": home,
+        "database_url": database_url, "broker_url": f"memory://localhost/{broker}", "home": home,
         "alert_hook": "", "alert_webhook": "", "faults": "", "tracing": "", "debug_logs": "", "breaker_url": "",
         "ready_file": "", "task_events": False, "retention": "",
     }

@@ -11,7 +11,7 @@ import os
 import pytest
 import redis
 
-from bench.pgbouncer import pgbouncer, through
+from harness.pgbouncer import pgbouncer, through
 from sas_app import SasApp, Settings, fault_points
 from tests.conftest import POSTGRES, fresh_postgres_database
 from tests.integration.graph_app import install as install_graph_app

@@ -1,6 +1,6 @@
 """RabbitMQ for the integration tests: a virtual host of each test's own on the broker at
 SAS_TEST_RABBITMQ (scripts/test starts one), made and dropped with rabbitmqctl, and what a test
-does to it (restart the broker's application; bench.rabbitmq_node.purge_queues empties its queues)."""
+does to it (restart the broker's application; harness.rabbitmq_node.purge_queues empties its queues)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ slow the Supervisor; a step whose agent queue is too deep is flagged at risk bef
 from __future__ import annotations
 
 import json
-import re
 import socket
 import threading
 import time
@@ -13,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from sqlalchemy import select
 
-from bench.proxy import Proxy
+from harness.proxy import Proxy
 from sas_app import SasApp, Settings, Step, Workflow
 from sas_app.store.service_tables import looks
 from sas_app.store.tables import alerts
@@ -110,7 +109,7 @@ def test_a_step_whose_agent_queue_is_too_deep_is_flagged_at_risk_once(stack, sta
 
 
 @pytest.fixture
-def silent(redis_url, tmp_path):
+def silent(redis_url, tmp_path, request):
     """An app on Redis (through a proxy a test may cut) and a SQLite store on a test clock, with
     three runs whose steps (20 s each) wait for svc, whose workers are away; the Supervisor has
     looked once: it has seen the queue since."""
@@ -127,7 +126,8 @@ def silent(redis_url, tmp_path):
     runs = [sas.submit("call", {}, business_key=f"silent-{i}").id for i in range(3)]
     Pump(sas).run(["sas.scheduler"])
     assert look(sas) == []  # seen from here
-    pass_time(sas, sas.store.get_steps(runs[0])[0].complete_by - 3.9, "the last fifth of the steps' budget")
+    left = getattr(request, "param", 3.9)  # by default the last fifth of the steps' budget
+    pass_time(sas, sas.store.get_steps(runs[0])[0].complete_by - left, "the steps' time left")
     yield sas, proxy, runs
     proxy.close()
     sas.store.dispose()
@@ -148,14 +148,19 @@ def test_a_silent_queue_is_not_called_stuck_by_a_supervisor_that_could_not_read_
     assert sorted(a.run_id for a in look(sas)) == sorted(runs)  # still silent: not draining
 
 
+@pytest.mark.parametrize("silent", [6.0], indirect=True)  # the gap and the seeing again, in the steps' time
 def test_a_supervisor_that_no_look_came_to_for_a_while_was_blind_meanwhile(silent):
     """With the broker down beat cannot send the looks, and none runs to find it down: the gap
     itself says the Supervisor could not see."""
     sas, _, runs = silent
-    time.sleep(2.1)  # no look for longer than SETTLE_S (and ten looks' interval): the outage
+    sas.test_clock.advance(2.1)  # no look for longer than SETTLE_S (and ten looks' interval): the outage
     assert look(sas) == []  # sees again
-    pass_time(sas, sas.test_clock.now + 2.1, "two seconds seen")
-    assert sorted(a.run_id for a in look(sas)) == sorted(runs)
+    seeing = sas.test_clock.now
+    raised: list = []
+    while not raised and sas.test_clock.now < seeing + 3:  # a look each interval, as the lookout takes them
+        raised = look(sas)
+    assert sorted(a.run_id for a in raised) == sorted(runs)
+    assert sas.test_clock.now > seeing + 2.0  # once it had seen the queue silent for SETTLE_S
 
 
 def test_the_steps_waiting_when_the_broker_stops_answering_are_told_in_their_last_look(silent):
@@ -190,12 +195,10 @@ def test_steps_taken_before_the_broker_stopped_answering_are_not_told(silent):
 
 def test_a_supervisor_worker_looks_at_the_queues_itself_while_the_broker_is_down(stack, stack_env, redis_url):
     """The looks are the Supervisor worker's own (no beat runs here), and go on while the broker is
-    down for everyone: the orders' steps waiting then are told at risk before their complete-by.
-    With SAS_DEBUG_LOGS=sas_app.supervision.forecast.watch its log says what each look read and judged."""
+    down for everyone: the orders' steps waiting then are told at risk before their complete-by."""
     redis_port, db = redis_url.rsplit(":", 1)[1].split("/")
     proxy = Proxy(int(redis_port))
-    env = {**stack_env, "SAS_BROKER_URL": f"redis://127.0.0.1:{proxy.port}/{db}", "SAS_AT_RISK_INTERVAL": "0.1",
-           "SAS_DEBUG_LOGS": "sas_app.supervision.forecast.watch"}
+    env = {**stack_env, "SAS_BROKER_URL": f"redis://127.0.0.1:{proxy.port}/{db}", "SAS_AT_RISK_INTERVAL": "0.1"}
     shop = shop_app(env, step_timeout=4.0)
     shop.migrate()
     stack.env.update(env)
@@ -214,10 +217,6 @@ def test_a_supervisor_worker_looks_at_the_queues_itself_while_the_broker_is_down
         for alert in at_risk_alerts(shop):
             assert "and the broker not answering on sas.agent." in alert.reason, alert.reason
             assert alert.at < due[(alert.run_id, alert.position)]
-        log = stack.log("supervisor")
-        looked = r"DEBUG/MainProcess\] look at [0-9.]+ \(queues read at [0-9.]+\): "
-        assert re.search(looked + r"(.*; )?\w+ [12] waiting, ", log), log[-2000:]
-        assert re.search(looked + r"(.*; )?\w+ unread, [12] at risk", log), log[-2000:]
     finally:
         proxy.close()
         shop.store.dispose()

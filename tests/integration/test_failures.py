@@ -14,7 +14,7 @@ from datetime import datetime
 import pytest
 import redis
 
-from bench.rabbitmq_node import purge_queues
+from harness.rabbitmq_node import purge_queues
 from tests.integration.conftest import shop_app
 from tests.integration.rabbitmq import rabbitmqctl
 from tests.integration.stack import SAS, clock_off_by

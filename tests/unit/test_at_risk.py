@@ -73,7 +73,7 @@ def test_a_look_sooner_than_half_an_interval_after_the_last_is_skipped_whichever
     """Each Supervisor worker's lookout looks, and a look held up arrives beside the next: each
     more look in a step's last interval is one more coin toss at the margin. A look less than half
     an interval after the last one taken, by any Supervisor process, is skipped: one statement."""
-    other = SasApp(settings, clock=sas.test_clock)  # a second Supervisor process on the same store
+    other = SasApp(sas.settings, clock=sas.test_clock)  # a second Supervisor process on the same store
     install_test_workflows(other)
     backlog_of(sas, pump, 2, "margin")
     assert len(look(sas)) == 2

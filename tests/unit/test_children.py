@@ -124,7 +124,7 @@ def test_a_child_workflow_gone_from_the_deployed_code_fails_its_step(sas, pump, 
     [before] = pump.take("sas.agent.svc")
 
     # the next deployment has "parent" (unchanged) but no "kid" any more
-    new = SasApp(settings, clock=sas.test_clock)
+    new = SasApp(sas.settings, clock=sas.test_clock)
     svc = new.agent("svc")
     svc.action(lambda call: {"ok": True}, name="work")
     svc.action(lambda call: {"undone": True}, name="undo")

@@ -306,17 +306,16 @@ def test_runs_holding_and_waiting_for_a_slot_of_their_key(sas, pump, client):
     assert 'sas_runs_waiting{kind="slot"} 1.0' in client.get("/metrics").get_data(as_text=True)
 
 
-def test_every_metric_label_holds_one_of_its_known_values(sas, pump, filled, client):
+def test_every_metric_label_holds_one_of_its_known_values(env, sas, pump, filled, client):
     """A label is a code, never a message: free text would grow Prometheus's series without limit.
     A deferral (its breaker's message was once its label), a lost worker, a wait, an alert of each
     kind — each label value must come from its known set."""
     from sas_app.engine import alerts
     from sas_app.interfaces.doctor import CHECKS
     from sas_app.states import RUN_STATES, Cause
-    from tests.support import drive
 
     deferred = sas.submit("three", {"script": {"first": ["deferred", "ok"]}}, business_key="deferred-1")
-    drive(sas, pump, [deferred.id])
+    env.finish(deferred.id)
     sas.submit("claim", {}, business_key="waits-1")
     pump.run()
     sas.test_clock.advance(0.01)
@@ -376,11 +375,10 @@ def test_the_overview_says_how_many_alerts_need_nobody_any_more(client, filled):
     assert "1 earlier alert belongs to runs that have since finished" in section
 
 
-def test_a_run_page_shows_each_attempt_s_transient_faults(client, sas, pump):
-    from tests.support import drive
+def test_a_run_page_shows_each_attempt_s_transient_faults(client, env, sas):
 
     handle = sas.submit("three", {"script": {"second": ["transient", "transient", "ok"]}}, business_key="flaky-1")
-    drive(sas, pump, [handle.id])
+    env.finish(handle.id)
 
     page = client.get(f"/runs/{handle.id}").get_data(as_text=True)
     row = next(r for r in page.split("<tr") if 'data-kind="faults"' in r)

@@ -287,7 +287,7 @@ def test_messages_for_unknown_runs_or_finished_runs_change_nothing(sas, pump):
 
 
 def test_two_supervisors_sweeping_at_once_recover_each_step_once(sas, pump, settings):
-    other = SasApp(settings, clock=sas.test_clock)  # the same store, on the same clock
+    other = SasApp(sas.settings, clock=sas.test_clock)  # the same store, on the same clock
     install_test_workflows(other)
     handles = [sas.submit("three", {"script": {"first": ["hang"]}}, business_key=f"c{i}") for i in range(40)]
     pump.run()
@@ -321,12 +321,12 @@ def test_supervisors_recover_a_fleet_of_expired_steps_in_batches_each_once_and_i
     """A fleet of agents died: 240 steps expired at once, three Supervisors sweeping together
     in batches of 40 recover each exactly once; a batch costs as many statements whatever its size;
     the Scheduler then starts every one again."""
-    apps = [SasApp(replace(settings, sweep_batch=batch), clock=sas.test_clock)  # the same store and clock
+    apps = [SasApp(replace(sas.settings, sweep_batch=batch), clock=sas.test_clock)  # the same store and clock
             for batch in (5, 40, 40, 40)]
     for app in apps:
         install_test_workflows(app)
-    # The agent times each call on the real clock: 720 calls in one pump with "three"'s 0.3 s could
-    # see one pass its complete-by in a stall (on PostgreSQL, expire() waits for the store's clock).
+    # Steps of 2 s, not "three"'s 0.3 s: these apps' agents time each call on the real clock, and
+    # 720 calls in one pump could see one pass its complete-by in a stall.
     fleet = [Step(name, "svc.work", timeout=2) for name in ("first", "second", "third")]
     for app in (sas, *apps):
         app.workflow("fleet", fleet)
@@ -397,12 +397,11 @@ def test_a_failing_alert_hook_changes_nothing_for_the_run(sas, pump):
     # failing until complete-by at every attempt: no reply, but each attempt's faults still kept
     (["transient"], "error", None),
 ])
-def test_an_attempt_s_transient_faults_are_kept_in_the_run_s_history(sas, pump, script, ends, kept):
+def test_an_attempt_s_transient_faults_are_kept_in_the_run_s_history(env, sas, script, ends, kept):
     from sas_app.web.formatting import detail_text
-    from tests.support import drive
 
     handle = sas.submit("three", {"script": {"second": script}}, business_key=f"faults-{ends}-{len(script)}")
-    drive(sas, pump, [handle.id])
+    env.finish(handle.id)
 
     view = handle.status()
     assert view.process_state == ends

@@ -19,9 +19,7 @@ pytestmark = pytest.mark.both_stores
 
 
 def _workflow(sas, then: str) -> str:
-    # on PostgreSQL's own clock long enough that a sweep and a pump right after the escalation, on a
-    # busy CI machine, still find it not over (at 0.5 s one did not)
-    wait = timedelta(minutes=30) if sas.test_clock is not None else timedelta(seconds=2)
+    wait = timedelta(minutes=30)
     name = f"escalating_{then}"
     sas.register(Workflow(name, [
         Step("first", "svc.work", timeout=0.3, compensate="svc.undo"),

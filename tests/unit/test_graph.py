@@ -144,7 +144,7 @@ def test_a_run_keeps_the_graph_it_started_with_and_a_removed_action_fails_its_st
     assert len(dispatched(pump)) == 2  # left and right are in flight when the new code is deployed
 
     # The next deployment: "diamond" has changed (no join, a new step) and svc.undo is gone.
-    new = SasApp(settings, clock=sas.test_clock)
+    new = SasApp(sas.settings, clock=sas.test_clock)
     svc = new.agent("svc")
     svc.action(scripted, name="work")
     new.workflow("diamond", [Step("only", "svc.work", timeout=0.3)])

@@ -18,7 +18,8 @@ import pytest
 from sas_app import Escalate, SasApp, Sleep, Step, WaitFor, Workflow
 from sas_app.agents.agent import report_lost
 from sas_app.messaging.publishes import Publish
-from tests.support import Pump, drive, pass_time
+from sas_app.testing import Environment
+from tests.support import Pump, pass_time
 
 pytestmark = pytest.mark.both_stores
 
@@ -78,8 +79,7 @@ def a_parent_cancelled_while_its_child_runs(sas: SasApp, pump: Pump, key: str) -
 @story(Publish.SLOT_FREED)
 def two_runs_of_one_key(sas: SasApp, pump: Pump, key: str) -> list[str]:
     first = sas.submit("one_per_key", {"customer": key}, business_key=f"{key}-1")
-    if sas.test_clock is not None:
-        sas.test_clock.advance(0.001)
+    sas.test_clock.advance(0.001)
     second = sas.submit("one_per_key", {"customer": key}, business_key=f"{key}-2")
     return [first.id, second.id]
 
@@ -248,11 +248,12 @@ def test_every_kind_of_publish_has_a_loss_story():
 
 @pytest.mark.parametrize("kind, tell", [(kind, tell) for kind in Publish for tell in STORIES.get(kind, [])],
                          ids=lambda x: str(x) if isinstance(x, Publish) else x.__name__)
-def test_a_message_lost_once_leaves_the_run_to_end_as_it_would_have(sas: SasApp, pump: Pump, kind: Publish,
-                                                                    tell: Story):
+def test_a_message_lost_once_leaves_the_run_to_end_as_it_would_have(env: Environment, sas: SasApp, pump: Pump,
+                                                                    kind: Publish, tell: Story):
     started = sas.store.now()
     as_is = tell(sas, pump, f"{kind}-as-is")
-    drive(sas, pump, as_is)
+    for run_id in as_is:
+        env.finish(run_id)
     took = {"as is": ended_at(sas, as_is) - started}
     told = {"as is": notifications(pump)}
 
@@ -262,7 +263,8 @@ def test_a_message_lost_once_leaves_the_run_to_end_as_it_would_have(sas: SasApp,
         pump.lose(kind)
     started = sas.store.now()
     lost = tell(sas, pump, f"{kind}-lost")
-    drive(sas, pump, lost)
+    for run_id in lost:
+        env.finish(run_id)
     took["lost"] = ended_at(sas, lost) - started
     told["lost"] = notifications(pump)
 

@@ -21,7 +21,7 @@ def test_a_submission_sent_as_a_message_makes_one_run_however_often_it_arrives(s
 
 
 def test_the_producer_needs_only_the_broker(sas, pump):
-    producer = Producer("memory://localhost/")  # no database, no workflow code
+    producer = Producer(sas.settings.broker_url)  # no database, no workflow code
     producer.submit("three", {"n": 2}, business_key="from-producer", priority=7)
     producer.close()
     pump.run()

@@ -1,16 +1,12 @@
 """What a user's code sees of sas_app: its public names only, with their types.
 
 The examples and the order example are user code: they import only names ``sas_app`` and
-``sas_app.testing`` export (a private module there is a name a user would copy). ``mypy --strict``
-on a file of user-style code
-(``tests/typed_user_code.py``) keeps the decorators and references typed: an ``assert_type`` there
-fails the check the day one of them is ``Any``."""
+``sas_app.testing`` export (a private module there is a name a user would copy). Their types:
+tests/processes/test_typing.py."""
 
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,24 +36,6 @@ def test_user_code_imports_only_sas_app_s_public_names(path):
     private = [f"{module}.{name}" if name else module for module, name in imports_of(REPO / path)
                if name not in PUBLIC.get(module, ())]
     assert private == [], f"{path} imports what sas_app does not export"
-
-
-def test_the_public_api_keeps_its_types_under_mypy_strict():
-    checked = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-incremental",
-         str(REPO / "tests" / "typed_user_code.py")],
-        capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-
-
-def test_mistakes_in_user_code_are_type_errors_each_where_it_is_made():
-    path = REPO / "tests" / "typed_user_mistakes.py"
-    marked = sorted(i for i, line in enumerate(path.read_text().splitlines(), 1) if "  # refused:" in line)
-    checked = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-incremental", str(path)],
-        capture_output=True, text=True, cwd=REPO, timeout=300)
-    flagged = sorted({int(line.split(":")[1]) for line in checked.stdout.splitlines() if ": error:" in line})
-    assert flagged == marked, checked.stdout
 
 
 def test_a_run_state_says_whether_the_run_has_finished():

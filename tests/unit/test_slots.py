@@ -21,10 +21,9 @@ def _per_customer(sas, max_running: int = 1) -> str:
 
 
 def submit(sas, wf: str, customer, key: str):
-    """One submission after another (on the injected clock, a moment apart: submission order is
-    the order of their times)."""
-    if sas.test_clock is not None:
-        sas.test_clock.advance(0.001)
+    """One submission after another, a moment apart on the test's clock (submission order is the
+    order of their times)."""
+    sas.test_clock.advance(0.001)
     return sas.submit(wf, {"customer": customer}, business_key=key)
 
 

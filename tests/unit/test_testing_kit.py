@@ -1,10 +1,13 @@
 """sas_app's test kit (``sas_app.testing``) as a user meets it: their own app, run on the real
 engine with a virtual clock — days of sleeps, waits and escalations in well under a second — with
-agents stubbed to fail in every way a remote service does."""
+agents stubbed to fail in every way a remote service does. On both stores: SQLite in a temporary
+folder, and (as an integration test) a schema of its own in PostgreSQL, as ``--sas-database-url``
+gives it."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 import pytest
 
@@ -27,6 +30,14 @@ from sas_app import (
     Workflow,
 )
 from sas_app.testing import HANG, WORKER_LOST, StubExhausted
+
+pytestmark = pytest.mark.both_stores
+
+
+@pytest.fixture
+def sas_env(db_url, sas_env):
+    """The kit's own fixture; on the PostgreSQL turn, its stores in that database."""
+    return sas_env if db_url.startswith("sqlite") else partial(sas_env, database_url=db_url)
 
 
 @pytest.fixture
@@ -142,6 +153,18 @@ def test_the_users_app_is_left_as_it_was(sas, sas_env, tmp_path):
     # the stub answers in the environment only: the app's own action still runs its function
     assert sas.agents["billing"].actions["charge"].fn(
         AgentCall("r", "k", "charge_only", "charge", 0, 1, "r:charge", {"amount": 3.0}, {}, 10.0)) == {"charged": 3.0}
+
+
+def test_two_environments_side_by_side_share_no_store_and_no_message(sas, sas_env):
+    one, two = sas_env(sas), sas_env(sas)
+    handle = one.app.submit("charge_only", {"amount": 1.0}, business_key="side-1")  # its message not run yet
+    two.settle()  # runs what is on its own broker only
+    assert not one.get_run(handle.id).state.finished and one.calls() == two.calls() == []
+
+    one.settle()
+    assert one.get_run(handle.id).state is RunState.PROCESSED
+    assert [c.payload for c in one.calls("billing.charge")] == [{"amount": 1.0}] and two.calls() == []
+    assert two.app.store.find_run("charge_only", "side-1") is None
 
 
 def test_bad_input_to_the_kit_is_an_error_that_names_it(sas, sas_env):

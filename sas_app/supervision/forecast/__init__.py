@@ -11,6 +11,9 @@ replays behind each constant: docs/explanation/at-risk-forecast.md.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from sas_app.engine.alerts import Alert, Alerts
 from sas_app.settings import Settings
 from sas_app.store import StepRow, Store, Tx
@@ -26,9 +29,10 @@ class Forecast:
     """What the Supervisor asks of the forecast: to look at the queues now and then (:meth:`start`,
     :meth:`look`), and how long each retry of a step that expired in a backlog waits (:meth:`paced`)."""
 
-    def __init__(self, store: Store, settings: Settings, alerts: Alerts, depths: QueueDepths) -> None:
+    def __init__(self, store: Store, settings: Settings, alerts: Alerts, depths: QueueDepths,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
-        self.watch = Watch(store, settings, alerts, depths)
+        self.watch = Watch(store, settings, alerts, depths, clock)
         #: the looks, taken by a thread of each worker that consumes the Supervisor's queue
         self.lookout = Lookout(self.look, settings.at_risk_interval)
 

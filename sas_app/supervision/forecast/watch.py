@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from math import inf
 
 from sas_app.engine.alerts import AT_RISK, Alert, Alerts, grouped
@@ -49,8 +50,12 @@ log = logging.getLogger(__name__)
 
 
 class Watch:
-    def __init__(self, store: Store, settings: Settings, alerts: Alerts, depths: QueueDepths) -> None:
+    def __init__(self, store: Store, settings: Settings, alerts: Alerts, depths: QueueDepths,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
+        #: this process's clock, for how long since its last look and its last telling: the app's
+        #: injected clock in tests, so that a gap is a step forward
+        self.clock = clock
         self.settings = settings
         self.alerts = alerts
         self.depths = depths
@@ -75,7 +80,7 @@ class Watch:
     def look(self) -> list[Alert]:
         """Judge the queues with messages waiting, record the steps at risk and tell them
         (:meth:`_tell`); the recorded alerts are the ones raised."""
-        looked = time.monotonic()
+        looked = self.clock()
         with self._lock:
             # no look came to this process for a while (its lookout was held up): blind meanwhile
             if looked - self._looked_at > max(SETTLE_S, 10 * self.settings.at_risk_interval):
@@ -185,7 +190,7 @@ class Watch:
         process found and has not told yet, in the order found (each look's nearest its queue's
         head first). A process that dies first leaves those recorded (the run's page, the
         ``alerts`` table), untold."""
-        now = time.monotonic()
+        now = self.clock()
         due: dict[str, list[Alert]] = {}
         with self._lock:
             for queue, alerts in found.items():

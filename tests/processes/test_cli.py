@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # real processes
+
 SAS = str(Path(sys.executable).parent / "sas")
 REPO = Path(__file__).resolve().parents[2]
 

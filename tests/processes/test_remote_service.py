@@ -15,6 +15,8 @@ from sas_app.testing.processes import free_port
 from tests.support import wait_for
 from workers.remote_service import Faults, Ledger, make_handler
 
+pytestmark = pytest.mark.integration  # real processes
+
 
 @pytest.fixture
 def service(tmp_path):

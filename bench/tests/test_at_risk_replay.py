@@ -8,10 +8,14 @@ import pickle
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from bench.alert_quality import Outage
 from bench.at_risk_replay import Record, judged, mean_of, own_looks, replay
 from bench.chaos import JUDGED
-from tests.unit.test_alert_quality import T0, dispatched, expired, received
+from bench.tests.test_alert_quality import T0, dispatched, expired, received
+
+pytestmark = pytest.mark.bench
 
 
 def kept_run(home: Path, sent: int, received_first: int, outages: list[Outage] | None = None) -> Path:

@@ -14,6 +14,8 @@ import pytest
 from sas_app.testing.processes import Processes, Stopped
 from tests.support import live_processes_with, wait_for
 
+pytestmark = pytest.mark.integration  # real processes
+
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
 
@@ -99,7 +101,7 @@ def test_a_bench_killed_with_sigterm_stops_what_it_started_first(tmp_path):
 
 def test_the_chaos_runs_servers_refuse_to_start_once_stopped(tmp_path):
     """A fault's thread restarting Redis or PostgreSQL as the run stops would leave a server behind."""
-    from bench.servers import Servers
+    from harness.servers import Servers
 
     (tmp_path / "logs").mkdir()
     servers = Servers(tmp_path)
@@ -118,7 +120,7 @@ def test_the_chaos_runs_proxy_drops_its_connections_and_refuses_new_ones_while_c
     is dropped and new ones are refused until the cut is over."""
     import socket
 
-    from bench.proxy import Proxy
+    from harness.proxy import Proxy
 
     echo = socket.create_server(("127.0.0.1", 0))
 

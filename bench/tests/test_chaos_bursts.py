@@ -8,6 +8,8 @@ import pytest
 
 from bench.chaos import BURST_PERIOD_S, arrival, parse
 
+pytestmark = pytest.mark.bench
+
 
 def test_without_bursts_orders_come_evenly_at_the_rate():
     assert [arrival(i, 5.0) for i in (0, 1, 50, 299)] == pytest.approx([0.0, 0.2, 10.0, 59.8])

@@ -10,6 +10,8 @@ import pytest
 
 from bench.soak import Watch, judge, parse_duration, rss_kb
 
+pytestmark = pytest.mark.bench
+
 
 def watch_with(memory: dict[str, list[tuple[float, int]]], connections: list[tuple[float, int]]) -> Watch:
     watch = Watch(lambda: [], lambda: None)

@@ -4,15 +4,16 @@ themselves are not asserted here: they belong to bench/results."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.integration.stack import REPO
-
 # alone: the benches' stacks take fixed database names and Redis numbers, and count Redis's commands
-pytestmark = [pytest.mark.integration, pytest.mark.alone]
+pytestmark = [pytest.mark.bench, pytest.mark.alone]
+REPO = Path(__file__).resolve().parents[2]
 
 
 #: the benches' stacks sweep every second here, not every 5 s: these tests check that a bench runs
@@ -23,7 +24,7 @@ QUICK_SWEEPS = {"SAS_SUPERVISOR_INTERVAL": "1"}
 def run_bench(module: str, *args: str, tmp_path, env: dict[str, str] | None = None) -> dict:
     done = subprocess.run([sys.executable, "-m", module, *args, "--out", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "BENCH_LOGS": str(tmp_path / "logs"), **(env or {})})
+                          env={**os.environ, "BENCH_LOGS": str(tmp_path / "logs"), **(env or {})})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     [written] = tmp_path.glob(f"{module.split('.')[-1]}-*.json")
     return json.loads(written.read_text())
@@ -87,8 +88,9 @@ def test_backpressure_bench_overloads_an_agent_and_loses_nothing(tmp_path):
     assert paced["series"] and paced["depth_max"] > 0
 
 
-def test_kit_bench_times_the_examples_and_the_kit_s_own_tests(tmp_path):
+def test_kit_bench_times_the_examples_the_kit_s_own_tests_and_the_unit_tier(tmp_path):
     result = run_bench("bench.kit", tmp_path=tmp_path)
     assert result["tests"] == len(result["by_test_ms"]) >= 10
     assert set(result["by_file_s"]) == {"examples.test_approval", "examples.test_fanout", "examples.test_signup",
                                         "tests.unit.test_testing_kit"}
+    assert result["unit_tier"]["tests"] > 300 and result["unit_tier"]["wall_s"] > 0

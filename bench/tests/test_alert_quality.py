@@ -7,7 +7,11 @@ from __future__ import annotations
 from datetime import datetime
 from types import SimpleNamespace as Row
 
+import pytest
+
 from bench.alert_quality import BACKLOG_GAP_S, Outage, judge, ready_times
+
+pytestmark = pytest.mark.bench
 
 RUN_A, RUN_B, RUN_C = "a" * 32, "b" * 32, "c" * 32
 T0 = datetime(2026, 11, 24, 22, 25, 40).timestamp()
