@@ -2,7 +2,8 @@
 sleeps, waits and escalations on a virtual clock), as a user's ``pytest`` runs them — one process,
 no server — and of the project's unit tier (``pytest -m unit``: its engine tests, on the kit).
 
-Runs ``pytest examples tests/unit/test_testing_kit.py`` in a subprocess (no xdist, in file order),
+Runs ``pytest -m unit examples tests/unit/test_testing_kit.py`` in a subprocess (no xdist, in file
+order; SQLite, as a user's tests run by default),
 reads each test's time from its JUnit report, prints them and the whole run's wall clock; then
 ``pytest -m unit -n 2`` as scripts/test runs it; and writes ``bench/results/kit-<date>.json``.
 Usage: ``python -m bench.kit [--out DIR]``
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "junit.xml"
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:randomly",
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:randomly", "-m", "unit",
                         f"--junitxml={report}", *TESTS], cwd=REPO, check=True, capture_output=True)
         wall = time.perf_counter() - started
         cases = ET.parse(report).getroot().iter("testcase")

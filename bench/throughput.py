@@ -57,9 +57,13 @@ def rss_mb(pid: int) -> float:
 
 
 def record(out: Path, name: str, result: dict[str, Any]) -> Path:
-    """Write ``result`` as ``<out>/<name>-<date>.json`` (today unless it carries a date) and say where."""
+    """Write ``result`` as ``<out>/<name>-<date>.json`` (today unless it carries a date) and say
+    where; the earlier files of ``name`` there are removed: a folder keeps the latest of each
+    bench (git keeps the history)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}-{result.get('date', date.today().isoformat())}.json"
+    for earlier in out.glob(f"{name}-[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9].json"):
+        earlier.unlink()
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {path}", flush=True)
     return path

@@ -12,8 +12,9 @@ A manager answers a waiting claim from anywhere:
     SAS_APP=examples.approval:sas sas signal expense_claim:claim-42 approval --payload '{"approved": true}'
 or with the dashboard's Approve and Reject buttons (`sas dashboard --basic-auth user:password`), or
 from a service that has only the broker:
-    celery_app.send_task("sas.signal", kwargs={"workflow": "expense_claim", "business_key": "claim-42",
-                                               "event": "approval", "payload": {"approved": True}})
+    celery_app.send_task("sas.signal", queue="sas.scheduler",
+                         kwargs={"workflow": "expense_claim", "business_key": "claim-42",
+                                 "event": "approval", "payload": {"approved": True}})
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from sas_app.errors import (
 )
 from sas_app.interfaces.bulk import Submission, Submitted
 from sas_app.interfaces.client import RunHandle, RunView
+from sas_app.interfaces.notifications import Notifications
 from sas_app.interfaces.producer import Producer
 from sas_app.interfaces.schedules import Overlap
 from sas_app.interfaces.signals import SignalReceipt
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidOperation",
     "InvalidSignal",
     "InvalidSubmission",
+    "Notifications",
     "OnTimeout",
     "Output",
     "Overlap",

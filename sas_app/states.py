@@ -24,13 +24,13 @@ class Word(str, Enum):
 class RunState(Word):
     """``runs.process_state``: the pattern's ProcessState, plus compensation and cancel."""
 
-    PENDING = "pending"
-    PROCESSING = "processing"
-    PROCESSED = "processed"
-    ERROR = "error"
-    COMPENSATING = "compensating"
-    COMPENSATED = "compensated"
-    CANCELLED = "cancelled"
+    PENDING = "pending"  # submitted; the Scheduler has not planned it yet
+    PROCESSING = "processing"  # its steps are being run
+    PROCESSED = "processed"  # every step completed: done
+    ERROR = "error"  # stopped for an operator (a step failed with nothing to undo, an undo failed): an alert says why
+    COMPENSATING = "compensating"  # a step failed for good: the completed steps' undos are running
+    COMPENSATED = "compensated"  # undone as a whole: every completed step's undo ran
+    CANCELLED = "cancelled"  # an operator cancelled it before it finished
 
     @property
     def finished(self) -> bool:
@@ -42,13 +42,13 @@ class RunState(Word):
 class StepState(Word):
     """``steps.state``."""
 
-    NOT_STARTED = "not_started"
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    COMPENSATING = "compensating"
-    COMPENSATED = "compensated"
+    NOT_STARTED = "not_started"  # the steps before it have not completed yet
+    PENDING = "pending"  # due to be sent to its agent (or asleep, or waiting for an event, in the store)
+    RUNNING = "running"  # sent to its agent; its complete-by is running
+    COMPLETED = "completed"  # its agent replied with a result
+    FAILED = "failed"  # failed for good: a permanent error, or its attempts used up
+    COMPENSATING = "compensating"  # its undo has been sent to its agent
+    COMPENSATED = "compensated"  # its undo completed
     #: no longer wanted: its run is being undone and it has no undo (a late reply is fenced out)
     STOPPED = "stopped"
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class Notifications:
     """Read the notifications sent to ``queue``, each once, in the order they were relayed.
 
-    >>> with Notifications(sas, "my-replies") as inbox:
+    >>> with Notifications(sas.celery, "my-replies") as inbox:
     ...     for note in inbox.iter(timeout=30):
     ...         print(note["run_id"], note["kind"])
     """

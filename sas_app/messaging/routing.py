@@ -28,17 +28,26 @@ log = logging.getLogger(__name__)
 #: How long a publish waits for the broker's confirm (RabbitMQ) before it is retried.
 CONFIRM_TIMEOUT = 5.0
 
+#: the Scheduler's queue: what to plan next, and the agents' replies
 SCHEDULER_QUEUE = "sas.scheduler"
+#: the Supervisor's queue: its sweeps, and beat's schedule ticks and purges
 SUPERVISOR_QUEUE = "sas.supervisor"
 
+#: ask the Scheduler to plan a run's next steps (after a submit, a signal, an operator's action)
 ADVANCE = "sas.scheduler.advance"
 #: the Supervisor's batch: ask about each of several runs (one message, not one per run)
 ADVANCE_EACH = "sas.scheduler.advance_each"
+#: an agent's reply: the step's result
 STEP_DONE = "sas.scheduler.step_done"
+#: an agent's reply: the step failed (permanently, or this attempt)
 STEP_FAILED = "sas.scheduler.step_failed"
+#: an agent's reply: its breaker is open, the step was not tried (no failure counted)
 STEP_DEFERRED = "sas.scheduler.step_deferred"
+#: an agent worker's main process: the worker running the step died
 STEP_LOST = "sas.scheduler.step_lost"
+#: an attempt's transient faults, kept in the run's history once the attempt ended
 STEP_FAULTS = "sas.scheduler.step_faults"
+#: sent by beat every SAS_SUPERVISOR_INTERVAL: the Supervisor's sweep
 SWEEP = "sas.supervisor.sweep"
 #: the at-risk look (not a task: each Supervisor worker's lookout takes one every
 #: SAS_AT_RISK_INTERVAL, see sas_app.supervision.forecast.lookout), by this name in the ``looks`` table

@@ -15,6 +15,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RunRow:
+    """A run as the store holds it (``RunView.run``): its workflow and business key, payload,
+    ``process_state`` (a :class:`RunState` value), who holds it (``locked_by``) and when it is
+    looked at next (``complete_by``), its deadline, parent and error; times are epoch seconds on
+    the database's clock."""
+
     id: str
     workflow: str
     business_key: str

@@ -44,6 +44,9 @@ DUE_RUN_STATES = ("pending", "processing", "compensating")
 RUNS_DUE = "complete_by IS NOT NULL AND process_state IN ('pending', 'processing', 'compensating')"
 STEPS_LIVE_DUE = "complete_by IS NOT NULL AND state IN ('pending', 'running')"
 
+# One row per run: the pattern's ProcessState (``process_state``), its payload, who holds it now
+# (``locked_by``) and when the Supervisor looks at it next (``complete_by``), its deadline, its
+# place in a schedule, a concurrency key or a parent run.
 runs = Table(
     "runs",
     metadata,
@@ -118,6 +121,9 @@ Index("ix_runs_created", runs.c.created_at)
 Index("ix_runs_parent", runs.c.parent_run_id, postgresql_where=text("parent_run_id IS NOT NULL"),
       sqlite_where=text("parent_run_id IS NOT NULL"))
 
+# One row per step of a run (and per branch of a fan-out): its state, its attempt (the fencing
+# token), its complete-by and failure count, its result or error, and what it waits for in the
+# store (a sleep, an event, a child run).
 steps = Table(
     "steps",
     metadata,
@@ -193,6 +199,8 @@ Index(
     sqlite_where=text("state = 'pending' AND (sleep IS NOT NULL OR sleep_until IS NOT NULL OR event IS NOT NULL)"),
 )
 
+# A run's history, append-only: every transition of the run and its steps, alerts, operators'
+# actions, signals and refused late replies, with who did it and when.
 events = Table(
     "events",
     metadata,

@@ -23,12 +23,12 @@ class _Outcome:
         return self.name
 
 
-#: an answer of a stub: the call takes longer than its complete-by (the step is retried when the
-#: Supervisor finds it expired)
 HANG = _Outcome("HANG")
-#: an answer of a stub: the worker running the call dies (Celery's worker lost: the Scheduler is
-#: told, and counts it as a failure)
+"""An answer of a stub: the call takes longer than its complete-by (the step is retried when the
+Supervisor finds it expired)."""
 WORKER_LOST = _Outcome("WORKER_LOST")
+"""An answer of a stub: the worker running the call dies (Celery's worker lost: the Scheduler is
+told, and counts it as a failure)."""
 
 
 class WorkerDied(BaseException):
