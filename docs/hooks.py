@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import tokenize
 from dataclasses import fields
 from enum import Enum
@@ -145,3 +146,12 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
         if marker in markdown:
             markdown = markdown.replace(marker, make())
     return markdown
+
+
+#: a Sphinx role before a name in a docstring, as mkdocstrings renders it (":class:" then the code)
+ROLE = re.compile(r":(?:class|meth|func|data|mod|attr|exc):(?=<code>)")
+
+
+def on_page_content(html: str, **_: Any) -> str:
+    """The docstrings name things the Sphinx way (``:class:`Workflow```): show the name alone."""
+    return ROLE.sub("", html)
