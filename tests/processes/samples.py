@@ -9,7 +9,12 @@ used but never defined (the ``if __name__ == "__main__":`` parts are not run).
 
 Shell: each command is checked against what it names: a ``sas`` command is parsed by the real
 ``sas`` (click, without running it), ``python -m`` names a module that exists, ``bash`` a file of the
-repository, ``pip install`` extras that exist, and every ``SAS_*`` variable set is a setting.
+repository, ``pip install`` extras that exist, and every ``SAS_*`` variable set is a setting. The
+steps a tutorial has the reader type (a fence after ``<!-- run -->``) are run too, in order, as in
+one terminal: ``&`` starts a process that runs until the page ends, ``export`` holds for the
+commands after it, ``$RUN`` is the id the last ``sas submit`` printed; ``<!-- run: new folder -->``
+starts again in a folder of its own. Their setup (a virtual environment, ``pip install``) is the
+one the tests run in.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class Page:
     files: dict[str, str] = field(default_factory=dict)  # written to the page's folder
     run: list[tuple[int, str]] = field(default_factory=list)  # (line, source), run in order
     shell: list[tuple[int, str]] = field(default_factory=list)
+    #: the fences a tutorial has the reader type, in order: (line, source, in a new folder)
+    steps: list[tuple[int, str, bool]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -66,17 +73,21 @@ def pages() -> list[Page]:
                     page.run.append((line, body))
             elif language == "bash":
                 page.shell.append((line, body))
+                marker = re.search(r"<!-- run(: new folder)? -->\n$", text[:match.start()])
+                if marker:
+                    page.steps.append((line, body, marker.group(1) is not None))
         if page.files or page.run or page.shell:
             found.append(page)
     return found
 
 
 def commands(block: str) -> list[str]:
-    """The commands of a shell sample: continuation lines joined, comments and ``&`` dropped."""
+    """The commands of a shell sample: continuation lines joined, comments dropped; a command run
+    in the background keeps its ``&``."""
     joined = re.sub(r"\\\n\s*", " ", block)
     found = []
     for line in joined.splitlines():
-        line = re.sub(r"(^|\s)#.*$", "", line).strip().rstrip("&").strip()
+        line = re.sub(r"(^|\s)#.*$", "", line).strip()
         if line:
             found += [part.strip() for part in re.split(r"\s*(?:&&|;)\s*", line) if part.strip()]
     return found
@@ -84,7 +95,7 @@ def commands(block: str) -> list[str]:
 
 def shell_problem(command: str) -> str | None:
     """What is wrong with one shell command of a sample, or None."""
-    words = shlex.split(command.replace("…", "x"))
+    words = shlex.split(command.rstrip("&").replace("…", "x"))
     settings = {f"SAS_{f.name.upper()}" for f in fields(Settings)}
     while (words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0])) or words[:1] == ["export"]:
         if words[0] != "export":

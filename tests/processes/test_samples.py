@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from sas_app.testing import Processes
+from sas_app.testing import Processes, Ready
+from sas_app.testing.processes import SAS
 from tests.processes.samples import REPO, Page, commands, pages, shell_problem
 
 pytestmark = pytest.mark.integration  # real processes
@@ -73,3 +75,71 @@ def test_each_shell_sample_names_what_exists(page: Page) -> None:
     problems = [f"line {line}: `{command}`: {problem}" for line, block in page.shell for command in commands(block)
                 if (problem := shell_problem(command))]
     assert problems == [], f"{page.name}:\n" + "\n".join(problems)
+
+
+#: what the reader types to set up the environment the tests already run in
+SETUP = (["python3", "-m", "venv"], ["python", "-m", "venv"], ["source"])
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.steps], ids=lambda p: p.name)
+def test_each_tutorial_step_runs_as_the_reader_types_it(page: Page, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    session = Terminal(page, tmp_path / "folder-0", env)
+    try:
+        for line, block, new_folder in page.steps:
+            if new_folder:
+                session.close()
+                session = Terminal(page, tmp_path / f"folder-{line}", env)
+            for command in commands(block):
+                session.type(line, command)
+    finally:
+        session.close()
+
+
+class Terminal:
+    """One terminal a reader types a page's steps in: a folder (holding the page's files and, as the
+    checkout does, ``examples/``), its own SAS_HOME, the variables exported so far, and the
+    processes started with ``&``."""
+
+    def __init__(self, page: Page, folder: Path, env: dict[str, str]) -> None:
+        folder.mkdir(parents=True)
+        (folder / "examples").symlink_to(REPO / "examples")
+        for name, source in page.files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(source)
+        self.page, self.folder = page, folder
+        self.env = {**env, "SAS_HOME": str(folder / ".sas"), "PYTHONPATH": f"{folder}:{REPO}"}
+        self.processes = Processes(folder / "processes", self.env, cwd=folder)
+        self.run_id = ""
+
+    def type(self, line: int, command: str) -> None:
+        background = command.endswith("&")
+        words = shlex.split(command.rstrip("&").replace("$RUN", self.run_id))
+        if any(words[:len(setup)] == setup for setup in SETUP) or "pip" in words[0].rsplit("/", 1)[-1]:
+            return
+        if words[0] == "export":
+            self.env.update(word.split("=", 1) for word in words[1:])
+            return
+        extra = {}
+        while "=" in words[0] and words[0].split("=", 1)[0].isupper():
+            name, value = words.pop(0).split("=", 1)
+            extra[name] = value
+        program = {"sas": SAS, "python": [sys.executable], "pytest": [sys.executable, "-m", "pytest", "-p",
+                                                                      "no:cacheprovider"]}.get(words[0])
+        assert program is not None, f"{self.page.name}, line {line}: cannot run `{command}` here"
+        argv = [*program, *words[1:]]
+        if background:
+            ready = Ready(file=True) if words[:2] in (["sas", "worker"], ["sas", "beat"]) else None
+            self.processes.start(f"line-{line}-{len(self.processes.procs)}", argv, ready=ready,
+                                 env={**self.env, **extra})
+            return
+        done = subprocess.run(argv, cwd=self.folder, env={**self.processes.env, **self.env, **extra},
+                              capture_output=True, text=True, timeout=120)
+        said = done.stdout[-2000:] + done.stderr[-2000:]
+        assert done.returncode == 0, f"{self.page.name}, line {line}: `{command}`\n{said}"
+        if words[:2] == ["sas", "submit"]:
+            self.run_id = done.stdout.split()[0]
+
+    def close(self) -> None:
+        self.processes.stop_all()
