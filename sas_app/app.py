@@ -135,11 +135,18 @@ class SasApp:
 
     def _worker_ready(self, sender: Any = None, **_: Any) -> None:
         """A worker of this app is consuming; one that consumes the Supervisor's queue looks at the
-        agents' queues from now on (:mod:`sas_app.supervision.forecast.lookout`)."""
+        agents' queues from now on (:mod:`sas_app.supervision.forecast.lookout`), and sweeps once
+        at once rather than a beat interval later: a Supervisor back from a restart recovers what
+        is due straight away, and ``sas doctor`` sees it sweeping as soon as it is up."""
         if getattr(sender, "app", None) is not self.celery:
             return
         if SUPERVISOR_QUEUE in sender.app.amqp.queues.consume_from:
             self.supervisor.forecast.start()
+            try:
+                expires = max(self.settings.supervisor_interval, 1.0)
+                sender.app.send_task(SWEEP, queue=SUPERVISOR_QUEUE, expires=expires, **confirm_options(sender.app))
+            except Exception as exc:  # beat's next sweep does the same: never keep the worker from starting
+                log.warning("the first sweep was not sent (%s); beat's next one will do", exc)
         self._ready(sender)
 
     def _worker_shutting_down(self, **_: Any) -> None:

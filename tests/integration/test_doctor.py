@@ -61,3 +61,11 @@ def test_a_healthy_deployment_passes_and_each_fault_is_named(stack, shop):
     assert code == 1 and set(seen) == {"supervisor", "workers", "clocks"}, found
     assert seen["workers"] == (4, "sas.agent.payment")
     assert seen["clocks"][0] == 1 and seen["clocks"][1].startswith("scheduler@")
+
+
+def test_a_supervisor_worker_sweeps_as_soon_as_it_is_up_and_doctor_sees_it(stack, shop):
+    """No beat runs: the only sweep is the one the Supervisor's worker sends itself once it consumes,
+    so a deployment just started is not told "no Supervisor ever swept" for a beat interval."""
+    stack.worker("supervisor", "sas.supervisor")
+    wait_for(lambda: shop.store.last_sweep_age() is not None, 20, "the worker's first sweep")
+    assert "supervisor" not in problems(doctor(stack)[1])

@@ -8,12 +8,16 @@ import re
 import shlex
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
+import redis
+from sqlalchemy import create_engine, text
 
 from sas_app.testing import Processes, Ready
 from sas_app.testing.processes import SAS
+from tests.conftest import POSTGRES
 from tests.processes.samples import REPO, Page, commands, pages, shell_problem
 
 pytestmark = pytest.mark.integration  # real processes
@@ -77,20 +81,59 @@ def test_each_shell_sample_names_what_exists(page: Page) -> None:
     assert problems == [], f"{page.name}:\n" + "\n".join(problems)
 
 
+#: where a server a sample starts says it is up, by its sas command
+HEALTH = {"payment-service": "/health", "warehouse-service": "/health", "dashboard": "/healthz"}
 #: what the reader types to set up the environment the tests already run in
 SETUP = (["python3", "-m", "venv"], ["python", "-m", "venv"], ["source"])
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p.steps], ids=lambda p: p.name)
+def on_servers(page: Page) -> bool:
+    """The page's steps set up a stack on servers (they export a server's URL)."""
+    return any(re.search(r"SAS_(BROKER|DATABASE)_URL=\w+://", block) for _, block, _ in page.steps)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.steps and not on_servers(p)], ids=lambda p: p.name)
 def test_each_tutorial_step_runs_as_the_reader_types_it(page: Page, tmp_path: Path) -> None:
+    type_steps(page, tmp_path)
+
+
+@pytest.mark.alone  # the samples name the machine's PostgreSQL database `sas`, Redis's database 0, fixed ports
+@pytest.mark.parametrize("page", [p for p in PAGES if p.steps and on_servers(p)], ids=lambda p: p.name)
+def test_each_production_step_runs_on_this_machine_s_servers(page: Page, tmp_path: Path) -> None:
+    """The production samples as written, against the PostgreSQL and Redis on 127.0.0.1 they
+    name: the database `sas` they use is dropped before and after, Redis's database 0 emptied."""
+    fresh = partial(drop_database_and_empty_redis, POSTGRES,
+                    os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + "/0")
+    fresh()
+    try:
+        type_steps(page, tmp_path)
+    finally:
+        fresh()
+
+
+def drop_database_and_empty_redis(admin_url: str, redis_url: str) -> None:
+    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text('DROP DATABASE IF EXISTS "sas" WITH (FORCE)'))
+    finally:
+        engine.dispose()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def type_steps(page: Page, folder: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    session = Terminal(page, tmp_path / "folder-0", env)
+    session = Terminal(page, folder / "folder-0", env)
     try:
         for line, block, new_folder in page.steps:
             if new_folder:
                 session.close()
-                session = Terminal(page, tmp_path / f"folder-{line}", env)
+                session = Terminal(page, folder / f"folder-{line}", env)
             for command in commands(block):
                 session.type(line, command)
     finally:
@@ -125,12 +168,14 @@ class Terminal:
         while "=" in words[0] and words[0].split("=", 1)[0].isupper():
             name, value = words.pop(0).split("=", 1)
             extra[name] = value
-        program = {"sas": SAS, "python": [sys.executable], "pytest": [sys.executable, "-m", "pytest", "-p",
-                                                                      "no:cacheprovider"]}.get(words[0])
+        program = {"sas": SAS, "python": [sys.executable], "createdb": ["createdb"],
+                   "pytest": [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]}.get(words[0])
         assert program is not None, f"{self.page.name}, line {line}: cannot run `{command}` here"
         argv = [*program, *words[1:]]
         if background:
-            ready = Ready(file=True) if words[:2] in (["sas", "worker"], ["sas", "beat"]) else None
+            port = words[words.index("--port") + 1] if "--port" in words else None
+            ready = (Ready(file=True) if words[:2] in (["sas", "worker"], ["sas", "beat"])
+                     else Ready(url=f"http://127.0.0.1:{port}{HEALTH.get(words[1], '/')}") if port else None)
             self.processes.start(f"line-{line}-{len(self.processes.procs)}", argv, ready=ready,
                                  env={**self.env, **extra})
             return
