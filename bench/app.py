@@ -1,14 +1,17 @@
 """The benchmark's application: a 3-step workflow whose agent does no remote work (a straight
 line, and the same three steps as a graph: two side by side and their join), and the same three
-no-op tasks as a plain Celery chain, on the broker and database from the environment."""
+no-op tasks as a plain Celery chain, on the broker and database from the environment; and three
+calls to a slow remote service, as async actions, plain actions and a chain (bench.async_agents)."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis
 from celery import Celery
 from celery.signals import worker_ready
@@ -87,3 +90,41 @@ def chain_done(_: Any, run: int, key: str) -> None:
     if _redis is None:
         _redis = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
     _redis.hset(key, str(run), time.time())
+
+
+# bench.async_agents' runs: three steps each calling a remote service that answers in
+# BENCH_SLOW_S, as an async action (run on its worker thread's loop, one httpx.AsyncClient a
+# thread) or a plain one (one httpx.Client a process), and the same three calls as a Celery chain.
+SLOW_URL = os.environ.get("BENCH_SLOW_URL", "")
+slow_async = sas.agent("slow_async", breaker_fail_max=0)
+slow_sync = sas.agent("slow_sync", breaker_fail_max=0)
+_clients = threading.local()
+
+
+@slow_async.action
+async def fetch_async(call: AgentCall) -> dict[str, Any]:
+    client = getattr(_clients, "async_client", None)
+    if client is None:
+        client = _clients.async_client = httpx.AsyncClient(timeout=30)
+    response = await client.get(SLOW_URL, headers=call.headers())
+    return {"status": response.status_code}
+
+
+@slow_sync.action
+def fetch_sync(call: AgentCall) -> dict[str, Any]:
+    client = getattr(_clients, "client", None)
+    if client is None:
+        client = _clients.client = httpx.Client(timeout=30)
+    return {"status": client.get(SLOW_URL, headers=call.headers()).status_code}
+
+
+sas.register(Workflow("slow3_async", [Step(name, fetch_async, timeout=60) for name in ("one", "two", "three")]))
+sas.register(Workflow("slow3_sync", [Step(name, fetch_sync, timeout=60) for name in ("one", "two", "three")]))
+
+
+@chain_app.task(name="bench.slow", shared=False)
+def chain_slow(_: Any = None) -> None:
+    client = getattr(_clients, "client", None)
+    if client is None:
+        client = _clients.client = httpx.Client(timeout=30)
+    client.get(SLOW_URL)

@@ -49,9 +49,21 @@ def refund(call: UndoCall) -> dict[str, str]:
     return {"refunded": call.undoes.idempotency_key}
 
 
+@payment.action
+async def authorise(call: AgentCall) -> dict[str, bool]:  # a coroutine: awaited by the agent
+    return {"authorised": True}
+
+
+@payment.undo
+async def void(call: UndoCall) -> dict[str, str]:
+    return {"voided": call.undoes.idempotency_key}
+
+
 assert_type(charge, AgentAction[dict[str, str]])
 assert_type(price, AgentAction[float])
 assert_type(refund, UndoAction[dict[str, str]])
+assert_type(authorise, AgentAction[dict[str, bool]])  # the awaited result, not the coroutine
+assert_type(void, UndoAction[dict[str, str]])
 
 @payment.action
 def receipt_of(call: AgentCall) -> dict[str, Any]:

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-# alone: the benches' stacks take fixed database names and Redis numbers, and count Redis's commands
-pytestmark = [pytest.mark.bench, pytest.mark.alone]
+pytestmark = pytest.mark.bench
+#: the benches whose stacks take fixed database names and Redis numbers, and count Redis's commands,
+#: run while no other test does
+alone = pytest.mark.alone
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -30,6 +32,7 @@ def run_bench(module: str, *args: str, tmp_path, env: dict[str, str] | None = No
     return json.loads(written.read_text())
 
 
+@alone
 def test_throughput_bench_runs_every_contender(tmp_path):
     # enough runs that each component's share is many of the kernel's 10 ms clock ticks: with 5 runs
     # PostgreSQL's backends each spent under one tick and /proc read 0
@@ -47,6 +50,7 @@ def test_throughput_bench_runs_every_contender(tmp_path):
     assert result["machine"]["cores"] >= 1
 
 
+@alone
 def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and_counts_commits_and_messages(
         tmp_path):
     result = run_bench("bench.throughput", "--runs", "6", "--repeat", "1", "--idle-runs", "1", "--concurrency", "2",
@@ -58,6 +62,7 @@ def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and
     assert sas["submit_per_s"]["median"] > 0
 
 
+@alone
 def test_sweep_bench_measures_cost_and_recovery(tmp_path):
     result = run_bench("bench.sweep", "--sizes", "2000,4000", "--waiting", "2000", "--samples", "1",
                        "--recoveries", "2", "--spread", "0", tmp_path=tmp_path, env=QUICK_SWEEPS)
@@ -65,6 +70,7 @@ def test_sweep_bench_measures_cost_and_recovery(tmp_path):
     assert result["recovery"]["runs"] == 2
 
 
+@alone
 def test_recovery_bench_gets_a_dead_fleets_steps_going_again(tmp_path):
     result = run_bench("bench.recovery", "--in-flight", "40", "--rows", "2000", "--lead", "1", tmp_path=tmp_path,
                        env=QUICK_SWEEPS)
@@ -72,6 +78,7 @@ def test_recovery_bench_gets_a_dead_fleets_steps_going_again(tmp_path):
     assert 0 < result["redispatch_p50_s"] <= result["redispatch_max_s"] <= result["all_processed_s"]
 
 
+@alone
 def test_dashboard_bench_times_every_page_and_catches_up_the_metrics(tmp_path):
     result = run_bench("bench.dashboard", "--sizes", "3000", "--samples", "1", tmp_path=tmp_path)
     [size] = result["sizes"]
@@ -79,6 +86,7 @@ def test_dashboard_bench_times_every_page_and_catches_up_the_metrics(tmp_path):
     assert size["metrics_caught_up_after_scrapes"] is not None and size["metrics_steps_counted"] == 3000
 
 
+@alone
 def test_backpressure_bench_overloads_an_agent_and_loses_nothing(tmp_path):
     result = run_bench("bench.backpressure", "--depth", "3", "--timeout", "1", "--service", "0.05",
                        "--concurrency", "2", "--only-paced", "--bound", "120", tmp_path=tmp_path)
@@ -94,3 +102,11 @@ def test_kit_bench_times_the_examples_the_kit_s_own_tests_and_the_unit_tier(tmp_
     assert set(result["by_file_s"]) == {"examples.test_approval", "examples.test_fanout", "examples.test_signup",
                                         "tests.unit.test_testing_kit"}
     assert result["unit_tier"]["tests"] > 300 and result["unit_tier"]["wall_s"] > 0
+
+
+@alone
+def test_async_bench_runs_async_actions_plain_actions_and_a_chain_against_a_slow_service(tmp_path):
+    result = run_bench("bench.async_agents", "--runs", "12", "--threads", "12", "--processes", "2",
+                       "--service-ms", "50", tmp_path=tmp_path)
+    for name in ("sas_app_async_threads", "sas_app_plain_prefork", "celery_chain_prefork"):
+        assert result[name]["steps_per_s"] > 0 and result[name]["agent_rss_mb"] > 0, result

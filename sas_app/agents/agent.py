@@ -1,6 +1,7 @@
 """The Agent: wraps one remote service; one Celery queue per agent (``sas.agent.<name>``).
 
-An action is a plain function ``fn(call: AgentCall) -> JSON``. The base around it retries
+An action is a function ``fn(call: AgentCall) -> JSON``, plain or ``async def`` (run on the worker
+thread's event loop, cancelled at complete-by: :mod:`sas_app.agents.coroutines`). The base around it retries
 transient faults with exponential back-off while the step's complete-by allows, passes the same
 idempotency key and the attempt's fencing token on every try, stops silently once complete-by has
 passed, and replies to the Scheduler with the result or with a non-transient error.
@@ -12,10 +13,12 @@ the Scheduler's queue. The agent knows nothing else of the Scheduler.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import httpx
@@ -27,6 +30,7 @@ from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_expon
 
 from sas_app import fault_points
 from sas_app.agents.breaker import Breaker, BreakerOpen, LocalState, SharedState
+from sas_app.agents.coroutines import run_bounded
 from sas_app.definitions.actions import AgentAction, AgentCall, R, UndoAction, UndoCall
 from sas_app.errors import (
     PermanentError,
@@ -188,22 +192,28 @@ class Agent:
         self.actions: dict[str, AgentAction[Any] | UndoAction[Any]] = {}
 
     @overload
+    def action(self, fn: Callable[[AgentCall], Coroutine[Any, Any, R]], /) -> AgentAction[R]: ...
+
+    @overload
     def action(self, fn: Callable[[AgentCall], R], /) -> AgentAction[R]: ...
 
     @overload
     def action(self, fn: None = None, /, *, name: str | None = None
                ) -> Callable[[Callable[[AgentCall], R]], AgentAction[R]]: ...
 
-    def action(self, fn: Callable[[AgentCall], R] | None = None, /, *, name: str | None = None
-               ) -> AgentAction[R] | Callable[[Callable[[AgentCall], R]], AgentAction[R]]:
+    def action(self, fn: Callable[[AgentCall], Any] | None = None, /, *, name: str | None = None
+               ) -> AgentAction[Any] | Callable[[Callable[[AgentCall], Any]], AgentAction[Any]]:
         """Decorator: register ``fn`` as the action ``<agent>.<name>`` (default: its own name)."""
 
-        def register(fn: Callable[[AgentCall], R]) -> AgentAction[R]:
+        def register(fn: Callable[[AgentCall], Any]) -> AgentAction[Any]:
             action = AgentAction(self, self._new_name(name or fn.__name__), fn)
             self._register_task(action)
             return action
 
         return register(fn) if fn is not None else register
+
+    @overload
+    def undo(self, fn: Callable[[UndoCall], Coroutine[Any, Any, R]], /) -> UndoAction[R]: ...
 
     @overload
     def undo(self, fn: Callable[[UndoCall], R], /) -> UndoAction[R]: ...
@@ -212,12 +222,12 @@ class Agent:
     def undo(self, fn: None = None, /, *, name: str | None = None
              ) -> Callable[[Callable[[UndoCall], R]], UndoAction[R]]: ...
 
-    def undo(self, fn: Callable[[UndoCall], R] | None = None, /, *, name: str | None = None
-             ) -> UndoAction[R] | Callable[[Callable[[UndoCall], R]], UndoAction[R]]:
+    def undo(self, fn: Callable[[UndoCall], Any] | None = None, /, *, name: str | None = None
+             ) -> UndoAction[Any] | Callable[[Callable[[UndoCall], Any]], UndoAction[Any]]:
         """Decorator: register ``fn`` as the undo ``<agent>.<name>``, which a step names as its
         ``compensate``; ``fn`` receives an :class:`UndoCall` (``call.undoes`` is the step undone)."""
 
-        def register(fn: Callable[[UndoCall], R]) -> UndoAction[R]:
+        def register(fn: Callable[[UndoCall], Any]) -> UndoAction[Any]:
             action = UndoAction(self, self._new_name(name or fn.__name__), fn)
             self._register_task(action)
             return action
@@ -320,14 +330,21 @@ class Agent:
                 fault_points.hit("agent.before_call", call.step)
                 try:
                     if self.breaker is None:
-                        return action(call)
-                    return self.breaker.call(action, call, lasts=max(call.remaining(), 0.0),
+                        return self._invoke(action, call)
+                    return self.breaker.call(partial(self._invoke, action), call, lasts=max(call.remaining(), 0.0),
                                              counted=call.try_number == 1)
                 except Exception as exc:
                     if is_transient(exc):
                         log.info("%s try %d: transient fault: %s", where, call.try_number, faults.add(exc))
                     raise
         raise StepExpired(call.step)  # pragma: no cover - Retrying either returns or raises
+
+    @staticmethod
+    def _invoke(action: AgentAction[Any] | UndoAction[Any], call: AgentCall) -> Any:
+        """One try of the action; an ``async def`` one runs on this thread's event loop and is
+        cancelled at complete-by (:mod:`sas_app.agents.coroutines`)."""
+        result = action(call)
+        return run_bounded(result, max(call.remaining(), 0.0), call.step) if inspect.isawaitable(result) else result
 
     def _keep_faults(self, call: AgentCall, faults: FaultLog) -> None:
         """An attempt that ends without a reply (its complete-by passed, or it was superseded)

@@ -265,11 +265,27 @@ class Breaker:
 
     def _call(self, breaker: pybreaker.CircuitBreaker, fn: Callable[..., T], *args: Any,
               counted: bool = True) -> T:
+        """``fn(*args)``, its outcome then counted by the breaker. The call itself runs outside
+        the breaker: pybreaker holds its lock for the whole of a call it makes, which would run one
+        call at a time in a worker of many threads. Should another thread's failures open the
+        breaker meanwhile, this call's success still stands (its effect is applied)."""
         assert self._storage is not None
         try:
+            result, failure = fn(*args), None
+        except Exception as exc:
+            result, failure = None, exc
+
+        def outcome() -> T:
+            if failure is not None:
+                raise failure
+            return result  # type: ignore[return-value]
+
+        try:
             with self._storage.retry(not counted):
-                return breaker.call(fn, *args)
+                return breaker.call(outcome)
         except pybreaker.CircuitBreakerError as exc:
+            if failure is None:
+                return result  # type: ignore[return-value]
             fault = exc.__context__  # the failure that reached the threshold
             log.error("agent %s: breaker opened after %d failed calls in a row; the last: %s", self.agent,
                       self.fail_max, fault)

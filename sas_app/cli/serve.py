@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import inspect
+
 import click
 
 from sas_app.cli.base import Context, fail, pass_ctx, run_celery
 from sas_app.errors import one_line
+from sas_app.messaging.routing import agent_queue
 from sas_app.store.migrate import schema_problem
 
 
@@ -29,7 +32,8 @@ def migrate(ctx: Context) -> None:
 @click.option("-Q", "--queues", default=None,
               help="Comma-separated queues to consume (default: all of this app's queues).")
 @click.option("-c", "--concurrency", type=int, default=None, help="Worker processes (default SAS_AGENT_CONCURRENCY).")
-@click.option("-P", "--pool", default="prefork", show_default=True, help="Celery pool: prefork, threads, solo.")
+@click.option("-P", "--pool", default="prefork", show_default=True,
+              help="Celery pool: prefork, threads (many async def steps at once), solo.")
 @click.option("-n", "--hostname", default=None, help="Worker node name (celery's -n).")
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 @pass_ctx
@@ -44,6 +48,12 @@ def worker(ctx: Context, queues: str | None, concurrency: int | None, pool: str,
     unknown = [q for q in chosen if q not in known]
     if unknown:
         fail(f"unknown queue(s) {', '.join(unknown)}; this app has {', '.join(known)}")
+    coroutines = sorted(action.qualname for agent in app.agents.values() if agent_queue(agent.name) in chosen
+                        for action in agent.actions.values() if inspect.iscoroutinefunction(action.fn))
+    if coroutines and pool in ("gevent", "eventlet"):
+        fail(f"{', '.join(coroutines)} {'is' if len(coroutines) == 1 else 'are'} async def, run on each worker "
+             f"thread's event loop, which the {pool} pool does not give: use -P threads (many steps at once) "
+             "or prefork")
     argv = ["worker", "-Q", ",".join(chosen), "-P", pool, "-l", loglevel,
             "-c", str(concurrency or app.settings.agent_concurrency), "--without-gossip", "--without-mingle"]
     if hostname:

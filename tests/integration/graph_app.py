@@ -12,8 +12,10 @@ run of ``ticked`` at each tick. ``payload["overrun"]``: ``{step: n}``, its first
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -61,10 +63,21 @@ def undo(call: UndoCall) -> dict[str, Any]:
     return {"undid": {"step": call.undoes.step, "idempotency_key": call.undoes.idempotency_key}}
 
 
+async def fetch(call: AgentCall) -> dict[str, Any]:
+    """An I/O-bound call written as a coroutine: waits ``payload["sleep"]`` seconds on the event
+    loop, and says which thread and loop ran it, and when."""
+    started = time.time()
+    await asyncio.sleep(float(call.payload.get("sleep", 0)))
+    return {"thread": threading.get_ident(), "loop": id(asyncio.get_running_loop()), "pid": os.getpid(),
+            "started": started, "ended": time.time()}
+
+
 def install(sas: SasApp) -> None:
     work = sas.agent("work")
     work.action(step, name="step")
     work.undo(undo, name="undo")
+    work.action(fetch, name="fetch")
+    sas.register(Workflow("fetching", [Step("fetch", "work.fetch", timeout=10)]))
     for workflow in WORKFLOWS:
         sas.register(workflow)
     # a child run, registered before the workflow that starts it

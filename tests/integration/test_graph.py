@@ -258,3 +258,24 @@ def test_a_new_deployment_leaves_runs_in_flight_on_their_graph_and_fails_a_remov
         assert before.store.count_events("alert", dropped.id) == 1
     finally:
         before.store.dispose()
+
+
+def test_a_thread_pool_agent_runs_many_async_steps_at_once_each_thread_on_its_own_loop(stack, app):
+    """``async def`` actions on ``-P threads -c 8``: eight 1 s calls run at once in one worker
+    process, and each thread keeps its event loop from one step to the next."""
+    stack.worker("scheduler", "sas.scheduler,sas.supervisor", env=APP, wait=False)
+    stack.worker("agents", QUEUE, 8, pool="threads", env=APP, wait=False)
+    stack.beat(env=APP, wait=False)
+    stack.wait_ready()
+    handles = [app.submit("fetching", {"sleep": 1}, business_key=f"fetch-{i}") for i in range(16)]
+    results = [h.wait(60).step("fetch").result for h in handles]
+
+    assert len({r["pid"] for r in results}) == 1  # one worker process
+    moments = sorted([(r["started"], 1) for r in results] + [(r["ended"], -1) for r in results])
+    at_once = max(itertools.accumulate(step for _, step in moments))
+    assert at_once >= 6, f"at most {at_once} of the 1 s calls ran at once on 8 threads: {results}"
+    loops = {}
+    for r in results:
+        loops.setdefault(r["thread"], set()).add(r["loop"])
+    assert all(len(found) == 1 for found in loops.values()), loops
+    assert len(loops) < len(results)  # threads ran more than one step each, on the same loop

@@ -63,6 +63,8 @@ def test_migrate_submit_list_and_show(sas_cli, tmp_path):
         (["runs", "--state", "bogus"], "Invalid value for '--state'"),
         (["worker", "-Q", "sas.nowhere"], "error: unknown queue(s) sas.nowhere"),
         (["--app", "no.such.module:sas", "runs"], "error: cannot import the app module 'no.such.module'"),
+        (["--app", "tests.integration.graph_app:sas", "worker", "-P", "gevent", "-Q", "sas.agent.work"],
+         "error: work.fetch is async def, run on each worker thread's event loop, which the gevent pool does not"),
     ],
 )
 def test_errors_exit_non_zero_with_one_line_and_no_traceback(sas_cli, args, message):

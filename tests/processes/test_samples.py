@@ -97,18 +97,20 @@ def test_each_tutorial_step_runs_as_the_reader_types_it(page: Page, tmp_path: Pa
     type_steps(page, tmp_path)
 
 
-@pytest.mark.alone  # the samples name the machine's PostgreSQL database `sas`, Redis's database 0, fixed ports
-@pytest.mark.parametrize("page", [p for p in PAGES if p.steps and on_servers(p)], ids=lambda p: p.name)
-def test_each_production_step_runs_on_this_machine_s_servers(page: Page, tmp_path: Path) -> None:
-    """The production samples as written, against the PostgreSQL and Redis on 127.0.0.1 they
-    name: the database `sas` they use is dropped before and after, Redis's database 0 emptied."""
+def test_the_production_steps_run_on_this_machine_s_servers(tmp_path: Path) -> None:
+    """The production samples as written, page after page, against the PostgreSQL and Redis on
+    127.0.0.1 they name (no other test uses the database `sas` or Redis's database 0): the
+    database is dropped before and after each page, Redis's database 0 emptied."""
+    pages = [p for p in PAGES if p.steps and on_servers(p)]
+    assert {p.name for p in pages} >= {"README.md", "docs/how-to/production-stack.md"}
     fresh = partial(drop_database_and_empty_redis, POSTGRES,
                     os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + "/0")
-    fresh()
-    try:
-        type_steps(page, tmp_path)
-    finally:
+    for number, page in enumerate(pages):
         fresh()
+        try:
+            type_steps(page, tmp_path / str(number))
+        finally:
+            fresh()
 
 
 def drop_database_and_empty_redis(admin_url: str, redis_url: str) -> None:
