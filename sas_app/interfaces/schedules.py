@@ -26,7 +26,7 @@ from croniter import croniter  # type: ignore[import-untyped]
 
 from sas_app.definitions.workflow import Workflow, is_name, workflow_name
 from sas_app.engine.recovery import cancel_run
-from sas_app.errors import WorkflowDefinitionError
+from sas_app.errors import SasError, WorkflowDefinitionError
 from sas_app.messaging.publishes import Publish
 from sas_app.messaging.routing import SUPERVISOR_QUEUE, TICK, Advance, Router, confirm_options
 from sas_app.settings import Settings, instance_id
@@ -181,8 +181,20 @@ class Schedules:
         workflow = self.workflows[schedule.workflow]
         run_id = uuid.uuid4().hex
         payload = {**schedule.payload, "scheduled_for": key.split("@", 1)[1]}
-        run, created = tx.submission.insert_run(workflow.new_run(run_id, key, payload, schedule=schedule.name),
-                                                self.settings.pickup_timeout)
+        new = workflow.new_run(run_id, key, payload, schedule=schedule.name)
+        if workflow.on_submit is None:
+            run, created = tx.submission.insert_run(new, self.settings.pickup_timeout)
+        else:
+            # the workflow's on_submit writes its rows with the run, as for a submit; a run it
+            # refuses is not started, and the tick is handled all the same (not asked again)
+            try:
+                with tx.savepoint():
+                    run, created = tx.submission.insert_run(new, self.settings.pickup_timeout)
+                    if created:
+                        workflow.on_submit(tx.conn, run)
+            except SasError as exc:
+                log.warning("schedule %s: tick %s not started: %s", schedule.name, key, exc)
+                return None
         if created:
             log.info("schedule %s: tick %s started run %s (%s)", schedule.name, key, run.id, instance_id())
         return run.id if created else None

@@ -5,11 +5,13 @@ schedules that cannot be refused when declared."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
+from sqlalchemy import Column, MetaData, String, Table, insert, select
 
 from sas_app import Step, Workflow
-from sas_app.errors import WorkflowDefinitionError
+from sas_app.errors import InvalidSubmission, WorkflowDefinitionError
 
 
 def at(sas, moment: str) -> None:
@@ -101,3 +103,32 @@ def test_a_tick_handled_late_by_the_beat_is_late_not_missed(sas, pump):
     at(sas, "2026-11-25T02:00:00+00:00")
     sas.test_clock.advance(grace * 2)  # later than that, with no catch-up: missed
     assert sas.schedules.tick() == []
+
+
+def test_a_scheduled_run_writes_what_its_workflow_s_on_submit_writes_and_a_refused_one_is_not_started(sas, pump):
+    """A schedule's run is a submission like any other: its workflow's ``on_submit`` writes its
+    rows in the same transaction; a tick it refuses starts nothing and is not asked again."""
+    ledger = MetaData()
+    entries = Table("ledger_entries", ledger, Column("key", String(200), primary_key=True))
+    sas.register_tables(ledger)
+
+    def write_entry(conn: Any, run: Any) -> None:
+        if run.payload.get("closed"):
+            raise InvalidSubmission("the ledger is closed")
+        conn.execute(insert(entries).values(key=run.business_key))
+
+    sas.workflow("booked", [Step("first", "svc.work", timeout=5)], on_submit=write_entry)
+    at(sas, "2026-11-24T01:59:00+00:00")
+    sas.schedule("nightly", workflow="booked", cron="0 2 * * *")
+    sas.schedule("closed", workflow="booked", cron="0 2 * * *", payload={"closed": True})
+    assert sas.schedules.tick() == []
+    at(sas, "2026-11-24T02:00:00.300+00:00")
+
+    [run_id] = sas.schedules.tick()
+    assert sas.schedules.tick() == []  # the refused tick is handled, not asked again
+
+    with sas.store.engine.connect() as conn:
+        assert list(conn.execute(select(entries.c.key)).scalars()) == ["nightly@2026-11-24T02:00:00Z"]
+    assert [r.business_key for r in sas.store.list_runs(workflow="booked")] == ["nightly@2026-11-24T02:00:00Z"]
+    pump.run()
+    assert sas.get_run(run_id).process_state == "processed"
