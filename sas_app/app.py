@@ -142,9 +142,8 @@ class SasApp:
             return
         if SUPERVISOR_QUEUE in sender.app.amqp.queues.consume_from:
             self.supervisor.forecast.start()
-            try:
-                expires = max(self.settings.supervisor_interval, 1.0)
-                sender.app.send_task(SWEEP, queue=SUPERVISOR_QUEUE, expires=expires, **confirm_options(sender.app))
+            try:  # as beat sends it: its queue, expiry and confirm time-out
+                sender.app.send_task(SWEEP, **sender.app.conf.beat_schedule[SWEEP]["options"])
             except Exception as exc:  # beat's next sweep does the same: never keep the worker from starting
                 log.warning("the first sweep was not sent (%s); beat's next one will do", exc)
         self._ready(sender)
