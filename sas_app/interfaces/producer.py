@@ -34,9 +34,9 @@ class Producer:
         self.celery = Celery("sas-producer", broker=broker_url, set_as_current=False)
         amqp = AMQP if is_amqp(broker_url) else {}
         # the in-memory broker's queues per virtual host, as the app's (a test environment's, say)
-        memory = {"broker_transport": memory_transport.NAME} if broker_url.startswith("memory://") else {}
         self.celery.conf.update({"task_serializer": "json", "accept_content": ["json"],
-                                 "broker_connection_retry_on_startup": True, **amqp, **memory, **celery_settings})
+                                 "broker_connection_retry_on_startup": True, **amqp,
+                                 **memory_transport.options_for(broker_url), **celery_settings})
 
     def submit(self, workflow: str, payload: dict[str, Any], *, business_key: str, reply_to: str | None = None,
                priority: int = 5) -> str:

@@ -79,8 +79,7 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         conf.update(AMQP)
     if settings.broker_url.startswith("redis://"):
         conf["broker_transport"] = redis_transport.NAME  # one client per channel
-    if settings.broker_url.startswith("memory://"):
-        conf["broker_transport"] = memory_transport.NAME  # queues of its own per virtual host
+    conf.update(memory_transport.options_for(settings.broker_url))  # queues of its own per virtual host
     if settings.embedded_broker:
         # kombu's filesystem transport: every process sharing SAS_HOME shares the queues. A
         # consumer takes a message by renaming its file into ``processed`` (atomic on one file

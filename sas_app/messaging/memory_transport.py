@@ -4,7 +4,8 @@ kombu's own keeps one set of queues for the whole process: two apps in one proce
 ``memory://`` take each other's messages. Here ``memory://localhost/a`` and
 ``memory://localhost/b`` share nothing, so the test kit gives each environment a virtual host of
 its own and two environments can live side by side. ``celery_settings`` names :class:`Transport`
-(:data:`NAME`) as the broker transport of every ``memory://`` URL.
+(:data:`NAME`) as the broker transport of every ``memory://`` URL (:func:`options_for`), as the
+:class:`~sas_app.Producer` does.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ resolve_aliases.setdefault(NAME, "memory")
 
 #: each virtual host's queues, by name
 _QUEUES: defaultdict[str, dict[str, Queue[Any]]] = defaultdict(dict)
+
+
+def options_for(broker_url: str) -> dict[str, str]:
+    """The Celery settings that put a ``memory://`` broker URL on this transport (none for another)."""
+    return {"broker_transport": NAME} if broker_url.startswith("memory://") else {}
 
 
 def forget(virtual_host: str) -> None:
