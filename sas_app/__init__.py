@@ -3,6 +3,7 @@
 from sas_app.agents.agent import Agent
 from sas_app.app import SasApp
 from sas_app.definitions.actions import AgentAction, AgentCall, UndoAction, UndoCall, Undone
+from sas_app.definitions.conditions import StepContext
 from sas_app.definitions.steps import ChildRun, Escalate, OnTimeout, Output, Sleep, Step, StepDef, Then, WaitFor
 from sas_app.definitions.workflow import Workflow
 from sas_app.engine.alerts import Alert
@@ -61,6 +62,7 @@ __all__ = [
     "Sleep",
     "StaleAttempt",
     "Step",
+    "StepContext",
     "StepDef",
     "StepExpired",
     "StepRow",

@@ -51,6 +51,8 @@ class StepState(Word):
     COMPENSATED = "compensated"  # its undo completed
     #: no longer wanted: its run is being undone and it has no undo (a late reply is fenced out)
     STOPPED = "stopped"
+    #: not taken: its condition did not hold, or every step it waits for was skipped (never undone)
+    SKIPPED = "skipped"
 
 
 class EventKind(Word):
@@ -86,6 +88,9 @@ EXPIRED_ERROR = "complete-by passed"
 
 RUN_STATES = tuple(s.value for s in RunState)
 STEP_STATES = tuple(s.value for s in StepState)
+#: step states that let the steps waiting for it go on: a step may start once each of its
+#: dependencies is in one of these and at least one completed
+SETTLED_STEP_STATES = (StepState.COMPLETED.value, StepState.SKIPPED.value)
 #: run states in which the Scheduler still has work: its steps, or their undoing
 LIVE_RUN_STATES = (RunState.PROCESSING.value, RunState.COMPENSATING.value)
 #: run states a run never leaves

@@ -19,6 +19,7 @@ from sas_app import (
     SignalReceipt,
     Sleep,
     Step,
+    StepContext,
     StepRow,
     UndoAction,
     UndoCall,
@@ -74,9 +75,14 @@ def receipt_of(call: AgentCall) -> dict[str, Any]:
 quoting = Step("quote", price, timeout=timedelta(seconds=5), after=[])
 charging = Step("charge", charge, timeout=10, compensate=refund, after=[quoting])
 assert_type(charging.output("items"), Output)
-approval = WaitFor("approval", "approval", timeout=timedelta(days=1), on_timeout=OnTimeout.ERROR)
+def large(step: StepContext) -> bool:
+    return bool(step.result_of(quoting) > 100 and step.payload["amount"])
+
+
+approval = WaitFor("approval", "approval", timeout=timedelta(days=1), on_timeout=OnTimeout.ERROR, when=large)
 nap = Sleep("cool_off", timedelta(minutes=5))
-receipt = Step("receipt", receipt_of, timeout=10, for_each=charging.output("items"))
+receipt = Step("receipt", receipt_of, timeout=10, for_each=charging.output("items"),
+               unless=charging.output("declined"))
 orders = sas.register(Workflow("order", [quoting, charging, approval, nap, receipt]))
 parent = Workflow("parent", [ChildRun("an_order", orders)])
 handle = sas.submit(orders, {"amount": 1}, business_key="order-1")

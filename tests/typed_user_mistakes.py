@@ -23,3 +23,5 @@ Step("a", work, child="kid")  # refused: a child run is a ChildRun
 ChildRun("c", "kid", timeout=5)  # refused: a child run has no timeout of its own
 Sleep("nap", 5, event="approval")  # refused: a sleep waits for no event
 WaitFor("w", "approval", timeout=60, on_timeout="retry")  # refused: not an OnTimeout
+Step("b", work, when=lambda step: step.result)  # refused: a StepContext has results, not result
+Step("b", work, when=5)  # refused: a condition is a key or a function

@@ -28,7 +28,7 @@ from sas_app.errors import SasError, UnknownWorkflow, one_line
 from sas_app.settings import redact_url
 from sas_app.states import RUN_STATES
 from sas_app.testing.processes import hold_lifeline
-from sas_app.web.formatting import detail_text, does, when
+from sas_app.web.formatting import after_text, detail_text, does, when
 
 #: ``sas --help`` lists the commands by who uses them; any other (added by an installed package)
 #: comes last
@@ -184,9 +184,9 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     for child in ctx.app.store.children(r.id):
         console.print(f"child run {child.id} ({child.workflow}, step #{child.parent_position}): {child.process_state}")
     graph = Graph(view.steps)
-    steps = Table("#", "step", "after", "agent", "state", "attempt", "failures", "complete by", "error")
+    steps = Table("#", "step", "after", "agent", "state", "attempt", "failures", "complete by", "error or reason")
     for s, is_branch in graph.outline():
-        after = "" if is_branch or s.is_undo else ", ".join(graph.waits_for_names(s)) or "-"
+        after = "" if is_branch or s.is_undo else after_text(graph.waits_for_names(s), s)
         steps.add_row(str(s.position), f"  └ {s.name}" if is_branch else s.name, after, does(s),
                       s.state, str(s.attempt), f"{s.failure_count}/{s.max_failures}", when(s.complete_by),
                       s.error or "")

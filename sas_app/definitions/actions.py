@@ -107,6 +107,17 @@ class AgentCall:
                            f"{sorted(self.results) or 'no step'}")
         return self.results[name]
 
+    def result_of_any(self, *steps: Named | str) -> Any:
+        """The result of the first of ``steps`` that has one: at a join after a choice, the
+        branch that was taken (the others were skipped). A ``KeyError`` when none has."""
+        for step in steps:
+            name = step if isinstance(step, str) else step.name
+            if name in self.results:
+                return self.results[name]
+        names = [s if isinstance(s, str) else s.name for s in steps]
+        raise KeyError(f"step {self.step!r}: none of {names} has a result (all skipped?); it has those of "
+                       f"{sorted(self.results) or 'no step'}")
+
     def remaining(self) -> float:
         """Seconds left before complete-by (measured from when this worker received the step)."""
         return self.budget - (self.clock() - self.started)

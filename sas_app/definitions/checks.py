@@ -1,5 +1,5 @@
 """The checks a workflow passes when it is registered: names, bounds, the step graph (no unknown
-step, no cycle, a fan-out or sleep reading only results it waits for), child runs, sleeps, waits,
+step, no cycle, a fan-out, sleep or condition reading only results it waits for), child runs, sleeps, waits,
 escalations, the concurrency key and the deadline. Each mistake is a
 :class:`~sas_app.errors.WorkflowDefinitionError` naming it, raised before anything is registered."""
 
@@ -11,6 +11,7 @@ from graphlib import CycleError, TopologicalSorter
 from typing import Any
 
 from sas_app.definitions.actions import UndoAction
+from sas_app.definitions.conditions import Guard
 from sas_app.definitions.steps import Escalate, StepSpec, action_name, seconds_of
 from sas_app.definitions.workflow import NAME, ON_TIMEOUT, Workflow
 from sas_app.errors import WorkflowDefinitionError
@@ -41,6 +42,7 @@ def check_workflow(
         if s.name in seen:
             raise WorkflowDefinitionError(f"{where}: duplicate step name {s.name!r}")
         seen.add(s.name)
+        _check_guard(where, s)
         if s.sleep is not None or s.sleep_until is not None:
             _check_sleep(where, s, max_sleep)
             continue
@@ -93,6 +95,21 @@ def check_workflow(
     if workflow.version is not None and (not isinstance(workflow.version, str) or not NAME.match(workflow.version)):
         raise WorkflowDefinitionError(f"{where}: version {workflow.version!r} must be a name (letters, digits, "
                                       "'_', '-')")
+
+
+def _check_guard(where: str, s: StepSpec) -> None:
+    """A condition names a payload key or ``<step>.<key>`` (the step is checked with the graph),
+    or is a function."""
+    guard = s.guard
+    if guard is None:
+        return
+    if not isinstance(guard, Guard):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: guard must be a Guard, got {guard!r}")
+    if guard.fn is None and (not isinstance(guard.path, str)
+                             or not all(NAME.match(part) for part in guard.path.split(".", 1))):
+        raise WorkflowDefinitionError(
+            f"{where}, step {s.name!r}: a condition names a payload key ('express'), an earlier step's result "
+            f"key (quote.output('express')) or is a function of a StepContext, got {guard.path!r}")
 
 
 def _check_consumer_timeout(where: str, s: StepSpec, consumer_timeout: float, clock_skew: float) -> None:
@@ -225,13 +242,14 @@ def _check_graph(where: str, workflow: Workflow) -> None:
         cycle = " -> ".join(exc.args[1])
         raise WorkflowDefinitionError(f"{where}: the steps wait for each other in a cycle: {cycle}") from None
     for s in workflow.specs:
-        source = (s.for_each or s.sleep_until or "").split(".", 1)
-        if len(source) == 2 and source[0] not in _upstream(graph, s.name):
-            raise WorkflowDefinitionError(
-                f"{where}, step {s.name!r}: {'.'.join(source)!r} reads the result of {source[0]!r}, "
-                f"which it does not wait for (add it to after=)" if source[0] in names else
-                f"{where}, step {s.name!r}: {'.'.join(source)!r} names no step of this workflow; its steps: {names}"
-            )
+        for read in (s.for_each, s.sleep_until, None if s.guard is None else s.guard.path):
+            source = (read or "").split(".", 1)
+            if len(source) == 2 and source[0] not in _upstream(graph, s.name):
+                raise WorkflowDefinitionError(
+                    f"{where}, step {s.name!r}: {read!r} reads the result of {source[0]!r}, which it does not "
+                    "wait for (add it to after=)" if source[0] in names else
+                    f"{where}, step {s.name!r}: {read!r} names no step of this workflow; its steps: {names}"
+                )
 
 
 def _upstream(graph: dict[str, set[str]], name: str) -> set[str]:

@@ -5,6 +5,9 @@
 - :class:`ChildRun` starts another workflow as a child run and waits for it;
 - :class:`Sleep` waits in the store for a time; :class:`WaitFor` waits for a signal.
 
+Any of them may be conditional: ``when=`` (or ``unless=``) a key or a function of the payload and
+earlier results (:mod:`sas_app.definitions.conditions`); a step not taken ends ``skipped``.
+
 Steps refer to each other by object — ``after=[reserve, fraud]``, ``for_each=reserve.output("items")``,
 ``call.result_of(reserve)`` — or, where a name reads as well, by name (``after=["reserve_stock"]``,
 ``for_each="items"`` for a payload key). Durations are seconds or a ``timedelta``. Each kind becomes a
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, Protocol
 
+from sas_app.definitions.conditions import Condition, Guard
 from sas_app.errors import WorkflowDefinitionError
 from sas_app.states import Word
 
@@ -94,14 +98,26 @@ class Output:
         return f"{self.step}.{self.key}"
 
 
+#: what ``when=`` and ``unless=`` take: a payload key, an earlier step's result key, or a function
+When = Output | str | Condition
+
+
 @dataclass(frozen=True)
 class StepDef:
-    """What every kind of step has: a name, and the steps it waits for (``after``: left out, the
+    """What every kind of step has: a name, the steps it waits for (``after``: left out, the
     step before it — the first waits for nothing; ``[]``: it starts with the run; several: it is
-    their join), as step objects or their names."""
+    their join), as step objects or their names, and optionally a condition.
+
+    A step starts once each step it waits for has completed or was skipped, and at least one
+    completed; a step whose every dependency was skipped is skipped too. With ``when=`` it then
+    runs only if its condition holds (``unless=``: only if it does not), else it is skipped, with
+    the reason. A skipped step is never undone; a run whose remaining steps are skipped is
+    processed."""
 
     name: str
     after: Sequence[StepDef | str] | None = field(default=None, kw_only=True)
+    when: When | None = field(default=None, kw_only=True)
+    unless: When | None = field(default=None, kw_only=True)
 
     def output(self, key: str) -> Output:
         """A key of this step's result, for a later step's ``for_each`` or a sleep's ``until``."""
@@ -116,6 +132,20 @@ class StepDef:
         if isinstance(self.after, (str, StepDef)):
             raise WorkflowDefinitionError(f"step {self.name!r}: after= takes a list of steps, got {self.after!r}")
         return [ref.name if isinstance(ref, StepDef) else ref for ref in self.after]
+
+    def _guard(self) -> Guard | None:
+        if self.when is not None and self.unless is not None:
+            raise WorkflowDefinitionError(f"step {self.name!r}: give when= or unless=, not both")
+        test = self.unless if self.when is None else self.when
+        if test is None:
+            return None
+        if isinstance(test, (Output, str)):
+            return Guard(unless=self.when is None, path=str(test))
+        if not callable(test):
+            raise WorkflowDefinitionError(
+                f"step {self.name!r}: {'unless' if self.when is None else 'when'}= takes a payload key, an "
+                f"earlier step's output (quote.output('express')) or a function of a StepContext, got {test!r}")
+        return Guard(unless=self.when is None, fn=test)
 
 
 @dataclass(frozen=True)
@@ -143,7 +173,7 @@ class Step(StepDef):
     def spec(self) -> StepSpec:
         return StepSpec(self.name, self.action, seconds_of(self.timeout), self.max_failures, self.compensate,
                         self._after(), None if self.for_each is None else str(self.for_each), self.max_parallel,
-                        on_exhausted=self.on_exhausted)
+                        on_exhausted=self.on_exhausted, guard=self._guard())
 
 
 @dataclass(frozen=True)
@@ -157,7 +187,7 @@ class ChildRun(StepDef):
 
     def spec(self) -> StepSpec:
         child = self.workflow if isinstance(self.workflow, str) else self.workflow.name
-        return StepSpec(self.name, after=self._after(), child=child)
+        return StepSpec(self.name, after=self._after(), child=child, guard=self._guard())
 
 
 @dataclass(frozen=True)
@@ -177,7 +207,7 @@ class Sleep(StepDef):
 
     def spec(self) -> StepSpec:
         return StepSpec(self.name, after=self._after(), sleep=seconds_of(self.seconds),
-                        sleep_until=None if self.until is None else str(self.until))
+                        sleep_until=None if self.until is None else str(self.until), guard=self._guard())
 
 
 @dataclass(frozen=True)
@@ -194,7 +224,7 @@ class WaitFor(StepDef):
 
     def spec(self) -> StepSpec:
         return StepSpec(self.name, timeout=seconds_of(self.timeout), after=self._after(), event=self.event,
-                        on_timeout=str(self.on_timeout))
+                        on_timeout=str(self.on_timeout), guard=self._guard())
 
 
 @dataclass(frozen=True)
@@ -217,6 +247,8 @@ class StepSpec:
     event: str | None = None
     on_timeout: str = "compensate"
     on_exhausted: Escalate | None = None
+    #: its condition (``when=`` / ``unless=``), if it has one
+    guard: Guard | None = None
 
     @property
     def agent(self) -> str:

@@ -109,9 +109,9 @@ class Workflow:
 
     @cached_property
     def is_linear(self) -> bool:
-        """Each step waits for the one before it, none fans out and none is a child run: the
-        Scheduler's hot path."""
-        return all(s.for_each is None and s.child is None and s.action is not None
+        """Each step waits for the one before it, none fans out, none is a child run and none has a
+        condition: the Scheduler's hot path."""
+        return all(s.for_each is None and s.child is None and s.action is not None and s.guard is None
                    for s in self.specs) and self.waits_for == [
             [i - 1] if i else [] for i in range(len(self.steps))
         ]
@@ -133,14 +133,16 @@ class Workflow:
                     for_each=s.for_each, max_parallel=s.max_parallel if s.for_each else None, child=s.child,
                     sleep=None if s.sleep is None else float(s.sleep), sleep_until=s.sleep_until,
                     event=s.event, on_timeout=s.on_timeout if s.event is not None else None,
-                    escalate=None if s.on_exhausted is None else s.on_exhausted.as_stored())
+                    escalate=None if s.on_exhausted is None else s.on_exhausted.as_stored(),
+                    condition=None if s.guard is None else s.guard.stored)
             for s, waits in zip(self.specs, self.waits_for, strict=True)
         ]
 
     @cached_property
     def run_version(self) -> str:
         """The version each run records: ``version``, or else the first 12 hex digits of a hash of
-        the step graph (names, actions, undo, budgets, what each step waits for, fan-out)."""
+        the step graph (names, actions, undo, budgets, what each step waits for, fan-out,
+        conditions: a function's source too)."""
         if self.version is not None:
             return self.version
         graph = [
@@ -149,7 +151,8 @@ class Workflow:
              float(s.timeout), s.max_failures, waits, s.for_each, s.max_parallel if s.for_each else None, s.child,
              None if s.sleep is None else float(s.sleep), s.sleep_until,
              *([s.event, s.on_timeout] if s.event is not None else []),
-             *([s.on_exhausted.as_stored()] if s.on_exhausted is not None else [])]
+             *([s.on_exhausted.as_stored()] if s.on_exhausted is not None else []),
+             *([s.guard.fingerprint()] if s.guard is not None else [])]
             for s, waits in zip(self.specs, self.waits_for, strict=True)
         ]
         return hashlib.sha256(json.dumps(graph, separators=(",", ":")).encode()).hexdigest()[:12]

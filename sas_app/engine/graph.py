@@ -4,7 +4,8 @@ step's list is, and what each step's agent is told of the steps before it.
 Pure functions over a run's step rows (read in the transaction that holds the run's lock); the
 Scheduler acts on what they say. A workflow step (not an undo, not a branch) may start once every
 step it waits for has completed; a ``for_each`` step, once started, has branch rows of its own
-and completes when all of them have, with the list of their results in order.
+and completes when all of them have, with the list of their results in order. A skipped step
+counts as settled for the steps that wait for it (:mod:`sas_app.engine.choices`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any
 
-from sas_app.states import StepState
+from sas_app.states import SETTLED_STEP_STATES, StepState
 from sas_app.store import RunRow, StepRow
 
 _WAITING = (StepState.NOT_STARTED, StepState.PENDING)
@@ -40,13 +41,15 @@ class Graph:
         return self._by_position[position]
 
     def done(self) -> bool:
-        return all(s.state == StepState.COMPLETED for s in self.workflow_steps)
+        """Every workflow step has completed or was skipped."""
+        return all(s.state in SETTLED_STEP_STATES for s in self.workflow_steps)
 
     def ready(self) -> list[StepRow]:
-        """Workflow steps waiting to start whose dependencies have all completed."""
+        """Workflow steps waiting to start whose dependencies have all completed or were skipped
+        (:func:`sas_app.engine.choices.decide` says which of them are taken)."""
         return [
             s for s in self.workflow_steps
-            if s.state in _WAITING and all(self.at(d).state == StepState.COMPLETED for d in s.deps)
+            if s.state in _WAITING and all(self.at(d).state in SETTLED_STEP_STATES for d in s.deps)
         ]
 
     def fanning_out(self) -> list[StepRow]:

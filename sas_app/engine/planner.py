@@ -1,7 +1,8 @@
 """What a run does next, decided inside the transaction that holds its lock: which steps start
-(every workflow step whose dependencies have completed, the branches a ``for_each`` step has room
-for, or the next undo while compensating), whether the run is finished, and which step cannot
-start at all (its list is missing or too long, its action is gone from the deployed code).
+(every workflow step whose dependencies have completed or were skipped and whose condition holds,
+the branches a ``for_each`` step has room for, or the next undo while compensating), which are
+skipped, whether the run is finished, and which step cannot start at all (its list is missing or
+too long, its action is gone from the deployed code, its condition raised).
 
 The :class:`Planner` makes the transitions and returns :class:`Moves`: the alerts to emit and the
 agent messages to send once that transaction commits (the Scheduler sends them).
@@ -15,8 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sas_app.definitions.conditions import Guard
 from sas_app.definitions.workflow import Workflow
 from sas_app.engine.alerts import Alert, Alerts
+from sas_app.engine.choices import decide
 from sas_app.engine.graph import Graph, fan_out_list, step_input, to_start
 from sas_app.engine.recovery import fail_run
 from sas_app.engine.waits import plan_waits
@@ -143,7 +146,13 @@ class Planner:
                 return
             if ended == "completed":
                 continue  # what waited for those steps may start now
-            ready, results = graph.ready(), graph.results()
+            results = graph.results()
+            decided = decide(run, graph, graph.ready(), results, self.guard_of)
+            if decided.failed is not None:  # a condition raised, or is gone: an operator's turn
+                self._refuse(tx, run, *decided.failed, moves, undo=False)
+                return
+            skipped = [tx.steps.skip_step(step, reason, instance_id()) for step, reason in decided.skipped]
+            ready = decided.taken
             starting = [s for s in ready if s.for_each is None and s.child is None and not s.in_store]
             children = [s for s in ready if s.child is not None]
             waited = plan_waits(tx, run, results, [s for s in ready if s.in_store], self.settings)
@@ -179,7 +188,7 @@ class Planner:
                     moves.messages.append(Dispatch(run, running, results))
                 elif step.not_before is not None and step.not_before - tx.now() <= self.settings.retry_backoff_max:
                     moves.wait(run.id, step.not_before - tx.now())  # a back-off; a longer wait is the sweep's
-            if not changed and not waited.ended:
+            if not changed and not waited.ended and not any(skipped):
                 return
 
     def _plan_undo(self, tx: Tx, run: RunRow, moves: Moves) -> None:
@@ -256,6 +265,16 @@ class Planner:
                 self._fail_run(tx, run, failed, reason, moves)
                 return "failed"
         return outcome
+
+    def guard_of(self, run: RunRow, step: StepRow) -> Guard | str:
+        """``step``'s condition written as a function, from the deployed workflow; or why it is
+        not there (the workflow gone, or the step's condition changed since the run started)."""
+        workflow = None if self.workflows is None else self.workflows.get(run.workflow)
+        spec = None if workflow is None else next((s for s in workflow.specs if s.name == step.name), None)
+        if spec is not None and spec.guard is not None and spec.guard.stored == step.condition:
+            return spec.guard
+        return (f"step {step.name!r}: its condition `{step.condition}` is not in the deployed code (the "
+                "workflow or the step changed since the run started)")
 
     def refusal(self, step: StepRow, run: RunRow | None = None) -> str | None:
         """Why ``step`` cannot be dispatched (or its child run started) by this deployment, if it cannot."""

@@ -2,15 +2,16 @@
 after the run's lock: :data:`COMPLETE_IN_GRAPH`.
 
 It completes the step (fenced on its attempt) and starts what that completion makes due: the
-workflow steps that waited for it and for nothing else still open, or — for a branch of a
+workflow steps that waited for it and for nothing else still open (a skipped step is not open),
+or — for a branch of a
 ``for_each`` step — the next waiting branches its ``max_parallel`` has room for; after the last
 workflow step it marks the run processed. It writes the events, in the order the step-by-step path
 writes them, and returns the results the started steps' agents are told.
 
 What it leaves to the Scheduler's planner (and says so): the last branch of a ``for_each`` step
 (its step completes with the list of results), a ``for_each`` step that became due (its list is
-read and its branches written), a child run's step or a sleep that became due, and a waiting step
-it could not start (a back-off not over).
+read and its branches written), a child run's step, a sleep or a step with a condition that
+became due, and a waiting step it could not start (a back-off not over).
 
 The lock must come first, in a statement of its own: every sub-statement here sees the snapshot
 taken when the statement starts, so a statement that waited for the lock inside would not see the
@@ -33,6 +34,7 @@ from sas_app.store.transitions import RUN_DONE_CHANNEL
 _STEP_COLUMNS = field_names(StepRow)
 _WAITING = f"('{StepState.NOT_STARTED}', '{StepState.PENDING}')"
 _DUE = f"(not_before IS NULL OR not_before <= {PG_NOW})"
+_SETTLED = f"('{StepState.COMPLETED}', '{StepState.SKIPPED}')"
 
 COMPLETE_IN_GRAPH = text(f"""
 WITH done AS (
@@ -62,14 +64,14 @@ WITH done AS (
       AND NOT EXISTS (
           SELECT 1 FROM jsonb_array_elements_text(s.waits_for) w
           JOIN steps o ON o.run_id = :b_run_id AND o.position = CAST(w AS integer)
-          WHERE o.position <> d.position AND o.state <> '{StepState.COMPLETED}')
+          WHERE o.position <> d.position AND o.state NOT IN {_SETTLED})
 ), started AS (
     UPDATE steps SET state = '{StepState.RUNNING}', attempt = steps.attempt + 1, locked_by = :b_locked_by,
                      complete_by = {PG_NOW} + steps.timeout, not_before = NULL, updated_at = {PG_NOW}
     WHERE steps.run_id = :b_run_id AND steps.id IN (SELECT id FROM next_branches
                        UNION ALL SELECT id FROM ready WHERE for_each IS NULL AND child IS NULL
                                                AND sleep IS NULL AND sleep_until IS NULL
-                                               AND event IS NULL AND {_DUE})
+                                               AND event IS NULL AND condition IS NULL AND {_DUE})
     RETURNING steps.*
 ), fin AS (
     UPDATE runs SET process_state = '{RunState.PROCESSED}', locked_by = NULL, complete_by = NULL,
@@ -77,7 +79,7 @@ WITH done AS (
     WHERE runs.id = :b_run_id AND EXISTS (SELECT 1 FROM done WHERE branch_of IS NULL)
       AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = :b_run_id AND s.compensates IS NULL
                       AND s.branch_of IS NULL AND s.position <> :b_position
-                      AND s.state <> '{StepState.COMPLETED}')
+                      AND s.state NOT IN {_SETTLED})
     RETURNING runs.id
 ), ev AS (
     INSERT INTO events (run_id, position, kind, from_state, to_state, attempt, actor, at, detail)

@@ -85,6 +85,7 @@ class StepRow:
     created_at: float
     updated_at: float
     completed_at: float | None
+    condition: str | None
 
     @property
     def is_undo(self) -> bool:
@@ -152,6 +153,8 @@ class NewStep:
     event: str | None = None
     on_timeout: str | None = None
     escalate: dict[str, Any] | None = None
+    #: its condition, as ``when quote.express`` or ``unless is_small()``
+    condition: str | None = None
 
 
 @dataclass(frozen=True)

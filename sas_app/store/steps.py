@@ -178,6 +178,12 @@ class StepTx(Part):
                                detail=detail)
         return moved
 
+    def skip_step(self, step: StepRow, reason: str, actor: str) -> StepRow | None:
+        """A step not taken (its condition did not hold, or every step it waits for was skipped)
+        → skipped, the reason in its ``error`` and its event; nothing was or will be dispatched."""
+        return self.move_step(step, StepState.SKIPPED, actor=actor, detail={"reason": reason}, error=reason,
+                              locked_by=None, complete_by=None, not_before=None)
+
     def refuse_step(self, step: StepRow, reason: str, actor: str) -> StepRow | None:
         """A step that cannot start or go on (its list is missing or too long, its action or child
         workflow is not in the deployed code, its time is no time) fails at once, nothing dispatched."""

@@ -179,6 +179,9 @@ steps = Table(
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     Column("completed_at", Double),
+    # Its condition (``when quote.express``, ``unless is_small()``): the planner decides it, and a
+    # step not taken ends ``skipped`` with the reason in ``error``.
+    Column("condition", String(300)),
     UniqueConstraint("run_id", "position", name="uq_steps_run_position"),
 )
 # The sweep reads only live steps (pending or running), ordered by complete-by: its cost follows

@@ -51,6 +51,12 @@ def does(step: StepRow) -> str:
     return "sleeps" if step.is_sleep else f"{step.agent}.{step.action}"
 
 
+def after_text(waits_for: list[str], step: StepRow) -> str:
+    """What a step waits for and its condition, if it has one: ``quote · unless quote.express``."""
+    after = ", ".join(waits_for) or "-"
+    return after if step.condition is None else f"{after} · {step.condition}"
+
+
 def faults_text(faults: dict[str, Any]) -> str:
     """``3 transient faults: card gateway timeout; … the last: card gateway timeout``."""
     count, last = faults.get("count", 0), list(faults.get("last") or [])

@@ -11,7 +11,7 @@ from sas_app.interfaces.client import RunView
 from sas_app.messaging.routing import dispatch_task_id
 from sas_app.states import RUN_STATES, Cause, EventKind, StepState
 from sas_app.store.observe import Observer
-from sas_app.web.formatting import STATE_COLOURS, does, when
+from sas_app.web.formatting import STATE_COLOURS, after_text, does, when
 
 
 @dataclass
@@ -38,8 +38,10 @@ class Lane:
     state: str
     #: a branch of the ``for_each`` step listed above it
     branch: bool = False
-    #: the steps it waits for
+    #: the steps it waits for, and its condition
     after: str = ""
+    #: why it was skipped, or why it failed
+    note: str = ""
     segments: list[Segment] = field(default_factory=list)
 
 
@@ -49,7 +51,8 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
     graph = Graph(view.steps)
     lanes = {
         s.position: Lane(s.position, s.name, does(s), s.state, branch,
-                         "" if branch or s.is_undo else ", ".join(graph.waits_for_names(s)))
+                         "" if branch or s.is_undo else after_text(graph.waits_for_names(s), s),
+                         note=s.error if s.state in (StepState.SKIPPED, StepState.FAILED) and s.error else "")
         for s, branch in graph.outline()
     }
     open_: dict[int, Segment] = {}

@@ -112,3 +112,40 @@ def test_each_app_has_its_own_registry_and_tasks(settings):
     assert two.agents == {} and two.workflows == {}
     one.store.dispose()
     two.store.dispose()
+
+
+def test_a_condition_on_a_step_that_does_not_exist_or_is_not_waited_for_is_refused(app):
+    from sas_app import Output
+
+    first = Step("first", "svc.work")
+    cases = [
+        ([first, Step("b", "svc.work", when=Output("nowhere", "ok"))], "'nowhere.ok' names no step of this workflow"),
+        ([first, Step("b", "svc.work", after=[], unless=first.output("ok"))],
+         "'first.ok' reads the result of 'first', which it does not wait for (add it to after=)"),
+        ([first, Step("b", "svc.work", when="not a key")], "a condition names a payload key"),
+    ]
+    for steps, problem in cases:
+        with pytest.raises(WorkflowDefinitionError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+            app.register(Workflow("wf", steps))
+    with pytest.raises(WorkflowDefinitionError, match="give when= or unless=, not both"):
+        Workflow("wf", [Step("a", "svc.work", when="x", unless="y")])
+    with pytest.raises(WorkflowDefinitionError, match="when= takes a payload key"):
+        Workflow("wf", [Step("a", "svc.work", when=42)])  # type: ignore[arg-type]
+    assert "wf" not in app.workflows
+
+
+def test_a_condition_is_part_of_the_definition_s_version(app):
+    def big(step) -> bool:
+        return bool(step.payload["amount"] > 100)
+
+    def huge(step) -> bool:
+        return bool(step.payload["amount"] > 1000)
+
+    def version(**condition) -> str:
+        return Workflow("wf", [Step("a", "svc.work"), Step("b", "svc.work", **condition)]).run_version
+
+    plain = version()
+    assert len({plain, version(when=big), version(unless=big), version(when=huge), version(when="vip"),
+                version(when=Step("a", "svc.work").output("vip"))}) == 6
+    assert version(when=big) == version(when=big)  # the same condition: the same version
+    assert not Workflow("wf", [Step("a", "svc.work", when="vip")]).is_linear  # left to the planner
