@@ -29,6 +29,8 @@ TESTS = ["examples", "tests/unit/test_testing_kit.py"]
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-unit-tier", action="store_true",
+                        help="leave out the unit tier's timing (its own minute of two cores)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "junit.xml"
@@ -45,8 +47,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{seconds * 1000:8.0f} ms  {test}")
     print(f"{len(times)} tests: {sum(times.values()):.2f} s in the tests, {wall:.2f} s for the whole pytest run "
           "(start-up and imports included)")
-    unit = unit_tier()
-    print(f"unit tier (pytest -m unit -n 2): {unit['tests']} tests in {unit['wall_s']:.1f} s")
+    unit = None if args.no_unit_tier else unit_tier()
+    if unit is not None:
+        print(f"unit tier (pytest -m unit -n 2): {unit['tests']} tests in {unit['wall_s']:.1f} s")
     result = {"date": date.today().isoformat(), "command": "python -m bench.kit", "machine": machine(),
               "tests": len(times), "tests_s": round(sum(times.values()), 3), "pytest_wall_s": round(wall, 2),
               "unit_tier": unit,

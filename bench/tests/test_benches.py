@@ -96,12 +96,13 @@ def test_backpressure_bench_overloads_an_agent_and_loses_nothing(tmp_path):
     assert paced["series"] and paced["depth_max"] > 0
 
 
-def test_kit_bench_times_the_examples_the_kit_s_own_tests_and_the_unit_tier(tmp_path):
-    result = run_bench("bench.kit", tmp_path=tmp_path)
+def test_kit_bench_times_the_examples_and_the_kit_s_own_tests(tmp_path):
+    # the unit tier's timing left out: the suite runs that tier already, and it costs a minute of both cores
+    result = run_bench("bench.kit", "--no-unit-tier", tmp_path=tmp_path)
     assert result["tests"] == len(result["by_test_ms"]) >= 10
-    assert set(result["by_file_s"]) == {"examples.test_approval", "examples.test_fanout", "examples.test_signup",
-                                        "tests.unit.test_testing_kit"}
-    assert result["unit_tier"]["tests"] > 300 and result["unit_tier"]["wall_s"] > 0
+    assert set(result["by_file_s"]) == {f"examples.test_{name}" for name in ("approval", "fanout", "refund", "signup")
+                                        } | {"tests.unit.test_testing_kit"}
+    assert result["unit_tier"] is None
 
 
 @alone

@@ -179,7 +179,7 @@ def test_demo_stops_every_process_it_started_when_interrupted(tmp_path):
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
-            demo.wait()
+            demo.communicate()  # its pipe closed with it
     assert demo.returncode != 0
     wait_for(lambda: not _children_of(home), 30, "every demo process to be gone")
     assert "interrupted" in err.decode()
