@@ -4,7 +4,18 @@ from sas_app.agents.agent import Agent
 from sas_app.app import SasApp
 from sas_app.definitions.actions import AgentAction, AgentCall, UndoAction, UndoCall, Undone
 from sas_app.definitions.conditions import StepContext
-from sas_app.definitions.steps import ChildRun, Escalate, OnTimeout, Output, Sleep, Step, StepDef, Then, WaitFor
+from sas_app.definitions.steps import (
+    ChildRun,
+    Escalate,
+    OnTimeout,
+    Output,
+    Poll,
+    Sleep,
+    Step,
+    StepDef,
+    Then,
+    WaitFor,
+)
 from sas_app.definitions.workflow import Workflow
 from sas_app.engine.alerts import Alert
 from sas_app.errors import (
@@ -12,6 +23,7 @@ from sas_app.errors import (
     InvalidOperation,
     InvalidSignal,
     InvalidSubmission,
+    NotYet,
     PermanentError,
     SasError,
     SchemaNotReady,
@@ -44,11 +56,13 @@ __all__ = [
     "InvalidOperation",
     "InvalidSignal",
     "InvalidSubmission",
+    "NotYet",
     "Notifications",
     "OnTimeout",
     "Output",
     "Overlap",
     "PermanentError",
+    "Poll",
     "Producer",
     "RunHandle",
     "RunRow",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 
 def one_line(exc: BaseException) -> str:
     """An error as one line: its type and the first line of its message (SQLAlchemy's go on with
@@ -25,6 +27,23 @@ class PermanentError(SasError):
 
     The agent reports it to the Scheduler at once: the step fails with one alert, and the run is
     undone (or goes to ``error`` when none of its steps has anything to undo)."""
+
+
+class NotYet(SasError):
+    """Raised by the action of a polling step (``Step(..., poll=Poll(...))``): the remote job it
+    started or checked is not done. The step waits in the store, holding no message and no
+    worker, and its action is called again after ``after`` seconds (or a ``timedelta``; left out,
+    the step's ``Poll.every``), with the same idempotency key and ``call.poll`` one higher.
+    ``detail`` (a short text: "rendering, 40%") goes into the step's history."""
+
+    def __init__(self, after: float | timedelta | None = None, detail: str = "") -> None:
+        seconds = after.total_seconds() if isinstance(after, timedelta) else after
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not seconds > 0 or seconds == float("inf")):
+            raise ValueError(f"NotYet(after=...) must be a positive number of seconds or a timedelta, got {after!r}")
+        super().__init__(detail or "not yet")
+        self.after = None if seconds is None else float(seconds)
+        self.detail = detail
 
 
 class StepExpired(SasError):

@@ -3,7 +3,8 @@
 ``payload["script"][step]`` is a list of outcomes, one per delivery of that step to the agent:
 ``"ok"`` (reply with a result), ``"permanent"`` (non-transient fault), ``"transient"`` (raise a
 transient fault; the agent retries it), ``"hang"`` (stop silently, as past complete-by),
-``"deferred"`` (the agent's breaker is open: it defers the step for 0.05 s). Once the
+``"deferred"`` (the agent's breaker is open: it defers the step for 0.05 s), ``"not_yet"`` (a
+polling step's job is not done: ask again in 30 s). Once the
 list is used up the last outcome repeats; with no script a step just succeeds. An undo is scripted
 under its own name, ``"undo:<step>"``.
 """
@@ -13,7 +14,19 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from sas_app import AgentCall, ChildRun, PermanentError, SasApp, Sleep, Step, StepExpired, TransientError, WaitFor
+from sas_app import (
+    AgentCall,
+    ChildRun,
+    NotYet,
+    PermanentError,
+    Poll,
+    SasApp,
+    Sleep,
+    Step,
+    StepExpired,
+    TransientError,
+    WaitFor,
+)
 from sas_app.agents.breaker import BreakerOpen
 
 #: every call an agent received, per idempotency key: (attempt, outcome)
@@ -31,6 +44,8 @@ def scripted(call: AgentCall) -> dict[str, Any]:
         raise TransientError(f"{call.step} busy")
     if outcome == "hang":
         raise StepExpired(call.step)
+    if outcome == "not_yet":
+        raise NotYet(after=30, detail=f"poll {call.poll}")
     if outcome == "deferred":
         raise BreakerOpen("svc", 0.05)
     if call.index is not None:
@@ -45,7 +60,9 @@ def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int 
     ``fanout``: ``prepare``, then ``ship`` once per element of the payload's ``items`` (two at a
     time), then ``confirm``; every step but ``confirm`` with an undo. ``parent``: ``before``, then
     ``spawn`` (a child run of ``kid``: one step ``k1``), then ``after``. ``claim``: ``file`` (with
-    an undo), ``manager`` waiting up to two days for the event ``approval``, then ``pay``."""
+    an undo), ``manager`` waiting up to two days for the event ``approval``, then ``pay``.
+    ``poller``: ``start`` (with an undo), ``check`` polling every 30 s for at most 10 minutes,
+    then ``last``."""
     svc = sas.agent("svc", retry_initial=0.01, retry_max=0.02)
     svc.action(scripted, name="work")
     svc.undo(scripted, name="undo")
@@ -100,6 +117,11 @@ def install_test_workflows(sas: SasApp, timeout: float = 0.3, max_failures: int 
     sas.workflow("claim", [Step("file", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo"),
                            WaitFor("manager", "approval", timeout=2 * 86400),
                            Step("pay", "svc.work", timeout=timeout, max_failures=max_failures)])
+    sas.workflow("poller", [
+        Step("start", "svc.work", timeout=timeout, max_failures=max_failures, compensate="svc.undo"),
+        Step("check", "svc.work", timeout=timeout, max_failures=max_failures, poll=Poll(every=30, max_wait=600)),
+        Step("last", "svc.work", timeout=timeout, max_failures=max_failures),
+    ])
     sas.workflow("alarm", [Sleep("until_then", until="wake_at"),
                            Step("last", "svc.work", timeout=timeout, max_failures=max_failures)])
     sas.workflow(

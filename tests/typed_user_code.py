@@ -11,8 +11,10 @@ from sas_app import (
     AgentAction,
     AgentCall,
     ChildRun,
+    NotYet,
     OnTimeout,
     Output,
+    Poll,
     RunHandle,
     RunState,
     SasApp,
@@ -72,6 +74,14 @@ def receipt_of(call: AgentCall) -> dict[str, Any]:
     return {"charge": call.result_of(charging)["charge_id"]}
 
 
+@payment.action
+def settle(call: AgentCall) -> dict[str, str]:
+    if call.poll < 2:  # the bank has not settled it yet: ask again in a minute
+        raise NotYet(after=timedelta(minutes=1), detail="pending at the bank")
+    return {"settled": call.idempotency_key}
+
+
+settling = Step("settle", settle, timeout=10, poll=Poll(every=timedelta(minutes=1), max_wait=timedelta(hours=1)))
 quoting = Step("quote", price, timeout=timedelta(seconds=5), after=[])
 charging = Step("charge", charge, timeout=10, compensate=refund, after=[quoting])
 assert_type(charging.output("items"), Output)

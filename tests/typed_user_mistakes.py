@@ -25,3 +25,4 @@ Sleep("nap", 5, event="approval")  # refused: a sleep waits for no event
 WaitFor("w", "approval", timeout=60, on_timeout="retry")  # refused: not an OnTimeout
 Step("b", work, when=lambda step: step.result)  # refused: a StepContext has results, not result
 Step("b", work, when=5)  # refused: a condition is a key or a function
+Step("c", work, poll=60)  # refused: a poll is a Poll(every, max_wait)

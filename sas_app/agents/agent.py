@@ -4,7 +4,8 @@ An action is a function ``fn(call: AgentCall) -> JSON``, plain or ``async def`` 
 thread's event loop, cancelled at complete-by: :mod:`sas_app.agents.coroutines`). The base around it retries
 transient faults with exponential back-off while the step's complete-by allows, passes the same
 idempotency key and the attempt's fencing token on every try, stops silently once complete-by has
-passed, and replies to the Scheduler with the result or with a non-transient error.
+passed, and replies to the Scheduler with the result, a non-transient error, or — from a polling
+step — "not yet" (:class:`~sas_app.errors.NotYet`).
 
 Replies go to a :class:`Replies` the application wires in: the Scheduler's handlers run in this
 process (one message per step), or, failing that or with ``SAS_INLINE_REPLIES`` off, a message on
@@ -33,6 +34,7 @@ from sas_app.agents.breaker import Breaker, BreakerOpen, LocalState, SharedState
 from sas_app.agents.coroutines import run_bounded
 from sas_app.definitions.actions import AgentAction, AgentCall, R, UndoAction, UndoCall
 from sas_app.errors import (
+    NotYet,
     PermanentError,
     StaleAttempt,
     StepExpired,
@@ -48,6 +50,7 @@ from sas_app.messaging.routing import (
     STEP_FAILED,
     STEP_FAULTS,
     STEP_LOST,
+    STEP_NOT_YET,
     agent_queue,
     agent_task_name,
     confirm_options,
@@ -72,6 +75,9 @@ class Replies(Protocol):
 
     def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str,
                       faults: dict[str, Any] | None = None) -> None: ...
+
+    def step_not_yet(self, run_id: str, position: int, attempt: int, after: float | None = None, detail: str = "",
+                     faults: dict[str, Any] | None = None) -> None: ...
 
     def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any]) -> None: ...
 
@@ -289,6 +295,14 @@ class Agent:
             log.warning("%s: %s; deferring the step", where, exc)
             self._reply(STEP_DEFERRED, call, faults, delay=exc.delay, reason=str(exc))
             return
+        except NotYet as exc:
+            if call.remaining() <= 0:
+                log.warning("%s: 'not yet' came after complete-by; not replying", where)
+                self._keep_faults(call, faults)
+                return
+            log.info("%s: not yet (poll %d)%s", where, call.poll + 1, f": {exc.detail}" if exc.detail else "")
+            self._reply(STEP_NOT_YET, call, faults, after=exc.after, detail=exc.detail[:200])
+            return
         except PermanentError as exc:
             log.info("%s: permanent fault: %s", where, describe(exc))
             self._reply(STEP_FAILED, call, faults, error=str(exc) or type(exc).__name__)
@@ -360,7 +374,7 @@ class Agent:
         summary = faults.summary()
         if summary is not None:  # only then: the reply of a step that went smoothly is unchanged
             reply["faults"] = summary
-        name = task.rsplit(".", 1)[1]  # step_done, step_failed, step_deferred, step_faults
+        name = task.rsplit(".", 1)[1]  # step_done, step_failed, step_deferred, step_not_yet, step_faults
         if self.replies is not None:
             handler: Callable[..., None] = getattr(self.replies, name)
             try:

@@ -54,6 +54,9 @@ class AgentCall:
     #: On a branch of a ``for_each`` step: its element of the list, and its index there.
     item: Any = None
     index: int | None = None
+    #: A polling step (``poll=Poll(...)``): how many times its action has answered "not yet"
+    #: (:class:`~sas_app.errors.NotYet`) before this call: 0 on the first.
+    poll: int = 0
     #: This attempt's try in this worker: 1, then 2, 3… each time the agent retries a transient
     #: fault in-process (``attempt`` stays the same: it is the fencing token of the whole attempt).
     try_number: int = 1
@@ -88,6 +91,7 @@ class AgentCall:
             undoes=None if undoes is None else Undone(str(undoes["step"]), str(undoes["idempotency_key"])),
             item=message.get("item"),
             index=None if message.get("index") is None else int(message["index"]),
+            poll=int(message.get("poll") or 0),
             clock=clock,
         )
         if call.attempt < 1 or call.budget <= 0 or call.position < 0:

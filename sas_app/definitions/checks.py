@@ -1,6 +1,6 @@
 """The checks a workflow passes when it is registered: names, bounds, the step graph (no unknown
-step, no cycle, a fan-out, sleep or condition reading only results it waits for), child runs, sleeps, waits,
-escalations, the concurrency key and the deadline. Each mistake is a
+step, no cycle, a fan-out, sleep or condition reading only results it waits for), child runs,
+sleeps, waits, escalations, polling, the concurrency key and the deadline. Each mistake is a
 :class:`~sas_app.errors.WorkflowDefinitionError` naming it, raised before anything is registered."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from sas_app.definitions.actions import UndoAction
 from sas_app.definitions.conditions import Guard
-from sas_app.definitions.steps import Escalate, StepSpec, action_name, seconds_of
+from sas_app.definitions.steps import Escalate, Poll, StepSpec, action_name, seconds_of
 from sas_app.definitions.workflow import NAME, ON_TIMEOUT, Workflow
 from sas_app.errors import WorkflowDefinitionError
 
@@ -81,6 +81,7 @@ def check_workflow(
             )
         _check_fan_out(where, s)
         _check_escalation(where, s, max_sleep)
+        _check_poll(where, s, max_sleep)
     _check_graph(where, workflow)
     deadline = workflow.deadline_seconds
     if deadline is not None and (not _is_number(deadline) or not 0 < deadline <= max_deadline):
@@ -183,6 +184,23 @@ def _check_escalation(where: str, s: StepSpec, max_wait: float) -> None:
     if e.then not in ("compensate", "error"):
         raise WorkflowDefinitionError(f"{where}, step {s.name!r}: Escalate then must be 'compensate' or 'error', "
                                       f"got {e.then!r}")
+
+
+def _check_poll(where: str, s: StepSpec, max_wait: float) -> None:
+    p = s.poll
+    if p is None:
+        return
+    if not isinstance(p, Poll):
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: poll must be a Poll(every, max_wait), got {p!r}")
+    if s.for_each is not None:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: a fan-out's branches cannot poll yet")
+    every, most = seconds_of(p.every), seconds_of(p.max_wait)
+    if not _is_number(every) or every <= 0:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: Poll every must be more than 0 seconds, got "
+                                      f"{p.every!r}")
+    if not _is_number(most) or not every <= most <= max_wait:
+        raise WorkflowDefinitionError(f"{where}, step {s.name!r}: Poll max_wait must be at least every ({every:g} s) "
+                                      f"and at most {max_wait:g} seconds (SAS_MAX_SLEEP), got {p.max_wait!r}")
 
 
 def _check_child(where: str, s: StepSpec, workflows: set[str]) -> None:

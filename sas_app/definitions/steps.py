@@ -87,6 +87,23 @@ class Escalate:
 
 
 @dataclass(frozen=True)
+class Poll:
+    """A step that starts or checks a long job on its remote service and answers "not yet"
+    (``raise NotYet(after=...)``) until it is done: between calls it waits in the store, holding
+    no message and no worker, and its action is called again ``every`` seconds (or when the
+    ``NotYet`` says), each call with the step's short ``timeout`` as its complete-by, the same
+    idempotency key and ``call.poll`` counting the answers so far. Not done ``max_wait`` after
+    its first "not yet" (one last call is made then), it fails for good: one alert, and the run
+    is undone."""
+
+    every: Seconds
+    max_wait: Seconds
+
+    def as_stored(self) -> dict[str, float]:
+        return {"every": float(seconds_of(self.every)), "max_wait": float(seconds_of(self.max_wait))}
+
+
+@dataclass(frozen=True)
 class Output:
     """A key of an earlier step's result (``reserve.output("items")``): the list a fan-out runs
     over, or the time a sleep wakes at."""
@@ -160,7 +177,10 @@ class Step(StepDef):
     ``for_each`` runs it once per element of a list — a payload key (``"items"``) or a key of an
     earlier step's result (``reserve.output("items")``) — each branch with its own attempts,
     complete-by and idempotency key (``<run>:<step>:<index>``), at most ``max_parallel`` at once.
-    Its result is the list of its branches' results, in order."""
+    Its result is the list of its branches' results, in order.
+
+    ``poll=Poll(every, max_wait)`` makes it a polling step: its action may answer "not yet"
+    (:class:`~sas_app.errors.NotYet`) and is asked again later, as :class:`Poll` says."""
 
     action: ActionRef | str
     timeout: Seconds = 30.0
@@ -169,11 +189,12 @@ class Step(StepDef):
     for_each: Output | str | None = None
     max_parallel: int = 10
     on_exhausted: Escalate | None = None
+    poll: Poll | None = None
 
     def spec(self) -> StepSpec:
         return StepSpec(self.name, self.action, seconds_of(self.timeout), self.max_failures, self.compensate,
                         self._after(), None if self.for_each is None else str(self.for_each), self.max_parallel,
-                        on_exhausted=self.on_exhausted, guard=self._guard())
+                        on_exhausted=self.on_exhausted, guard=self._guard(), poll=self.poll)
 
 
 @dataclass(frozen=True)
@@ -249,6 +270,8 @@ class StepSpec:
     on_exhausted: Escalate | None = None
     #: its condition (``when=`` / ``unless=``), if it has one
     guard: Guard | None = None
+    #: a polling step's interval and bound
+    poll: Poll | None = None
 
     @property
     def agent(self) -> str:

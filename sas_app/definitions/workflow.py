@@ -134,7 +134,8 @@ class Workflow:
                     sleep=None if s.sleep is None else float(s.sleep), sleep_until=s.sleep_until,
                     event=s.event, on_timeout=s.on_timeout if s.event is not None else None,
                     escalate=None if s.on_exhausted is None else s.on_exhausted.as_stored(),
-                    condition=None if s.guard is None else s.guard.stored)
+                    condition=None if s.guard is None else s.guard.stored,
+                    poll=None if s.poll is None else s.poll.as_stored())
             for s, waits in zip(self.specs, self.waits_for, strict=True)
         ]
 
@@ -142,7 +143,7 @@ class Workflow:
     def run_version(self) -> str:
         """The version each run records: ``version``, or else the first 12 hex digits of a hash of
         the step graph (names, actions, undo, budgets, what each step waits for, fan-out,
-        conditions: a function's source too)."""
+        conditions — a function's source too —, polling)."""
         if self.version is not None:
             return self.version
         graph = [
@@ -152,7 +153,8 @@ class Workflow:
              None if s.sleep is None else float(s.sleep), s.sleep_until,
              *([s.event, s.on_timeout] if s.event is not None else []),
              *([s.on_exhausted.as_stored()] if s.on_exhausted is not None else []),
-             *([s.guard.fingerprint()] if s.guard is not None else [])]
+             *([s.guard.fingerprint()] if s.guard is not None else []),
+             *([s.poll.as_stored()] if s.poll is not None else [])]
             for s, waits in zip(self.specs, self.waits_for, strict=True)
         ]
         return hashlib.sha256(json.dumps(graph, separators=(",", ":")).encode()).hexdigest()[:12]

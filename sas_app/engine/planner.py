@@ -75,6 +75,8 @@ class Dispatch:
         }
         if self.step.is_branch:
             kwargs["item"], kwargs["index"] = self.step.item, self.step.branch
+        if self.step.polls:
+            kwargs["poll"] = self.step.polls
         return kwargs
 
 

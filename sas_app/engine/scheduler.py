@@ -34,6 +34,7 @@ from sas_app.messaging.routing import (
     STEP_FAILED,
     STEP_FAULTS,
     STEP_LOST,
+    STEP_NOT_YET,
     Advance,
     Router,
 )
@@ -112,6 +113,13 @@ class Scheduler:
                           faults: Any = None, **newer: Any) -> None:
             if well_formed("step_deferred", run_id, position, attempt) and isinstance(delay, (int, float)):
                 self.step_deferred(run_id, position, attempt, delay, str(reason), fault_summary(faults))
+
+        @self.celery.task(name=STEP_NOT_YET, **options)
+        def step_not_yet(run_id: str, position: int, attempt: int, after: float | None = None, detail: str = "",
+                         faults: Any = None, **newer: Any) -> None:
+            if well_formed("step_not_yet", run_id, position, attempt) and (
+                    after is None or (isinstance(after, (int, float)) and not isinstance(after, bool) and after > 0)):
+                self.step_not_yet(run_id, position, attempt, after, str(detail)[:200], fault_summary(faults))
 
         @self.celery.task(name=STEP_FAULTS, **options)
         def step_faults(run_id: str, position: int, attempt: int, faults: Any = None, **newer: Any) -> None:
@@ -234,6 +242,45 @@ class Scheduler:
                 self._stale(tx, run, position, attempt, "step_deferred")
                 return
         self.after_commit(tx, Moves([Advance(run_id, Publish.BACKOFF, max(float(delay), 0.0))]))
+
+    def step_not_yet(self, run_id: str, position: int, attempt: int, after: float | None, detail: str = "",
+                     faults: dict[str, Any] | None = None) -> None:
+        """A polling step's action answered "not yet": the step waits in the store until its next
+        call (``after`` seconds, or its ``Poll.every``), no failure counted. Past its ``max_wait``
+        it fails for good, with one alert, and the run is undone; a step that does not poll and
+        answers "not yet" fails so too, naming the mistake."""
+        with self.store.begin() as tx:
+            run = tx.runs.lock_run(run_id)
+            self._faults(tx, run, position, attempt, faults)
+            step = tx.steps.running_step(run_id, position, attempt) if run is not None else None
+            if run is None or step is None or run.process_state not in LIVE_RUN_STATES:
+                self._stale(tx, run, position, attempt, "step_not_yet")
+                return
+            moves = Moves()
+            waiting = None
+            if step.poll is not None:
+                wait = float(after if after is not None else step.poll["every"])
+                waiting = tx.steps.poll_later(step, wait, self.instance_id, detail)
+                reason = (f"step {step.name!r}: its job was not done {float(step.poll['max_wait']):g} s after its "
+                          f"first 'not yet' (max_wait), after {step.polls + 1} polls")
+            else:
+                reason = (f"step {step.name!r}: its action answered 'not yet' (NotYet), but the step does not poll: "
+                          "give it poll=Poll(every, max_wait)")
+            if waiting is None:
+                failed = tx.steps.fail_step(run_id, position, attempt, reason, actor=self.instance_id,
+                                            count_failure=True)
+                if failed is None:
+                    self._stale(tx, run, position, attempt, "step_not_yet")
+                    return
+                log.warning("run %s: %s", run_id, reason)
+                moves.alerts.append(fail_run(tx, self.alerts, self.settings, run, failed, reason,
+                                             actor=self.instance_id))
+                after_fail = tx.runs.lock_run(run_id)
+                if after_fail is not None:
+                    moves.extend(self.planner.next(tx, after_fail))
+            elif waiting.not_before is not None and waiting.not_before - tx.now() <= self.settings.retry_backoff_max:
+                moves.messages.append(Advance(run_id, Publish.BACKOFF, waiting.not_before - tx.now()))
+        self.after_commit(tx, moves)
 
     def step_lost(self, run_id: str, position: int, attempt: int, reason: str) -> None:
         """The worker process running this attempt died (reported by its worker's main process).

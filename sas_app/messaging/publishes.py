@@ -75,6 +75,7 @@ class Publish(Word):
     STEP_DONE = "step_done"
     STEP_FAILED = "step_failed"
     STEP_DEFERRED = "step_deferred"
+    STEP_NOT_YET = "step_not_yet"
     #: reported by a worker's main process when its pool process died mid-step
     STEP_LOST = "step_lost"
     #: the transient faults of an attempt that ended without a reply (its complete-by passed): only

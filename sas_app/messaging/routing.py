@@ -43,6 +43,8 @@ STEP_DONE = "sas.scheduler.step_done"
 STEP_FAILED = "sas.scheduler.step_failed"
 #: an agent's reply: its breaker is open, the step was not tried (no failure counted)
 STEP_DEFERRED = "sas.scheduler.step_deferred"
+#: an agent's reply: a polling step's job is not done yet (ask again later; no failure counted)
+STEP_NOT_YET = "sas.scheduler.step_not_yet"
 #: an agent worker's main process: the worker running the step died
 STEP_LOST = "sas.scheduler.step_lost"
 #: an attempt's transient faults, kept in the run's history once the attempt ended

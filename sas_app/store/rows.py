@@ -86,6 +86,9 @@ class StepRow:
     updated_at: float
     completed_at: float | None
     condition: str | None
+    poll: Any
+    polls: int
+    poll_until: float | None
 
     @property
     def is_undo(self) -> bool:
@@ -155,6 +158,8 @@ class NewStep:
     escalate: dict[str, Any] | None = None
     #: its condition, as ``when quote.express`` or ``unless is_small()``
     condition: str | None = None
+    #: a polling step's {"every", "max_wait"} (seconds)
+    poll: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,26 @@ class StepTx(Part):
                                detail={"deferred": delay, "reason": Cause.DEFERRED.value, "message": reason})
         return won is not None
 
+    def poll_later(self, step: StepRow, after: float, actor: str, detail: str = "") -> StepRow | None:
+        """A polling step's "not yet" (``step`` read running at its attempt): running → pending,
+        waiting in the store until its next call — its ``not_before`` and complete-by, when the
+        sweep asks the Scheduler about it — no failure counted, one more poll. Its first sets
+        ``poll_until`` (now plus its ``max_wait``); the next call is never later than that. None
+        when it moved on, or when ``poll_until`` has passed (the caller fails it)."""
+        now = self.tx.now()
+        until = step.poll_until if step.poll_until is not None else now + float(step.poll["max_wait"])
+        if now >= until:
+            return None
+        wake = min(now + after, until)
+        moved = self.update_step(step.run_id, step.position, step.attempt, StepState.RUNNING, StepState.PENDING,
+                                 locked_by=None, not_before=wake, complete_by=wake, polls=step.polls + 1,
+                                 poll_until=until)
+        if moved is not None:
+            self.tx.transition(step.run_id, step.position, StepState.RUNNING, StepState.PENDING, attempt=step.attempt,
+                               actor=actor, detail={"not_yet": moved.polls, "next_poll": wake,
+                                                    **({"message": detail} if detail else {})})
+        return moved
+
     def move_step(self, step: StepRow, new: str, *, actor: str, detail: Any = None, **values: Any) -> StepRow | None:
         """``step`` from the state and attempt it was read at → ``new`` (fenced), with its event."""
         moved = self.update_step(step.run_id, step.position, step.attempt, step.state, new, **values)

@@ -47,7 +47,8 @@ _INSERT_RUNS = {name: statement.execution_options(**{PREPARE: False}) for name, 
 _INSERT_STEPS = insert(steps).values(created_at=db_now(), updated_at=db_now(), state=StepState.NOT_STARTED.value)
 _STEP_COLUMNS = ("run_id", "position", "name", "agent", "action", "timeout", "max_failures", "idempotency_key",
                  "undo", "attempt", "failure_count", "waits_for", "for_each", "max_parallel", "child", "sleep",
-                 "sleep_until", "event", "on_timeout", "escalate", "escalated", "condition")
+                 "sleep_until", "event", "on_timeout", "escalate", "escalated", "condition", "poll",
+                 "polls")
 _INSERT_STEPS_JSON = insert_from_json(steps, _STEP_COLUMNS, {
     "created_at": PG_NOW, "updated_at": PG_NOW, "state": f"'{StepState.NOT_STARTED}'"})
 
@@ -143,4 +144,4 @@ def _step_values(run_id: str, position: int, s: NewStep) -> dict[str, Any]:
     return dict(zip(_STEP_COLUMNS, (
         run_id, position, s.name, s.agent, s.action, s.timeout, s.max_failures, s.idempotency_key, s.undo,
         0, 0, s.waits_for, s.for_each, s.max_parallel, s.child, s.sleep, s.sleep_until, s.event, s.on_timeout,
-        s.escalate, 0, s.condition), strict=True))
+        s.escalate, 0, s.condition, s.poll, 0), strict=True))

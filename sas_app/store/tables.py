@@ -182,6 +182,11 @@ steps = Table(
     # Its condition (``when quote.express``, ``unless is_small()``): the planner decides it, and a
     # step not taken ends ``skipped`` with the reason in ``error``.
     Column("condition", String(300)),
+    # A polling step: {"every", "max_wait"}, how many times its action answered "not yet", and
+    # the time past which it fails (its first "not yet" plus max_wait).
+    Column("poll", _json),
+    Column("polls", Integer, nullable=False, server_default="0"),
+    Column("poll_until", Double),
     UniqueConstraint("run_id", "position", name="uq_steps_run_position"),
 )
 # The sweep reads only live steps (pending or running), ordered by complete-by: its cost follows

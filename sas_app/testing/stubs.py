@@ -67,6 +67,8 @@ class Call:
     undoes: str | None
     #: the virtual clock when it was called
     at: float
+    #: a polling step's "not yet" answers before this call
+    poll: int = 0
 
     @property
     def fencing_token(self) -> int:
@@ -116,7 +118,7 @@ class Recorder:
             undoes = call.undoes.step if isinstance(call, UndoCall) else None
             self.calls.append(Call(qualname, call.run_id, call.business_key, call.step, call.attempt,
                                    call.try_number, call.idempotency_key, call.payload, dict(call.results),
-                                   call.item, undoes, self.clock.now))
+                                   call.item, undoes, self.clock.now, call.poll))
             stub = self.stubs.get(qualname)
             return fn(call) if stub is None else stub.answer(call, self.clock)
 

@@ -22,7 +22,7 @@ STATE_COLOURS = {
 
 
 #: detail fields holding an epoch time (by the database's clock)
-EPOCH_FIELDS = frozenset({"complete_by"})
+EPOCH_FIELDS = frozenset({"complete_by", "next_poll"})
 
 
 def detail_text(detail: Any) -> str:
@@ -43,12 +43,16 @@ def detail_text(detail: Any) -> str:
 
 
 def does(step: StepRow) -> str:
-    """What a step does, in a few words: its agent action, child run, sleep or wait."""
+    """What a step does, in a few words: its agent action (and its polls), child run, sleep or wait."""
     if step.child:
         return f"child run of {step.child}"
     if step.is_wait:
         return f"waits for {step.event!r} ({step.on_timeout} after {step.timeout:g} s)"
-    return "sleeps" if step.is_sleep else f"{step.agent}.{step.action}"
+    if step.is_sleep:
+        return "sleeps"
+    if step.poll:
+        return f"{step.agent}.{step.action} (polls, {step.polls} so far, for at most {step.poll['max_wait']:g} s)"
+    return f"{step.agent}.{step.action}"
 
 
 def after_text(waits_for: list[str], step: StepRow) -> str:

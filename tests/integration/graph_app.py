@@ -8,6 +8,8 @@ reach the barrier before any returns, so they finish at the same moment on diffe
 ``payload["hang_first"]``: the item whose first attempt hangs (long enough for a test to kill its
 worker). With ``GRAPH_APP_SCHEDULE`` set (a cron expression), the schedule ``ticking`` starts a
 run of ``ticked`` at each tick. ``payload["overrun"]``: ``{step: n}``, its first n attempts outlast their complete-by.
+``render`` polls a job kept in ``$SAS_HOME/jobs``: it is done at the call after ``payload["polls"]``
+"not yet" answers, each asking again in ``payload["every"]`` seconds.
 """
 
 from __future__ import annotations
@@ -20,7 +22,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sas_app import AgentCall, ChildRun, Escalate, PermanentError, SasApp, Sleep, Step, UndoCall, WaitFor, Workflow
+from sas_app import (
+    AgentCall,
+    ChildRun,
+    Escalate,
+    NotYet,
+    PermanentError,
+    Poll,
+    SasApp,
+    Sleep,
+    Step,
+    UndoCall,
+    WaitFor,
+    Workflow,
+)
 
 
 def home() -> Path:
@@ -28,7 +43,8 @@ def home() -> Path:
 
 
 def record(call: AgentCall, what: str) -> None:
-    line = json.dumps({"key": call.idempotency_key, "attempt": call.attempt, "pid": os.getpid(), "what": what})
+    line = json.dumps({"key": call.idempotency_key, "attempt": call.attempt, "pid": os.getpid(), "what": what,
+                       "poll": call.poll})
     with (home() / "calls.jsonl").open("a") as out:
         out.write(line + "\n")
 
@@ -72,11 +88,32 @@ async def fetch(call: AgentCall) -> dict[str, Any]:
             "started": started, "ended": time.time()}
 
 
+def render(call: AgentCall) -> dict[str, Any]:
+    """Starts a job on the first call (its id: the idempotency key), checks it on the others."""
+    record(call, "render")
+    job = home() / "jobs" / call.idempotency_key
+    job.parent.mkdir(parents=True, exist_ok=True)
+    checks = int(job.read_text()) + 1 if job.exists() else 0
+    job.write_text(str(checks))
+    if checks < int(call.payload.get("polls", 0)):
+        raise NotYet(after=float(call.payload.get("every", 1)), detail=f"check {checks}")
+    return {"rendered": call.idempotency_key, "checks": checks}
+
+
 def install(sas: SasApp) -> None:
     work = sas.agent("work")
     work.action(step, name="step")
     work.undo(undo, name="undo")
     work.action(fetch, name="fetch")
+    work.action(render, name="render")
+    sas.register(Workflow("rendering", [
+        Step("first", "work.step", timeout=10, compensate="work.undo"),
+        Step("render", "work.render", timeout=5, poll=Poll(every=1, max_wait=120)),
+    ]))
+    sas.register(Workflow("rendering_briefly", [
+        Step("first", "work.step", timeout=10, compensate="work.undo"),
+        Step("render", "work.render", timeout=5, poll=Poll(every=0.5, max_wait=3)),
+    ]))
     sas.register(Workflow("fetching", [Step("fetch", "work.fetch", timeout=10)]))
     for workflow in WORKFLOWS:
         sas.register(workflow)

@@ -143,6 +143,13 @@ def a_step_its_breaker_defers(sas: SasApp, pump: Pump, key: str) -> list[str]:
     return [sas.submit("three", {"script": {"second": ["deferred", "ok"]}}, business_key=key).id]
 
 
+@story(Publish.STEP_NOT_YET)
+def a_step_that_polls(sas: SasApp, pump: Pump, key: str) -> list[str]:
+    """Lost, its "not yet" leaves the step running: the Supervisor retries it at its complete-by,
+    which asks the job again."""
+    return [sas.submit("poller", {"script": {"check": ["not_yet", "not_yet", "ok"]}}, business_key=key).id]
+
+
 @story(Publish.STEP_FAULTS)
 def a_step_failing_until_its_complete_by(sas: SasApp, pump: Pump, key: str) -> list[str]:
     """Its agent retries it in-process until complete-by, then stops with no reply but its faults."""
