@@ -158,8 +158,11 @@ def _demo_under_way(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     worker is ready and its processes and pool children are up, with its SAS_HOME."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
     env["SAS_HOME"] = str(tmp_path / "home")
+    # Ctrl-C as a terminal sends it: to a process whose SIGINT is not ignored (a suite started in
+    # the background of a script inherits it ignored, and so would the demo)
     demo = subprocess.Popen([SAS, "demo", "--orders", "2000"], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: any(Path(env["SAS_HOME"]).glob("demo-*/logs/agents.ready")), 60,
                  "the demo's agent worker to be ready")
