@@ -6,13 +6,21 @@ A page holds a marker (``<!-- sas:settings -->``, ``<!-- sas:queues -->``, ``<!-
 ``sas_app.messaging.routing``, the states and event kinds from ``sas_app.states`` (each member's
 comment), the tables from the schema's SQLAlchemy metadata. A setting without its comment fails
 the build (``mkdocs build --strict`` runs in CI), so the reference cannot fall behind the code.
+
+``<!-- sas:workflow module:attribute -->`` is replaced by that workflow's steps and its input's
+JSON Schema, as the dashboard's workflow page shows them.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import io
+import json
+import os
 import re
+import sys
+import tempfile
 import tokenize
 from dataclasses import fields
 from enum import Enum
@@ -141,11 +149,35 @@ GENERATED = {"<!-- sas:settings -->": settings_table, "<!-- sas:queues -->": que
              "<!-- sas:states -->": states_tables, "<!-- sas:tables -->": tables_reference}
 
 
+WORKFLOW = re.compile(r"<!-- sas:workflow (\S+):(\w+) -->")
+
+
+def workflow_reference(match: re.Match[str]) -> str:
+    """A registered workflow (``module:attribute``): its steps, then its input's JSON Schema."""
+    module, attribute = match.groups()
+    os.environ.setdefault("SAS_HOME", tempfile.mkdtemp(prefix="sas-docs-"))  # its app's store: not in the repo
+    if str(PACKAGE.parent) not in sys.path:  # the examples are beside the package, not installed with it
+        sys.path.insert(0, str(PACKAGE.parent))
+    workflow = getattr(importlib.import_module(module), attribute)
+    rows = ["| step | after | does | condition |", "| --- | --- | --- | --- |"]
+    for spec, waits in zip(workflow.specs, workflow.waits_for, strict=True):
+        does = spec.child or spec.event or ("sleep" if spec.sleep or spec.sleep_until else
+                                             f"{spec.agent}.{spec.action_name}")
+        after = ", ".join(workflow.specs[i].name for i in waits) or "-"
+        rows.append(f"| `{spec.name}` | {after} | `{does}` | {cell(spec.guard.stored if spec.guard else '')} |")
+    out = [f"**`{workflow.name}`** (version `{workflow.run_version}`): {cell(workflow.description)}", "",
+           *rows, ""]
+    if workflow.input is not None:
+        schema = json.dumps(workflow.input.model_json_schema(), indent=2)
+        out += [f"Its input, `{workflow.input.__name__}`, as JSON Schema:", "", "```json", schema, "```"]
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
     for marker, make in GENERATED.items():
         if marker in markdown:
             markdown = markdown.replace(marker, make())
-    return markdown
+    return WORKFLOW.sub(workflow_reference, markdown)
 
 
 #: a Sphinx role before a name in a docstring, as mkdocstrings renders it (":class:" then the code)

@@ -1,6 +1,7 @@
 """A refund that takes one of two branches: a small one is approved by policy at once, a larger one
 waits for a manager; either way it is paid (or not) by the same step, which runs once, with the
-decision of whichever branch was taken.
+decision of whichever branch was taken. Its input is typed: a refund without a customer or with an
+amount that is not positive is refused at the door, naming the field.
 
 Run it (with SAS_* set as for any sas_app process):
     SAS_APP=examples.refund:sas sas worker &
@@ -17,6 +18,8 @@ import time
 import uuid
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from sas_app import AgentCall, OnTimeout, RunState, SasApp, Step, StepState, WaitFor, Workflow
 
 sas = SasApp()
@@ -29,10 +32,18 @@ AUTO_LIMIT = float(os.environ.get("REFUND_AUTO_LIMIT", 50))
 APPROVAL_WINDOW = float(os.environ.get("REFUND_APPROVAL_WINDOW", 2 * 86400))
 
 
+class Refund(BaseModel):
+    """What a refund is submitted with (every way in validates it; each action gets it parsed)."""
+
+    customer: str = Field(min_length=1)
+    amount: float = Field(gt=0, le=10_000)
+    reason: str = ""
+
+
 @billing.action
 def check_refund(call: AgentCall) -> dict[str, Any]:
-    amount = float(call.payload["amount"])
-    return {"amount": amount, "small": amount <= AUTO_LIMIT}
+    refund: Refund = call.payload
+    return {"amount": refund.amount, "small": refund.amount <= AUTO_LIMIT}
 
 
 @billing.action
@@ -45,7 +56,8 @@ def pay_refund(call: AgentCall) -> dict[str, Any]:
     decision = call.result_of_any(by_policy, by_manager)  # the branch taken; the other was skipped
     if decision.get("timed_out") or not decision.get("approved"):
         return {"refunded": 0, "why": f"not approved by {decision.get('by', 'the manager')}"}
-    return {"refunded": call.result_of(checking)["amount"], "to": call.payload["customer"], "by": decision["by"]}
+    refund: Refund = call.payload
+    return {"refunded": refund.amount, "to": refund.customer, "by": decision["by"]}
 
 
 checking = Step("check_refund", check_refund, timeout=10)
@@ -55,7 +67,7 @@ by_manager = WaitFor("manager_approval", "approval", timeout=APPROVAL_WINDOW, on
                      after=[checking], unless=checking.output("small"))
 # the join: it waits for both branches, runs once the one taken has completed
 paying = Step("pay_refund", pay_refund, timeout=10, after=[by_policy, by_manager])
-refunds = sas.register(Workflow("refund", [checking, by_policy, by_manager, paying],
+refunds = sas.register(Workflow("refund", [checking, by_policy, by_manager, paying], input=Refund,
                                 description="a refund: approved by policy when small, else by a manager; paid"))
 
 

@@ -2,6 +2,8 @@
 
 from datetime import timedelta
 
+import pytest
+
 from examples.refund import (
     APPROVAL_WINDOW,
     approve_by_policy,
@@ -11,7 +13,7 @@ from examples.refund import (
     refunds,
     sas,
 )
-from sas_app import RunState, StepState
+from sas_app import InvalidSubmission, RunState, StepState
 
 
 def test_a_small_refund_is_approved_by_policy_and_paid_without_a_manager(sas_env):
@@ -49,3 +51,12 @@ def test_a_large_refund_nobody_answers_is_not_paid(sas_env):
     assert env.now - started >= APPROVAL_WINDOW
     assert view.step(by_manager).result == {"timed_out": True}
     assert view.step(paying).result == {"refunded": 0, "why": "not approved by the manager"}
+
+
+def test_a_refund_without_a_customer_or_with_a_negative_amount_is_refused_naming_both(sas_env):
+    env = sas_env(sas)
+    with pytest.raises(InvalidSubmission) as refused:
+        env.start(refunds, {"customer": "", "amount": -5})
+    assert "customer: String should have at least 1 character" in str(refused.value)
+    assert "amount: Input should be greater than 0" in str(refused.value)
+    assert env.app.store.list_runs() == []  # nothing written

@@ -32,6 +32,7 @@ from sas_app.interfaces.bulk import Submission, Submitted, submit_many
 from sas_app.interfaces.client import Client, RunHandle, RunView
 from sas_app.interfaces.doctor import Doctor
 from sas_app.interfaces.operations import Operator
+from sas_app.interfaces.reruns import Reruns
 from sas_app.interfaces.retention import Retention
 from sas_app.interfaces.schedules import Overlap, Schedule, Schedules
 from sas_app.interfaces.signals import SignalReceipt, Signals
@@ -94,7 +95,8 @@ class SasApp:
                                      clock or time.monotonic)
         inline = self.scheduler if self.settings.inline_replies else None
         self.client = Client(self.store, self.settings, self.router, self.workflows, inline, self.celery)
-        self.operator = Operator(self.store, self.settings, self.router)
+        self.operator = Operator(self.store, self.settings, self.router, self.workflows)
+        self.reruns = Reruns(self.store, self.settings, self.router, self.workflows, self.client, inline)
         self.signals = Signals(self.store, self.settings, self.scheduler, self.celery)
         self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
         self.retention = Retention(self.store, self.settings, self.celery)
@@ -169,11 +171,17 @@ class SasApp:
                                     "db_clock": self.store.db_clock if s.inline_replies else None,
                                     "clock": self._clock or time.monotonic,
                                     "sleep": getattr(self._clock, "sleep", time.sleep),
-                                    "rate_limit": s.rate_limit(name)}
+                                    "rate_limit": s.rate_limit(name),
+                                    "inputs": self._input_of}
         agent = Agent(self.celery, name, **{**defaults, **options})
         self.agents[name] = agent
         self.agent_options[name] = dict(options)
         return agent
+
+    def _input_of(self, workflow: str, payload: Any) -> Any:
+        """A stored payload as an action of ``workflow`` gets it: its input model, if it has one."""
+        found = self.workflows.get(workflow)
+        return payload if found is None else found.parsed_input(payload)
 
     def has_action(self, agent: str, action: str) -> bool | None:
         """Whether this process's code has ``agent.action``; None if it declares no agents at all
@@ -297,6 +305,13 @@ class SasApp:
 
     def compensate(self, run_id: str, *, by: str, reason: str = "") -> None:
         self.operator.compensate(run_id, by=by, reason=reason)
+
+    def rerun(self, run_id: str, from_step: StepDef | str, *, by: str, reason: str = "") -> RunHandle:
+        """Start ``run_id`` again on the workflow deployed now, from ``from_step`` (a step object
+        or its name): the steps it waits for keep the old run's results, the rest run again
+        (see :mod:`sas_app.interfaces.reruns`). The old run keeps its history; the two are linked."""
+        name = from_step if isinstance(from_step, str) else from_step.name
+        return self.reruns.rerun(run_id, name, by=by, reason=reason)
 
     def queues(self) -> list[str]:
         """Every queue this app's workers may consume."""

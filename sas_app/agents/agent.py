@@ -159,6 +159,7 @@ class Agent:
         rate_limit: str | None = None,
         replies: Replies | None = None,
         db_clock: Callable[[], float | None] | None = None,
+        inputs: Callable[[str, Any], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -177,6 +178,8 @@ class Agent:
         complete-by on the database's clock, so a worker whose own clock is off still stops in time
         and drops a message that waited past it; while that clock cannot be read (None) no step is
         run — its time left cannot be judged — and the Supervisor retries it at its complete-by.
+        ``inputs(workflow, payload)`` turns a step's payload into what its action gets (the
+        workflow's input model, parsed); a payload it refuses fails the step.
         ``clock`` measures the time a step has taken (this process's monotonic clock; the app's
         injected clock in tests), and ``sleep`` is what an in-process retry waits with (a virtual
         clock's in tests: time moves on, none passes)."""
@@ -193,6 +196,7 @@ class Agent:
         )
         self.replies = replies
         self.db_clock = db_clock
+        self.inputs = inputs
         self.clock = clock
         self.sleep = sleep
         self.actions: dict[str, AgentAction[Any] | UndoAction[Any]] = {}
@@ -278,6 +282,16 @@ class Agent:
             log.warning("%s: waited in the queue past its complete-by; dropped unrun", where)
             return
         faults = FaultLog()
+        if self.inputs is not None:
+            try:
+                call.payload = self.inputs(call.workflow, call.payload)
+            except ValueError as exc:  # the workflow's model changed and refuses what was stored
+                if call.undoes is None:
+                    log.error("%s: %s", where, exc)
+                    self._reply(STEP_FAILED, call, faults, error=str(exc))
+                    return
+                # an undo must still run: it gets the payload as stored
+                log.warning("%s: %s; the undo gets the payload as stored", where, exc)
         try:
             result = self._call_with_retries(action, call, faults, where)
             json.dumps(result, allow_nan=False)

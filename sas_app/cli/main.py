@@ -23,6 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from sas_app.cli import operate, serve
 from sas_app.cli.base import DEFAULT_APP, Context, console, fail, pass_ctx
+from sas_app.definitions.inputs import input_schema
 from sas_app.engine.graph import Graph
 from sas_app.errors import SasError, UnknownWorkflow, one_line
 from sas_app.settings import redact_url
@@ -34,8 +35,8 @@ from sas_app.web.formatting import after_text, detail_text, does, when
 #: comes last
 SECTIONS = {
     "Run a deployment": ["migrate", "worker", "beat", "dashboard", "flower", "doctor", "purge"],
-    "Submit and look at runs": ["submit", "runs", "show", "schedules", "signal"],
-    "Operate runs": ["pause", "resume", "cancel", "compensate", "resubmit", "mark-done"],
+    "Submit and look at runs": ["submit", "runs", "show", "workflows", "schedules", "signal"],
+    "Operate runs": ["pause", "resume", "cancel", "compensate", "resubmit", "mark-done", "rerun"],
     "Try it: the order example": ["demo", "payment-service", "warehouse-service"],
 }
 
@@ -149,6 +150,25 @@ def schedules(ctx: Context, as_json: bool) -> None:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON array, with each input's JSON Schema.")
+@pass_ctx
+def workflows(ctx: Context, as_json: bool) -> None:
+    """List the app's workflows: their version, steps and input model (its JSON Schema with --json)."""
+    rows: list[dict[str, Any]] = [
+        {"name": w.name, "version": w.run_version, "description": w.description, "steps": [s.name for s in w.specs],
+         "input": None if w.input is None else w.input.__name__,
+         "input_schema": None if w.input is None else input_schema(w.input)}
+        for w in sorted(ctx.app.workflows.values(), key=lambda w: w.name)]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    table = Table("workflow", "version", "steps", "input", "description")
+    for r in rows:
+        table.add_row(r["name"], r["version"], ", ".join(r["steps"]), r["input"] or "-", r["description"])
+    console.print(table if rows else f"no workflows registered; {ctx.which_app()}")
+
+
+@main.command()
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of tables.")
 @pass_ctx
@@ -181,6 +201,10 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
         console.print(f"error: {r.error}")
     if r.parent_run_id:
         console.print(f"child of run {r.parent_run_id} (its step #{r.parent_position}), depth {r.depth}")
+    if r.rerun_of:
+        console.print(f"rerun of run {r.rerun_of}, from step {r.rerun_from}")
+    if r.rerun_as:
+        console.print(f"rerun as run {r.rerun_as}")
     for child in ctx.app.store.children(r.id):
         console.print(f"child run {child.id} ({child.workflow}, step #{child.parent_position}): {child.process_state}")
     graph = Graph(view.steps)

@@ -106,6 +106,20 @@ def compensate(ctx: Context, run_id: str, by: str, reason: str) -> None:
 
 
 @click.command()
+@click.argument("run_id")
+@click.option("--from", "from_step", required=True, metavar="STEP",
+              help="The step to run again from; the steps it waits for keep their results.")
+@operator_options
+@pass_ctx
+def rerun(ctx: Context, run_id: str, from_step: str, by: str, reason: str) -> None:
+    """Start a run that has ended again, on the workflow deployed now, from a step: what that step
+    waits for keeps its results; it and the rest run again. Prints the new run's id."""
+    started: list[str] = []
+    operate(lambda: started.append(ctx.app.rerun(run_id, from_step, by=by, reason=reason).id))
+    click.echo(done_message("rerun", run_id, new_run=started[0]))
+
+
+@click.command()
 @click.option("--older-than", "older_than", required=True, help="How long ago the runs ended: 30d, 12h, 90m, 3600s.")
 @click.option("--state", "states", default="processed,compensated,cancelled", show_default=True,
               help="Which finished runs (error too, if named).")
@@ -165,4 +179,4 @@ def doctor(ctx: Context, as_json: bool, late: float | None, since: float, timeou
     sys.exit(0 if healthy else 1)
 
 
-COMMANDS = [resubmit, signal, mark_done, pause, resume, cancel, compensate, purge, doctor]
+COMMANDS = [resubmit, signal, mark_done, pause, resume, cancel, compensate, rerun, purge, doctor]

@@ -12,6 +12,7 @@ from typing import Any
 
 from sas_app.definitions.actions import UndoAction
 from sas_app.definitions.conditions import Guard
+from sas_app.definitions.inputs import is_model
 from sas_app.definitions.steps import Escalate, Poll, StepSpec, action_name, seconds_of
 from sas_app.definitions.workflow import NAME, ON_TIMEOUT, Workflow
 from sas_app.errors import WorkflowDefinitionError
@@ -88,6 +89,9 @@ def check_workflow(
         raise WorkflowDefinitionError(f"{where}: deadline must be more than 0 and at most {max_deadline:g} seconds "
                                       f"(SAS_MAX_DEADLINE), got {workflow.deadline!r}")
     _check_concurrency(where, workflow)
+    if workflow.input is not None and not is_model(workflow.input):
+        raise WorkflowDefinitionError(f"{where}: input must be a pydantic model class (a subclass of "
+                                      f"pydantic.BaseModel), got {workflow.input!r}")
     events = [s.event for s in workflow.specs if s.event is not None]
     twice = sorted({e for e in events if events.count(e) > 1})
     if twice:

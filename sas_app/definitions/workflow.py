@@ -17,11 +17,13 @@ from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from sas_app.definitions.inputs import parsed_input, stored_input
 from sas_app.definitions.steps import OnTimeout, StepDef, StepSpec, action_name, seconds_of, spec_of
 from sas_app.messaging.routing import step_key
 from sas_app.store import NewRun, NewStep
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
     from sqlalchemy import Connection
 
     from sas_app.store import RunRow
@@ -71,6 +73,9 @@ class Workflow:
     #: group may be live at once (the others wait, pending, in submission order)
     concurrency_key: str | None = None
     max_running: int = 1
+    #: a pydantic model every payload is validated against (see :mod:`sas_app.definitions.inputs`):
+    #: the action gets the parsed model as ``call.payload``
+    input: type[BaseModel] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(spec_of(s) for s in self.steps))
@@ -79,6 +84,20 @@ class Workflow:
     def specs(self) -> Sequence[StepSpec]:
         """The steps as the engine reads them."""
         return self.steps  # type: ignore[return-value]  # made so by __post_init__
+
+    def stored_input(self, payload: Any) -> Any:
+        """``payload`` as the store keeps it: validated against :attr:`input` and dumped as JSON
+        (as it is, without a model); ``ValueError`` naming the workflow and every bad field."""
+        if self.input is None:
+            return payload
+        try:
+            return stored_input(self.input, payload)
+        except ValueError as exc:
+            raise ValueError(f"workflow {self.name!r}: {exc}") from None
+
+    def parsed_input(self, payload: Any) -> Any:
+        """A stored payload as the action gets it: the :attr:`input` model (as it is without one)."""
+        return payload if self.input is None else parsed_input(self.input, payload)
 
     def slot_of(self, payload: Any) -> str | None:
         """The value of this workflow's concurrency key in ``payload`` (None without a key);

@@ -236,7 +236,8 @@ class Planner:
         if started is None:
             return
         child, _ = tx.submission.insert_run(workflow.new_run(
-            child_id, child_key(run.id, step.name, started.attempt), step_input(run, step), priority=run.priority,
+            child_id, child_key(run.id, step.name, started.attempt), workflow.stored_input(step_input(run, step)),
+            priority=run.priority,
             parent_run_id=run.id, parent_position=step.position, depth=run.depth + 1,
         ), self.settings.pickup_timeout)
         moves.messages.append(Advance(child.id, Publish.CHILD_STARTED))
@@ -288,10 +289,11 @@ class Planner:
                 return (f"step {step.name!r}: its child run would nest {run.depth + 1} deep, over "
                         f"SAS_MAX_CHILD_DEPTH ({self.settings.max_child_depth})")
             if run is not None and self.workflows is not None:
+                child = self.workflows[step.child]
                 try:
-                    self.workflows[step.child].slot_of(step_input(run, step))
+                    child.slot_of(child.stored_input(step_input(run, step)))
                 except ValueError as exc:
-                    return f"step {step.name!r}: {exc}"
+                    return f"step {step.name!r}: its child run's input: {exc}"
             return None
         if self.has_action is None or self.has_action(step.agent, step.action) is not False:
             return None

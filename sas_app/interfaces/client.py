@@ -207,6 +207,10 @@ class Client:
         wf = self.workflows.get(workflow_name(workflow)) if isinstance(workflow, (Workflow, str)) else None
         if wf is None:
             raise UnknownWorkflow(f"unknown workflow {workflow!r}; registered: {sorted(self.workflows) or 'none'}")
+        try:
+            payload = wf.stored_input(payload)  # validated against its input model, if it has one
+        except ValueError as exc:
+            raise InvalidSubmission(str(exc)) from None
         payload = self._check(payload, business_key, reply_to, priority)
         try:
             wf.slot_of(payload)

@@ -10,8 +10,10 @@ Supervisor asks the Scheduler again once the step's or run's complete-by passes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from sas_app.definitions.workflow import Workflow
 from sas_app.engine.recovery import cancel_run, undo_run
 from sas_app.errors import InvalidOperation, UnknownRun
 from sas_app.messaging.publishes import Publish
@@ -22,10 +24,13 @@ from sas_app.store import RunRow, StepRow, Store, Tx, dumps_payload
 
 
 class Operator:
-    def __init__(self, store: Store, settings: Settings, router: Router) -> None:
+    def __init__(self, store: Store, settings: Settings, router: Router,
+                 workflows: Mapping[str, Workflow] | None = None) -> None:
         self.store = store
         self.settings = settings
         self.router = router
+        #: the registered workflows, whose input models an edited input is validated against
+        self.workflows = {} if workflows is None else workflows
 
     def resubmit(self, run_id: str, *, by: str, reason: str = "", step: str | None = None,
                  step_input: Any = None) -> None:
@@ -40,9 +45,15 @@ class Operator:
             except (TypeError, ValueError) as exc:
                 raise InvalidOperation(f"the edited step input is not JSON-serialisable: {exc}") from None
         with self.store.begin() as tx:
-            run = _locked(tx, run_id)
+            run = _locked(tx, run_id, "resubmit")
             if run.process_state != RunState.ERROR:
                 raise InvalidOperation(f"cannot resubmit run {run_id}: it is {run.process_state}, not error")
+            workflow = self.workflows.get(run.workflow)
+            if step_input is not None and workflow is not None:
+                try:
+                    step_input = workflow.stored_input(step_input)
+                except ValueError as exc:
+                    raise InvalidOperation(f"the edited input for run {run_id}: {exc}") from None
             steps = tx.steps.steps_of(run_id)
             stopped_at_deadline = step is None and not any(s.state == StepState.FAILED for s in steps)
             if stopped_at_deadline and step_input is not None:
@@ -68,7 +79,7 @@ class Operator:
         goes on with the next one."""
         _check_reason(by, reason)
         with self.store.begin() as tx:
-            run = _locked(tx, run_id)
+            run = _locked(tx, run_id, "mark a step of")
             if run.process_state not in (RunState.PROCESSING, RunState.ERROR, RunState.COMPENSATING):
                 raise InvalidOperation(f"cannot mark a step of run {run_id} done: it is {run.process_state}")
             # an undo may be marked done while it runs too: one retried past its threshold (it passed its
@@ -128,7 +139,7 @@ class Operator:
         """Undo a processing run, or a run in ``error``, now; it ends ``compensated``."""
         _check_reason(by, reason)
         with self.store.begin() as tx:
-            run = _locked(tx, run_id)
+            run = _locked(tx, run_id, "compensate")
             if run.process_state not in (RunState.PROCESSING, RunState.ERROR):
                 raise InvalidOperation(f"cannot compensate run {run_id}: it is {run.process_state}")
             _check_slot(tx, run, "compensate")
@@ -139,12 +150,13 @@ class Operator:
         self.router.after_commit(tx.outbox, Advance(run_id, Publish.COMPENSATE), *tx.follow_ups)
 
 
-def done_message(action: str, run_id: str, *, step: str | None = None, state: str | None = None) -> str:
+def done_message(action: str, run_id: str, *, step: str | None = None, state: str | None = None,
+                 new_run: str | None = None) -> str:
     """What the CLI and the dashboard say once ``action`` has committed (``state``: the one a
-    cancelled run is in now)."""
+    cancelled run is in now; ``new_run``: a rerun's)."""
     return {"resubmit": f"run {run_id} resubmitted", "mark_done": f"step {step} of run {run_id} marked done",
             "pause": f"run {run_id} paused", "resume": f"run {run_id} resumed", "cancel": f"run {run_id} {state}",
-            "compensate": f"run {run_id} compensating"}[action]
+            "compensate": f"run {run_id} compensating", "rerun": f"run {run_id} rerun as run {new_run}"}[action]
 
 
 def _check_slot(tx: Tx, run: RunRow, action: str) -> None:
@@ -167,10 +179,15 @@ def _refuse_fan_outs(run: RunRow, steps: list[StepRow]) -> None:
                                f"{', '.join(sorted(set(fanned)))}; compensate it or submit it again")
 
 
-def _locked(tx: Tx, run_id: str) -> RunRow:
+def _locked(tx: Tx, run_id: str, action: str | None = None) -> RunRow:
+    """The run, locked; with ``action``, refused when it was rerun: its rerun carries what it did
+    on, and putting it back to work would do that twice (a step under two keys, an undo of an
+    effect the rerun kept)."""
     run = tx.runs.lock_run(run_id)
     if run is None:
         raise UnknownRun(f"no run with id {run_id!r}")
+    if action is not None and run.rerun_as is not None:
+        raise InvalidOperation(f"cannot {action} run {run_id}: it was rerun as run {run.rerun_as}; act on that one")
     return run
 
 

@@ -16,6 +16,7 @@ schedule's, plus ``scheduled_for`` (the tick, ISO 8601 UTC).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -122,9 +123,13 @@ class Schedules:
         try:
             body = stored_object({} if payload is None else payload, self.settings.max_payload_bytes,
                                  f"{where}: the payload")
-            target.slot_of(body)
         except ValueError as exc:
             raise WorkflowDefinitionError(str(exc)) from None
+        try:  # a tick's payload is this one and the time it is for: checked as each tick's will be
+            example = {**body, "scheduled_for": tick_key(name, time.time()).split("@", 1)[1]}
+            target.slot_of(target.stored_input(example))
+        except ValueError as exc:
+            raise WorkflowDefinitionError(f"{where}: {exc}") from None
         schedule = Schedule(name, target.name, cron, body, str(overlap), float(window))
         self.schedules[name] = schedule
         interval = self.settings.supervisor_interval
@@ -166,6 +171,14 @@ class Schedules:
         """The run for ``tick`` (its id), unless the overlap policy skips it or it exists already."""
         live = tx.schedules.live_runs_of(schedule.name)
         key = tick_key(schedule.name, tick)
+        workflow = self.workflows[schedule.workflow]
+        run_id = uuid.uuid4().hex
+        try:  # before the overlap policy: a tick that cannot start cancels nothing
+            payload = workflow.stored_input({**schedule.payload, "scheduled_for": key.split("@", 1)[1]})
+            new = workflow.new_run(run_id, key, payload, schedule=schedule.name)
+        except ValueError as exc:  # its workflow's input model or key changed since the schedule was declared
+            log.warning("schedule %s: tick %s not started: %s", schedule.name, key, exc)
+            return None
         if live and schedule.overlap == "skip":
             log.info("schedule %s: tick %s skipped, run %s is still %s", schedule.name, key, live[0].id,
                      live[0].process_state)
@@ -178,10 +191,6 @@ class Schedules:
                                        self.settings, by=f"schedule:{schedule.name}")
                     if state == RunState.COMPENSATING:
                         tx.follow_ups.append(Advance(run.id, Publish.CANCELLED))
-        workflow = self.workflows[schedule.workflow]
-        run_id = uuid.uuid4().hex
-        payload = {**schedule.payload, "scheduled_for": key.split("@", 1)[1]}
-        new = workflow.new_run(run_id, key, payload, schedule=schedule.name)
         if workflow.on_submit is None:
             run, created = tx.submission.insert_run(new, self.settings.pickup_timeout)
         else:

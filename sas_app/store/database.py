@@ -26,6 +26,7 @@ from sas_app.store.fan_out import FanOutTx
 from sas_app.store.hot_path import HotPathTx
 from sas_app.store.operations import OperationsTx
 from sas_app.store.queries import Queries
+from sas_app.store.reruns import RerunTx
 from sas_app.store.retention import RetentionQueries
 from sas_app.store.retries import RetryTx
 from sas_app.store.runs import RunTx
@@ -102,6 +103,10 @@ class Tx(TxBase):
     @cached_property
     def retries(self) -> RetryTx:
         return RetryTx(self, self.steps)
+
+    @cached_property
+    def reruns(self) -> RerunTx:
+        return RerunTx(self)
 
 
 class Store(Queries, Diagnosis, RetentionQueries):

@@ -45,6 +45,10 @@ class RunRow:
     deadline: float | None
     created_at: float
     updated_at: float
+    #: a rerun: the run it reruns and the step it reran from; on that run, its rerun
+    rerun_of: str | None
+    rerun_from: str | None
+    rerun_as: str | None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ def _insert_run(insert_fn: Any) -> Any:
             depth=bindparam("b_depth"),
             deadline=db_now() + bindparam("b_deadline", type_=Double()),
             slot=bindparam("b_slot"), max_running=bindparam("b_max_running"), schedule=bindparam("b_schedule"),
+            rerun_of=bindparam("b_rerun_of"), rerun_from=bindparam("b_rerun_from"),
             complete_by=db_now() + bindparam("b_pickup", type_=Double()), failure_count=0,
             created_at=db_now(), updated_at=db_now(),
         )
@@ -77,6 +78,9 @@ class NewRun:
     max_running: int | None = None
     #: the schedule that started it
     schedule: str | None = None
+    #: a rerun: the run it reruns, and the step it reruns from
+    rerun_of: str | None = None
+    rerun_from: str | None = None
 
 
 class SubmissionTx(Part):
@@ -135,7 +139,7 @@ def _run_values(new: NewRun, pickup_timeout: float) -> dict[str, Any]:
         "b_pickup": pickup_timeout, "b_version": new.version, "b_linear": new.linear,
         "b_parent_run_id": new.parent_run_id, "b_parent_position": new.parent_position, "b_depth": new.depth,
         "b_deadline": new.deadline, "b_slot": new.slot, "b_max_running": new.max_running,
-        "b_schedule": new.schedule,
+        "b_schedule": new.schedule, "b_rerun_of": new.rerun_of, "b_rerun_from": new.rerun_from,
     }
 
 

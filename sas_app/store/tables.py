@@ -86,6 +86,11 @@ runs = Table(
     Column("schedule", String(100)),
     # The time by which the whole run must have ended (its workflow's ``deadline`` after submit).
     Column("deadline", Double),
+    # A rerun after a fix: the run it reruns and the step it reran from; on the old run, its rerun
+    # (set once: a run is rerun at most once, so a bulk rerun done twice starts nothing twice).
+    Column("rerun_of", String(32)),
+    Column("rerun_from", String(200)),
+    Column("rerun_as", String(32)),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     UniqueConstraint("workflow", "business_key", name="uq_runs_workflow_business_key"),

@@ -1,6 +1,6 @@
 """What an operator does from the dashboard: on a run's page resubmit, mark a step done, pause,
-resume, cancel and compensate; from the runs list, resubmit or cancel every run a filter selects,
-after a confirmation page that says how many it will touch.
+resume, cancel, compensate and rerun; from the runs list, resubmit, cancel or rerun every run a
+filter selects, after a confirmation page that says how many it will touch.
 
 Each action is the operator's own (:mod:`sas_app.interfaces.operations`): the same rules, one
 transaction per run, recorded as an ``operator`` event by the user the dashboard authenticated, and
@@ -27,9 +27,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("resubmit", "mark_done", "pause", "resume", "cancel", "compensate")
+ACTIONS = ("resubmit", "mark_done", "pause", "resume", "cancel", "compensate", "rerun")
 #: What each bulk action applies to: the runs the filter selects in these states.
-BULK = {"resubmit": (RunState.ERROR,), "cancel": (RunState.PENDING, RunState.PROCESSING)}
+BULK = {"resubmit": (RunState.ERROR,), "cancel": (RunState.PENDING, RunState.PROCESSING),
+        "rerun": (RunState.ERROR, RunState.COMPENSATED, RunState.CANCELLED)}
+#: what each bulk action does to a run, for its confirmation page
+DOES = {"resubmit": "resubmitted", "cancel": "cancelled", "rerun": "rerun from the step you name, each as a new run"}
 #: At most this many runs per bulk action (the newest the filter selects).
 BULK_LIMIT = 1000
 
@@ -61,7 +64,7 @@ def actions(sas: SasApp) -> Blueprint:
         touched = [r for r in selected if r.process_state in BULK[action]]
         return render_template("bulk.html", action=action, chosen=chosen, selected=selected, touched=touched,
                                left=len(selected) - len(touched), more=more, limit=BULK_LIMIT,
-                               states=BULK[action])
+                               states=BULK[action], does=DOES[action])
 
     @bp.post("/runs/bulk")
     def bulk() -> Any:
@@ -96,6 +99,10 @@ def perform(sas: SasApp, run_id: str, action: str, form: MultiDict[str, str], by
         sas.mark_done(run_id, step, by=by, reason=reason, result=json_field(form, "result"))
     elif action == "cancel":
         return done_message(action, run_id, state=sas.cancel(run_id, by=by, reason=reason))
+    elif action == "rerun":
+        if step is None:
+            abort(400, "say which step to rerun from")
+        return done_message(action, run_id, new_run=sas.rerun(run_id, step, by=by, reason=reason).id)
     else:
         getattr(sas, action)(run_id, by=by, reason=reason)
     return done_message(action, run_id, step=step)

@@ -29,13 +29,14 @@ from flask_wtf.csrf import CSRFProtect, generate_csrf  # type: ignore[import-unt
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sas_app.errors import SasError, UnknownRun
-from sas_app.states import RUN_STATES, RunState, StepState
+from sas_app.states import RUN_STATES, TERMINAL_RUN_STATES, RunState, StepState
 from sas_app.store.observe import Observer
 from sas_app.web.actions import actions, user
 from sas_app.web.formatting import STATE_COLOURS, detail_text, when
 from sas_app.web.metrics import MARGIN, registry_for
 from sas_app.web.run_filter import RunFilter
 from sas_app.web.timeline import chart, timeline
+from sas_app.web.workflows import workflow_pages
 
 if TYPE_CHECKING:
     from sas_app.app import SasApp
@@ -117,7 +118,10 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         lanes, t0, t1 = timeline(view, now)
         live = view.run.process_state in (RunState.PENDING, RunState.PROCESSING)
         waiting = [s for s in view.steps if live and s.in_store and s.state == StepState.PENDING and s.not_before]
-        return render_template("run.html", view=view, lanes=lanes, t0=t0, t1=t1, now=now,
+        deployed = sas.workflows.get(view.run.workflow)
+        ended = view.run.process_state in TERMINAL_RUN_STATES
+        rerun_steps = [s.name for s in deployed.specs] if deployed is not None and ended else []
+        return render_template("run.html", view=view, lanes=lanes, t0=t0, t1=t1, now=now, rerun_steps=rerun_steps,
                                children=sas.store.children(run_id), waiting=waiting,
                                signals=sas.store.signals_of(run_id), done=get_flashed_messages())
 
@@ -139,6 +143,7 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         return redirect(f"/runs/{run_id}", code=303)
 
     app.register_blueprint(actions(sas))
+    app.register_blueprint(workflow_pages(sas))
 
     @app.get("/alerts")
     def alert_list() -> str:

@@ -8,6 +8,7 @@ reach the barrier before any returns, so they finish at the same moment on diffe
 ``payload["hang_first"]``: the item whose first attempt hangs (long enough for a test to kill its
 worker). With ``GRAPH_APP_SCHEDULE`` set (a cron expression), the schedule ``ticking`` starts a
 run of ``ticked`` at each tick. ``payload["overrun"]``: ``{step: n}``, its first n attempts outlast their complete-by.
+``fixable``'s ``charge`` fails for good until ``$SAS_HOME/fixed`` exists (the fix, deployed).
 ``render`` polls a job kept in ``$SAS_HOME/jobs``: it is done at the call after ``payload["polls"]``
 "not yet" answers, each asking again in ``payload["every"]`` seconds.
 """
@@ -100,12 +101,22 @@ def render(call: AgentCall) -> dict[str, Any]:
     return {"rendered": call.idempotency_key, "checks": checks}
 
 
+def charge(call: AgentCall) -> dict[str, Any]:
+    record(call, "charge")
+    if not (home() / "fixed").exists():
+        raise PermanentError("charge: the bug")
+    return {"charged": call.idempotency_key}
+
+
 def install(sas: SasApp) -> None:
     work = sas.agent("work")
     work.action(step, name="step")
     work.undo(undo, name="undo")
     work.action(fetch, name="fetch")
     work.action(render, name="render")
+    work.action(charge, name="charge")
+    sas.register(Workflow("fixable", [Step("note", "work.step", timeout=10), Step("charge", "work.charge", timeout=10),
+                                      Step("ship", "work.step", timeout=10)]))
     sas.register(Workflow("rendering", [
         Step("first", "work.step", timeout=10, compensate="work.undo"),
         Step("render", "work.render", timeout=5, poll=Poll(every=1, max_wait=120)),

@@ -16,7 +16,9 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
+from tests.integration.graph_app import calls
 from tests.integration.stack import SAS, Ready, free_port
+from tests.integration.test_graph import APP, start
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -249,3 +251,51 @@ def test_an_operator_resubmits_failed_orders_in_bulk_and_cancels_a_held_one_from
     browser.find_element(By.CSS_SELECTOR, 'form.act[data-action="cancel"] button').click()
     wait_for(lambda: browser.find_elements(By.ID, "refused"), 10, "the refusal")
     assert browser.find_element(By.ID, "refused").text == f"cannot cancel run {held.id}: it is cancelled"
+
+
+def test_an_operator_reruns_the_failed_runs_of_a_filter_once_the_fix_is_deployed(stack, app, stack_env, browser):
+    """The bulk rerun: a filter, a confirmation page that counts the runs and asks for the step,
+    one click; each failed run gets one new run, linked both ways, whose steps before the charge
+    keep their results."""
+    start(stack, ("agents", 1))
+    failed = [app.submit("fixable", {"n": i}, business_key=f"fix-{i}") for i in range(3)]
+    assert [h.wait(30).process_state for h in failed] == ["error"] * 3
+    port = free_port()
+    stack.start("dashboard", [SAS, "dashboard", "--port", str(port), "--basic-auth", "ops:s3cret"], env=APP,
+                ready=Ready(url=f"http://127.0.0.1:{port}/healthz"))
+    base = f"http://127.0.0.1:{port}"
+    log_in(browser)
+    (Path(stack_env["SAS_HOME"]) / "fixed").touch()  # the fix, deployed
+
+    browser.get(base + "/runs")
+    Select(browser.find_element(By.ID, "state")).select_by_value("error")
+    Select(browser.find_element(By.ID, "workflow")).select_by_value("fixable")
+    browser.find_element(By.ID, "filter").click()
+    wait_for(lambda: "workflow=fixable" in browser.current_url, 10, "the filtered page")
+    browser.find_element(By.ID, "bulk-rerun").click()
+    wait_for(lambda: "/runs/bulk" in browser.current_url, 10, "the confirmation page")
+    assert browser.find_element(By.ID, "count").text == "3"
+    browser.save_screenshot(str(stack.home / "rerun-confirm.png"))
+    browser.find_element(By.ID, "rerun-step").send_keys("charge")
+    browser.find_element(By.CSS_SELECTOR, '#confirm input[name="reason"]').send_keys("bug 123 fixed")
+    browser.find_element(By.ID, "confirm-button").click()
+    wait_for(lambda: "Rerun: 3 done, 0 refused" in browser.page_source, 10, "the bulk action's result")
+
+    for old in failed:
+        view = old.status()
+        assert view.process_state == "error" and view.run.rerun_as  # its history kept, its rerun named
+        new = app.handle(view.run.rerun_as).wait(30)
+        assert new.process_state == "processed" and new.run.rerun_of == old.id
+        assert new.step("note").result == view.step("note").result  # carried over, not called again
+    notes = [c for c in calls(Path(stack_env["SAS_HOME"])) if c["what"] == "do" and c["key"].endswith(":note")]
+    assert len(notes) == 3
+
+    # the same bulk rerun sent again (a second click, another operator): nothing is started twice
+    browser.back()
+    browser.refresh()
+    assert browser.find_element(By.ID, "count").text == "3"  # still in error: the filter selects them
+    browser.find_element(By.ID, "rerun-step").send_keys("charge")
+    browser.find_element(By.ID, "confirm-button").click()
+    wait_for(lambda: "Rerun: 0 done, 3 refused" in browser.page_source, 10, "the refusals")
+    assert "was rerun already, as run" in browser.find_element(By.ID, "refused").text
+    assert len(app.store.list_runs(workflow="fixable")) == 6

@@ -149,7 +149,7 @@ def test_the_dashboard_refuses_a_store_whose_schema_is_behind_and_says_to_migrat
     migrate(url, "0004")  # as the previous version left it
     behind = sas_cli("dashboard", "--port", "1", ok=False, extra_env={"SAS_DATABASE_URL": url})
     assert behind.returncode == 2
-    assert "schema is at revision 0004, this sas_app needs 0019: run `sas migrate`" in behind.stderr
+    assert "schema is at revision 0004, this sas_app needs 0020: run `sas migrate`" in behind.stderr
     assert "Traceback" not in behind.stderr
     embedded = tmp_path / "home" / "state.db"
     migrate(f"sqlite:///{embedded}", "0004")  # the embedded default is brought up to date on first use

@@ -119,7 +119,7 @@ def test_no_action_without_credentials_and_a_token(sas, pump, web):
     reader = create_dashboard(sas, metrics_margin=0.0).test_client()
     assert reader.post(f"/runs/{handle.id}/act", data=form).status_code == 403
     page = reader.get(f"/runs/{handle.id}").get_data(as_text=True)
-    hint = f"sas resubmit | mark-done | pause | resume | cancel | compensate {handle.id}"
+    hint = f"sas resubmit | mark-done | pause | resume | cancel | compensate | rerun {handle.id}"
     assert 'class="act"' not in page and hint in page
     assert handle.status().process_state == "error" and operator_events(sas, handle.id) == []
 
