@@ -48,12 +48,14 @@ class SweepTx(Part):
         )
         return [as_row(RunRow, r) for r in rows]
 
-    def requeue_stalled(self, pickup_timeout: float, limit: int, actor: str) -> list[str]:
-        """Runs and pending steps that no Scheduler picked up by their complete-by (a lost
-        message): a pending run not claimed, a live run asked about and not looked at
-        (:meth:`RunTx.ask`), a step whose back-off or wait is over. Their complete-by is pushed
-        forward and their run ids returned, to be asked about again. Two statements whatever the
-        number (each an UPDATE of the rows a ``SKIP LOCKED`` select took), and their events in the
+    def requeue_stalled(self, pickup_timeout: float, limit: int, actor: str) -> tuple[list[str], list[str]]:
+        """Runs and pending steps that no Scheduler picked up by their complete-by: a pending run
+        not claimed, a live run asked about and not looked at (:meth:`RunTx.ask`), a step whose
+        back-off is over (all three: a lost message) — and a step waiting in the store whose time
+        has come (a sleep, a wait's timeout, a poll: its complete-by is its ``not_before``, and no
+        message was ever meant to wake it). Their complete-by is pushed forward and their run ids
+        returned, ``(stalled, woken)``, to be asked about again. Two statements whatever the number
+        (each an UPDATE of the rows a ``SKIP LOCKED`` select took), and their events in the
         transaction's one insert."""
         now = db_now()
         stalled_runs = (
@@ -81,15 +83,19 @@ class SweepTx(Part):
             update(steps)
             .where(steps.c.id.in_(stalled_steps.scalar_subquery()))
             .values(complete_by=now + pickup_timeout, updated_at=now)
-            .returning(steps.c.run_id, steps.c.position, steps.c.attempt)
+            # a wait's complete-by is its not_before; a back-off's is its not_before plus a pick-up time
+            .returning(steps.c.run_id, steps.c.position, steps.c.attempt,
+                       func.coalesce(steps.c.not_before > now - pickup_timeout, False).label("woke"))
         ).all()
         for run_id, state in moved_runs:
             self.tx.event(run_id, None, EventKind.REQUEUE, state, state, actor=actor)
-        for run_id, position, attempt in moved_steps:
+        for run_id, position, attempt, _ in moved_steps:
             self.tx.event(run_id, position, EventKind.REQUEUE, StepState.PENDING, StepState.PENDING,
                           attempt=attempt, actor=actor)
-        return list(dict.fromkeys([*(run_id for run_id, _ in moved_runs),
-                                   *(run_id for run_id, _, _ in moved_steps)]))
+        stalled = dict.fromkeys([*(run_id for run_id, _ in moved_runs),
+                                 *(run_id for run_id, _, _, woke in moved_steps if not woke)])
+        woken = dict.fromkeys(run_id for run_id, _, _, woke in moved_steps if woke and run_id not in stalled)
+        return list(stalled), list(woken)
 
     def busy_agents(self) -> list[str]:
         """The agents with a step running in a live run (whose queues an at-risk warning looks at)."""

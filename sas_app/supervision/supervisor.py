@@ -162,9 +162,10 @@ class Supervisor:
             for run in tx.sweep.past_deadline(s.sweep_batch):
                 raised.append(past_deadline(tx, self.alerts, s, run, actor=self.instance_id))
                 failed.append(run.id)
-            requeued = []
+            requeued: list[str] = []
+            woken: list[str] = []
             if not report.scheduler_behind:  # see sweep()
-                requeued = tx.sweep.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
+                requeued, woken = tx.sweep.requeue_stalled(s.pickup_timeout, s.sweep_batch, self.instance_id)
                 # parents whose child ended and who were not told (the message was lost)
                 requeued += tx.children.children_ended(s.pickup_timeout, s.sweep_batch)
         fault_points.hit("supervisor.after_commit")
@@ -181,7 +182,10 @@ class Supervisor:
         if requeued:
             log.warning("%d run(s) waited past complete-by for the Scheduler; asking again: %s", len(requeued),
                         _listed(requeued))
-            self.router.send(asking(requeued, Publish.REQUEUED))
+        if woken:  # a sleep, a wait's timeout or a poll whose time has come: as planned
+            log.info("%d run(s) waiting in the store are due; asking the Scheduler: %s", len(woken), _listed(woken))
+        if requeued or woken:
+            self.router.send(asking(requeued + woken, Publish.REQUEUED))
         self.alerts.emit_grouped(raised)
         if failed:
             self.router.send(asking(failed, Publish.UNDO))  # to undo them, those being compensated
@@ -189,6 +193,6 @@ class Supervisor:
             self.router.send(follow_up)
         report.retried += retried
         report.failed += failed
-        report.requeued += requeued
+        report.requeued += requeued + woken
         return len(expired)
 

@@ -79,3 +79,17 @@ def test_a_sleep_that_cannot_be_is_refused_when_registered(sas, step, message):
         sas.register(Workflow("bad", [Step("a", "svc.work"), step]))
     with pytest.raises(WorkflowDefinitionError, match="needs seconds or until=, exactly one"):
         Sleep("s")
+
+
+def test_the_sweep_tells_a_sleep_whose_time_has_come_from_a_message_that_was_lost(sas, pump):
+    asleep = sas.submit("nap", {}, business_key="due")
+    pump.run()
+    lost = sas.submit("three", {}, business_key="lost")
+    pump.take("sas.scheduler")  # its Scheduler's message, lost: the run stays pending
+    pass_time(sas, max(asleep.status().steps[1].not_before, lost.status().run.complete_by),
+              "the sleep's time and the lost run's pick-up time to come")
+
+    with sas.store.begin() as tx:
+        stalled, woken = tx.sweep.requeue_stalled(sas.settings.pickup_timeout, 100, "test")
+
+    assert (stalled, woken) == ([lost.id], [asleep.id])  # the sleep's wake was planned; the message was lost
