@@ -263,27 +263,16 @@ def _check_graph(where: str, workflow: Workflow) -> None:
     except CycleError as exc:
         cycle = " -> ".join(exc.args[1])
         raise WorkflowDefinitionError(f"{where}: the steps wait for each other in a cycle: {cycle}") from None
-    for s in workflow.specs:
+    for position, s in enumerate(workflow.specs):
+        before = {names[i] for i in workflow.upstream(position)}
         for read in (s.for_each, s.sleep_until, None if s.guard is None else s.guard.path):
             source = (read or "").split(".", 1)
-            if len(source) == 2 and source[0] not in _upstream(graph, s.name):
+            if len(source) == 2 and source[0] not in before:
                 raise WorkflowDefinitionError(
                     f"{where}, step {s.name!r}: {read!r} reads the result of {source[0]!r}, which it does not "
                     "wait for (add it to after=)" if source[0] in names else
                     f"{where}, step {s.name!r}: {read!r} names no step of this workflow; its steps: {names}"
                 )
-
-
-def _upstream(graph: dict[str, set[str]], name: str) -> set[str]:
-    """Every step ``name`` waits for, directly or not."""
-    seen: set[str] = set()
-    todo = list(graph[name])
-    while todo:
-        current = todo.pop()
-        if current not in seen:
-            seen.add(current)
-            todo.extend(graph[current])
-    return seen
 
 
 def _is_number(value: Any) -> bool:

@@ -126,6 +126,18 @@ class Workflow:
             for i, s in enumerate(self.specs)
         ]
 
+    def upstream(self, position: int) -> set[int]:
+        """The positions of every step the step at ``position`` waits for, directly or not (the
+        graph has no cycle: checked when registered)."""
+        seen: set[int] = set()
+        todo = list(self.waits_for[position])
+        while todo:
+            at = todo.pop()
+            if at not in seen:
+                seen.add(at)
+                todo.extend(self.waits_for[at])
+        return seen
+
     @cached_property
     def is_linear(self) -> bool:
         """Each step waits for the one before it, none fans out, none is a child run and none has a

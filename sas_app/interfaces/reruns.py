@@ -104,7 +104,7 @@ class Reruns:
     def _carried(self, tx: Tx, old: RunRow, workflow: Workflow, from_step: str) -> list[tuple[int, StepRow]]:
         """The new run's positions before ``from_step`` and the old steps whose outcome they take."""
         position = [s.name for s in workflow.specs].index(from_step)
-        before = upstream(workflow, position)
+        before = workflow.upstream(position)
         had = {s.name: s for s in tx.steps.steps_of(old.id) if not s.is_undo and not s.is_branch}
         carried = []
         for at in sorted(before):
@@ -122,14 +122,3 @@ class Reruns:
             carried.append((at, step))
         return carried
 
-
-def upstream(workflow: Workflow, position: int) -> set[int]:
-    """The positions of every step the step at ``position`` waits for, directly or not."""
-    seen: set[int] = set()
-    todo = list(workflow.waits_for[position])
-    while todo:
-        at = todo.pop()
-        if at not in seen:
-            seen.add(at)
-            todo.extend(workflow.waits_for[at])
-    return seen
