@@ -40,7 +40,7 @@ from sas_app.messaging.routing import (
 )
 from sas_app.settings import Settings, instance_id
 from sas_app.states import LIVE_RUN_STATES, Cause, EventKind, RunState, SignalStatus, StepState
-from sas_app.store import RunRow, Store, Tx
+from sas_app.store import RunRow, StepRow, Store, Tx
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -220,11 +220,7 @@ class Scheduler:
             if run is None or failed is None:
                 self._stale(tx, run, position, attempt, "step_failed")
                 return
-            alert = fail_run(tx, self.alerts, self.settings, run, failed, f"step {failed.name!r} failed: {error}",
-                             actor=self.instance_id)
-            after = tx.runs.lock_run(run_id)
-            moves = self.planner.next(tx, after) if after is not None else Moves()
-            moves.alerts.insert(0, alert)
+            moves = self._failed_for_good(tx, run, failed, f"step {failed.name!r} failed: {error}")
         self.after_commit(tx, moves)
 
     def step_deferred(self, run_id: str, position: int, attempt: int, delay: float, reason: str,
@@ -256,7 +252,6 @@ class Scheduler:
             if run is None or step is None or run.process_state not in LIVE_RUN_STATES:
                 self._stale(tx, run, position, attempt, "step_not_yet")
                 return
-            moves = Moves()
             waiting = None
             if step.poll is not None:
                 wait = float(after if after is not None else step.poll["every"])
@@ -273,13 +268,11 @@ class Scheduler:
                     self._stale(tx, run, position, attempt, "step_not_yet")
                     return
                 log.warning("run %s: %s", run_id, reason)
-                moves.alerts.append(fail_run(tx, self.alerts, self.settings, run, failed, reason,
-                                             actor=self.instance_id))
-                after_fail = tx.runs.lock_run(run_id)
-                if after_fail is not None:
-                    moves.extend(self.planner.next(tx, after_fail))
-            elif waiting.not_before is not None and waiting.not_before - tx.now() <= self.settings.retry_backoff_max:
-                moves.messages.append(Advance(run_id, Publish.BACKOFF, waiting.not_before - tx.now()))
+                moves = self._failed_for_good(tx, run, failed, reason)
+            else:
+                moves = Moves()
+                if waiting.not_before is not None and waiting.not_before - tx.now() <= self.settings.retry_backoff_max:
+                    moves.messages.append(Advance(run_id, Publish.BACKOFF, waiting.not_before - tx.now()))
         self.after_commit(tx, moves)
 
     def step_lost(self, run_id: str, position: int, attempt: int, reason: str) -> None:
@@ -363,6 +356,15 @@ class Scheduler:
         if faults and run is not None:
             tx.event(run.id, position, EventKind.FAULTS, None, None, attempt=attempt, actor=self.instance_id,
                      detail=faults)
+
+    def _failed_for_good(self, tx: Tx, run: RunRow, failed: StepRow, reason: str) -> Moves:
+        """``failed`` has failed for good: its alert, the run undone (or in error), and what that
+        starts — the first undo."""
+        alert = fail_run(tx, self.alerts, self.settings, run, failed, reason, actor=self.instance_id)
+        after = tx.runs.lock_run(run.id)
+        moves = self.planner.next(tx, after) if after is not None else Moves()
+        moves.alerts.insert(0, alert)
+        return moves
 
     def _stale(self, tx: Tx, run: RunRow | None, position: int, attempt: int, kind: str) -> None:
         if run is None:
