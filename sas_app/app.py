@@ -96,7 +96,7 @@ class SasApp:
         inline = self.scheduler if self.settings.inline_replies else None
         self.client = Client(self.store, self.settings, self.router, self.workflows, inline, self.celery)
         self.operator = Operator(self.store, self.settings, self.router, self.workflows)
-        self.reruns = Reruns(self.store, self.settings, self.router, self.workflows, self.client, inline)
+        self.reruns = Reruns(self.client)
         self.signals = Signals(self.store, self.settings, self.scheduler, self.celery)
         self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
         self.retention = Retention(self.store, self.settings, self.celery)

@@ -28,7 +28,7 @@ from sas_app.messaging.publishes import Publish
 from sas_app.messaging.routing import SUBMIT, Advance, Router, confirm_options
 from sas_app.settings import Settings
 from sas_app.states import TERMINAL_RUN_STATES, RunState
-from sas_app.store import EventRow, RunRow, StepRow, Store, stored_object
+from sas_app.store import EventRow, RunRow, StepRow, Store, Tx, stored_object
 from sas_app.store.migrate import schema_problem
 
 if TYPE_CHECKING:
@@ -236,18 +236,14 @@ class Client:
     def _submit(self, wf: Workflow, run_id: str, payload: Any, business_key: str, reply_to: str | None,
                 priority: int) -> RunHandle:
         new = wf.new_run(run_id, business_key, payload, reply_to=reply_to, priority=priority)
-        scheduler, moves = self.scheduler, Moves()
+        moves = Moves()
         try:
             with self.store.begin() as tx:
                 run, created = tx.submission.insert_run(new, self.settings.pickup_timeout)
                 if created:
                     if wf.on_submit is not None:
                         wf.on_submit(tx.conn, run)
-                    if scheduler is not None:
-                        # The submitting process makes the Scheduler's first move itself, in the
-                        # transaction that writes the run (claim it, mark its first step running):
-                        # one message, one hop and one commit fewer per run.
-                        moves = scheduler.moves(tx, run.id)
+                    moves = self.first_move(tx, run.id)
         except DBAPIError:
             schema_not_ready(self.store)
             raise
@@ -259,9 +255,20 @@ class Client:
                 )
             return RunHandle(self, run.id, created=False)
         fault_points.hit("submit.after_commit")
-        if scheduler is not None:
-            scheduler.after_commit(tx, moves)
-        else:  # the Scheduler's message (were it lost, the Supervisor asks again after SAS_PICKUP_TIMEOUT)
-            self.router.relay(tx.outbox)
-            self.router.send(Advance(run.id, Publish.SUBMITTED))
+        self.start(tx, run.id, moves)
         return RunHandle(self, run.id, created=True)
+
+    def first_move(self, tx: Tx, run_id: str) -> Moves:
+        """Inside the transaction that writes a new run: with a scheduler (SAS_INLINE_REPLIES), its
+        first move made here (claim it, mark its first step running: one message, one hop and one
+        commit fewer per run); without, nothing yet."""
+        return Moves() if self.scheduler is None else self.scheduler.moves(tx, run_id)
+
+    def start(self, tx: Tx, run_id: str, moves: Moves) -> None:
+        """Once that transaction has committed: send what its first move decided, or else the
+        Scheduler's message (were it lost, the Supervisor asks again after SAS_PICKUP_TIMEOUT)."""
+        if self.scheduler is not None:
+            self.scheduler.after_commit(tx, moves)
+        else:
+            self.router.relay(tx.outbox)
+            self.router.send(Advance(run_id, Publish.SUBMITTED))

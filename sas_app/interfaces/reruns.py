@@ -16,43 +16,31 @@ other operator action (:mod:`sas_app.interfaces.operations`): its rerun carries 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from sas_app.definitions.workflow import Workflow
-from sas_app.engine.planner import Moves
 from sas_app.errors import InvalidOperation, UnknownRun
-from sas_app.interfaces.client import MAX_KEY_LENGTH, RunHandle
-from sas_app.messaging.publishes import Publish
-from sas_app.messaging.routing import Advance, Router
-from sas_app.settings import Settings
+from sas_app.interfaces.client import MAX_KEY_LENGTH, Client, RunHandle
 from sas_app.states import TERMINAL_RUN_STATES, EventKind, StepState
-from sas_app.store import RunRow, StepRow, Store, Tx
-
-if TYPE_CHECKING:
-    from sas_app.engine.scheduler import Scheduler
-    from sas_app.interfaces.client import Client
+from sas_app.store import RunRow, StepRow, Tx
 
 #: the outcomes a step before the rerun's step may carry over
 CARRIED = (StepState.COMPLETED.value, StepState.SKIPPED.value)
 
 
 class Reruns:
-    def __init__(self, store: Store, settings: Settings, router: Router, workflows: Mapping[str, Workflow],
-                 client: Client, scheduler: Scheduler | None = None) -> None:
-        self.store = store
-        self.settings = settings
-        self.router = router
-        self.workflows = workflows
+    """Reruns start their new run as a submit does: through the :class:`Client` (its store, its
+    registered workflows, and its Scheduler's first move or message)."""
+
+    def __init__(self, client: Client) -> None:
         self.client = client
-        self.scheduler = scheduler
+        self.store = client.store
+        self.workflows = client.workflows
 
     def rerun(self, run_id: str, from_step: str, *, by: str, reason: str = "") -> RunHandle:
         """Start the rerun of ``run_id`` from ``from_step`` (see the module's docstring); its handle."""
         if not isinstance(by, str) or not by.strip():
             raise InvalidOperation("say who reruns it (by=)")
         new_id = uuid.uuid4().hex
-        moves = Moves()
         with self.store.begin() as tx:
             old = tx.runs.lock_run(run_id)
             if old is None:
@@ -67,20 +55,15 @@ class Reruns:
                 raise InvalidOperation(f"cannot rerun run {run_id}: {exc}") from None
             if not tx.reruns.claim_rerun(old.id, new_id):  # pragma: no cover - the run's lock is held
                 raise InvalidOperation(f"cannot rerun run {run_id}: it was rerun meanwhile")
-            _, created = tx.submission.insert_run(new, self.settings.pickup_timeout)
+            _, created = tx.submission.insert_run(new, self.client.settings.pickup_timeout)
             if not created:  # pragma: no cover - a fresh id in its key
                 raise InvalidOperation(f"cannot rerun run {run_id}: business key {key!r} is taken")
             tx.reruns.carry_over(new_id, carried, old.id, by)
             detail = {"action": "rerun", "by": by, "reason": reason, "from": from_step}
             tx.event(old.id, None, EventKind.OPERATOR, None, None, actor=by, detail={**detail, "rerun_as": new_id})
             tx.event(new_id, None, EventKind.OPERATOR, None, None, actor=by, detail={**detail, "rerun_of": old.id})
-            if self.scheduler is not None:
-                moves = self.scheduler.moves(tx, new_id)
-        if self.scheduler is not None:
-            self.scheduler.after_commit(tx, moves)
-        else:
-            self.router.relay(tx.outbox)
-            self.router.send(Advance(new_id, Publish.SUBMITTED))
+            moves = self.client.first_move(tx, new_id)
+        self.client.start(tx, new_id, moves)
         return RunHandle(self.client, new_id, created=True)
 
     def _checked(self, old: RunRow, from_step: str) -> Workflow:

@@ -3,9 +3,8 @@ after the run's lock: :data:`COMPLETE_IN_GRAPH`.
 
 It completes the step (fenced on its attempt) and starts what that completion makes due: the
 workflow steps that waited for it and for nothing else still open (a skipped step is not open),
-or — for a branch of a
-``for_each`` step — the next waiting branches its ``max_parallel`` has room for; after the last
-workflow step it marks the run processed. It writes the events, in the order the step-by-step path
+or — for a branch of a ``for_each`` step — the next waiting branches its ``max_parallel`` has room
+for; after the last workflow step it marks the run processed. It writes the events, in the order the step-by-step path
 writes them, and returns the results the started steps' agents are told.
 
 What it leaves to the Scheduler's planner (and says so): the last branch of a ``for_each`` step
