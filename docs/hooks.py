@@ -32,6 +32,7 @@ from sas_app import Settings, states
 from sas_app.messaging import routing
 from sas_app.store import service_tables, tables
 from sas_app.store.schema import metadata
+from sas_app.web.formatting import spec_does
 
 PACKAGE = Path(sas_app.__file__).parent
 
@@ -161,10 +162,9 @@ def workflow_reference(match: re.Match[str]) -> str:
     workflow = getattr(importlib.import_module(module), attribute)
     rows = ["| step | after | does | condition |", "| --- | --- | --- | --- |"]
     for spec, waits in zip(workflow.specs, workflow.waits_for, strict=True):
-        does = spec.child or spec.event or ("sleep" if spec.sleep or spec.sleep_until else
-                                             f"{spec.agent}.{spec.action_name}")
         after = ", ".join(workflow.specs[i].name for i in waits) or "-"
-        rows.append(f"| `{spec.name}` | {after} | `{does}` | {cell(spec.guard.stored if spec.guard else '')} |")
+        rows.append(f"| `{spec.name}` | {after} | {cell(spec_does(spec))} | "
+                    f"{cell(spec.guard.stored if spec.guard else '')} |")
     out = [f"**`{workflow.name}`** (version `{workflow.run_version}`): {cell(workflow.description)}", "",
            *rows, ""]
     if workflow.input is not None:

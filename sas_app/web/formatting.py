@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from sas_app.definitions.steps import StepSpec
 from sas_app.store import StepRow
 
 
@@ -53,6 +54,18 @@ def does(step: StepRow) -> str:
     if step.poll:
         return f"{step.agent}.{step.action} (polls, {step.polls} so far, for at most {step.poll['max_wait']:g} s)"
     return f"{step.agent}.{step.action}"
+
+
+def spec_does(spec: StepSpec) -> str:
+    """What a step of a workflow's definition does, in a few words (:func:`does` for a run's step)."""
+    if spec.child:
+        return f"child run of {spec.child}"
+    if spec.event:
+        return f"waits for {spec.event!r}"
+    if spec.sleep is not None or spec.sleep_until:
+        return "sleeps"
+    return (f"{spec.agent}.{spec.action_name}" + (f", for each of {spec.for_each}" if spec.for_each else "")
+            + (", polls" if spec.poll else ""))
 
 
 def after_text(waits_for: list[str], step: StepRow) -> str:

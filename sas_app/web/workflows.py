@@ -11,6 +11,7 @@ from flask import Blueprint, abort, render_template
 
 from sas_app.definitions.inputs import input_schema
 from sas_app.definitions.steps import action_name
+from sas_app.web.formatting import spec_does
 
 if TYPE_CHECKING:
     from sas_app.app import SasApp
@@ -31,6 +32,6 @@ def workflow_pages(sas: SasApp) -> Blueprint:
         schema = None if workflow.input is None else json.dumps(input_schema(workflow.input), indent=2)
         steps = [(s, [workflow.specs[i].name for i in waits], action_name(s.compensate) if s.compensate else "")
                  for s, waits in zip(workflow.specs, workflow.waits_for, strict=True)]
-        return render_template("workflow.html", workflow=workflow, steps=steps, schema=schema)
+        return render_template("workflow.html", workflow=workflow, steps=steps, schema=schema, spec_does=spec_does)
 
     return bp
