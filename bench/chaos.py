@@ -148,6 +148,7 @@ class Chaos(Faults):
         self.background: list[threading.Thread] = []
         self.proxy: Proxy | None = None
         self.watch: Watch | None = None
+        self.stop_asked = threading.Event()
         self.operated: dict[str, str] = {}
         self.operator_submitted = 0
 
@@ -233,7 +234,7 @@ class Chaos(Faults):
                 if time.monotonic() > deadline:
                     self.submit_failures.append(key)
                     return
-                time.sleep(0.25)
+                self.pause(0.25)
 
     def plan(self) -> tuple[list[dict[str, Any]], list[tuple[float, str]]]:
         """The orders and the faults' schedule: of ``--seed``; a soak's in three parts one after
@@ -267,17 +268,18 @@ class Chaos(Faults):
         chaos = threading.Thread(target=self.chaos, args=(schedule, started), daemon=True)
         chaos.start()
         for i, payload in enumerate(orders):
-            time.sleep(max(0.0, started + arrival(i, args.rate, args.bursts) - time.monotonic()))
+            self.pause(started + arrival(i, args.rate, args.bursts) - time.monotonic())
             key = f"order-{i:05d}"
             if self.held.is_held(i):  # waits for its manager's review, then a cooling-off sleep
                 self.submit(key, payload, "held_order")
                 self.held.review(key)
             else:  # one in ten asks to be told how it ends: its notifications go through the outbox
                 self.submit(key, payload, reply_to=REPLIES if i % 10 == 0 else None)
-        chaos.join()
-        self.held.join()
+        self.join(chaos, float("inf"))
+        for thread in self.held.threads:
+            self.join(thread, 120)
         for thread in self.background:
-            thread.join(60)
+            self.join(thread, 60)
         healed_at = time.monotonic()
         restarted = self.fleet.heal()
         finished = self.wait_for_the_end(args.bound)
@@ -312,7 +314,7 @@ class Chaos(Faults):
                     return True
             except Exception:
                 pass
-            time.sleep(0.5)
+            self.pause(0.5)
         return False
 
     # the figures --------------------------------------------------------------------------------
@@ -542,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     chaos = Chaos(args)
     interrupted = False
-    with stopped_by_signals():  # the first Ctrl-C or SIGTERM stops the run; any after it is ignored
+    # the first Ctrl-C or SIGTERM stops the run; any after it is ignored
+    with stopped_by_signals() as chaos.stop_asked:
         try:
             chaos.start()
             result = chaos.run()

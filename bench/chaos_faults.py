@@ -61,6 +61,8 @@ class Faults(Operators):
     injected: Counter[str]
     timeline: list[dict[str, Any]]
     started_at: float
+    #: set by the first Ctrl-C or SIGTERM (:func:`~sas_app.testing.processes.stopped_by_signals`)
+    stop_asked: threading.Event
 
     def submit(self, key: str, payload: dict[str, Any], workflow: str = "order", reply_to: str | None = None) -> None:
         raise NotImplementedError
@@ -76,7 +78,8 @@ class Faults(Operators):
     def later(self, delay: float, action: Callable[[], None]) -> None:
         """``action`` in ``delay`` seconds, unless the run has stopped its processes by then."""
         def run() -> None:
-            time.sleep(delay)
+            if self.stop_asked.wait(delay):
+                return
             try:
                 action()
             except Stopped:
@@ -85,6 +88,19 @@ class Faults(Operators):
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         self.background.append(thread)
+
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` (in the main thread); ``KeyboardInterrupt`` at once when a stop is asked,
+        even if the signal's own ``KeyboardInterrupt`` was lost in a library's callback."""
+        if self.stop_asked.wait(max(0.0, seconds)):
+            raise KeyboardInterrupt
+
+    def join(self, thread: threading.Thread, timeout: float) -> None:
+        """:meth:`threading.Thread.join`, stopping as :meth:`pause` does."""
+        deadline = time.monotonic() + timeout
+        while thread.is_alive() and time.monotonic() < deadline:
+            self.pause(min(0.25, deadline - time.monotonic()))
+            thread.join(0)
 
     def inject(self, kind: str) -> str:
         fleet, servers, rng = self.fleet, self.servers, self.rng
@@ -208,7 +224,8 @@ class Faults(Operators):
 
     def chaos(self, schedule: list[tuple[float, str]], started: float) -> None:
         for at, kind in schedule:
-            time.sleep(max(0.0, started + at - time.monotonic()))
+            if self.stop_asked.wait(max(0.0, started + at - time.monotonic())):
+                return  # the run is stopping: no fault may start a process its stopping would miss
             t0 = time.monotonic()
             try:
                 detail = self.inject(kind)

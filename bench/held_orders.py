@@ -81,10 +81,6 @@ class HeldOrders:
             except Exception:  # the broker or the database is down: try again
                 time.sleep(0.25)
 
-    def join(self) -> None:
-        for thread in self.threads:
-            thread.join(120)
-
     def check(self) -> dict[str, Any]:
         """The held orders' figures, and every broken promise of waiting and signals found."""
         wrong: list[str] = []

@@ -56,20 +56,28 @@ def wait_until(check: Callable[[], T], timeout: float, what: str, interval: floa
 
 
 @contextmanager
-def stopped_by_signals() -> Iterator[None]:
+def stopped_by_signals() -> Iterator[threading.Event]:
     """Within (the main thread's): the first Ctrl-C or SIGTERM raises ``KeyboardInterrupt``, so the
     caller's clean-up runs and stops the processes it started — Python's own SIGTERM ends the
     process with no clean-up, and its children live on (a bench's workers, killed with ``pkill``,
     went on consuming from the test suite's Redis) — and any signal after it is ignored from that
-    instant on, so that none can cut the clean-up short. The handlers before are back on the way out."""
+    instant on, so that none can cut the clean-up short. The handlers before are back on the way out.
+
+    The event yielded is set by that first signal. A long run waits on it rather than sleeping, and
+    stops when it is set: Python runs a signal's handler wherever the main thread is, and a library
+    calling back into Python from C (psycopg2 decoding a server's message, say) may print the
+    ``KeyboardInterrupt`` and carry on, which would leave the run going with every signal ignored."""
+    asked = threading.Event()
+
     def interrupt(*_: object) -> None:
         for sig in (signals.SIGINT, signals.SIGTERM):
             signals.signal(sig, signals.SIG_IGN)
+        asked.set()
         raise KeyboardInterrupt
 
     previous = {sig: signals.signal(sig, interrupt) for sig in (signals.SIGINT, signals.SIGTERM)}
     try:
-        yield
+        yield asked
     finally:
         for sig, handler in previous.items():
             signals.signal(sig, handler)

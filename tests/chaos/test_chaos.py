@@ -92,6 +92,7 @@ def test_a_chaos_run_stopped_with_ctrl_c_leaves_no_process_behind(tmp_path):
     finally:
         if run.poll() is None:
             run.kill()
+            run.communicate()
     assert run.returncode == 130, output[-3000:]
     assert f"interrupted: every process of the run stopped; logs and state: {home}" in output
     wait_for(lambda: live_processes_with(mark) == [], 10, "every process of the run to be gone")

@@ -99,6 +99,25 @@ def test_a_bench_killed_with_sigterm_stops_what_it_started_first(tmp_path):
     wait_for(lambda: live_processes_with(marker) == [], 10, "the bench's worker to be gone")
 
 
+def test_a_stop_is_seen_even_when_a_library_swallowed_its_keyboard_interrupt():
+    """Found in CI: the chaos run's Ctrl-C reached psycopg2 decoding the message of a PostgreSQL the
+    same Ctrl-C had stopped; psycopg2 printed the KeyboardInterrupt and carried on, and the run went
+    on to its end with every signal ignored. The event stopped_by_signals yields says a stop was asked."""
+    driver = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os, signal, sys
+        from sas_app.testing.processes import stopped_by_signals
+        sys.unraisablehook = lambda u: print("swallowed", type(u.exc_value).__name__, flush=True)
+        class Library:
+            def __del__(self):  # a callback that cannot raise: Python runs the handler in it
+                os.kill(os.getpid(), signal.SIGINT)
+                sum(range(100_000))
+        with stopped_by_signals() as asked:
+            Library()
+            print("stop asked" if asked.wait(5) else "stop lost", flush=True)
+        """)], capture_output=True, text=True, timeout=30)
+    assert driver.stdout.splitlines() == ["swallowed KeyboardInterrupt", "stop asked"], driver.stderr
+
+
 def test_the_chaos_runs_servers_refuse_to_start_once_stopped(tmp_path):
     """A fault's thread restarting Redis or PostgreSQL as the run stops would leave a server behind."""
     from harness.servers import Servers
