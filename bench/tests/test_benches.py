@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.bench
-#: the benches whose stacks take fixed database names and Redis numbers, and count Redis's commands,
-#: run while no other test does
-alone = pytest.mark.alone
+#: the benches whose stacks take fixed database names and Redis numbers (12-15, which the integration
+#: tests leave them) run one at a time; beside other tests, so their figures here mean nothing
+one_bench = pytest.mark.one_bench
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -32,7 +32,7 @@ def run_bench(module: str, *args: str, tmp_path, env: dict[str, str] | None = No
     return json.loads(written.read_text())
 
 
-@alone
+@one_bench
 def test_throughput_bench_runs_every_contender(tmp_path):
     # enough runs that each component's share is many of the kernel's 10 ms clock ticks: with 5 runs
     # PostgreSQL's backends each spent under one tick and /proc read 0
@@ -50,7 +50,7 @@ def test_throughput_bench_runs_every_contender(tmp_path):
     assert result["machine"]["cores"] >= 1
 
 
-@alone
+@one_bench
 def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and_counts_commits_and_messages(
         tmp_path):
     result = run_bench("bench.throughput", "--runs", "6", "--repeat", "1", "--idle-runs", "1", "--concurrency", "2",
@@ -62,7 +62,7 @@ def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and
     assert sas["submit_per_s"]["median"] > 0
 
 
-@alone
+@one_bench
 def test_sweep_bench_measures_cost_and_recovery(tmp_path):
     result = run_bench("bench.sweep", "--sizes", "2000,4000", "--waiting", "2000", "--samples", "1",
                        "--recoveries", "2", "--spread", "0", tmp_path=tmp_path, env=QUICK_SWEEPS)
@@ -70,7 +70,7 @@ def test_sweep_bench_measures_cost_and_recovery(tmp_path):
     assert result["recovery"]["runs"] == 2
 
 
-@alone
+@one_bench
 def test_recovery_bench_gets_a_dead_fleets_steps_going_again(tmp_path):
     result = run_bench("bench.recovery", "--in-flight", "40", "--rows", "2000", "--lead", "1", tmp_path=tmp_path,
                        env=QUICK_SWEEPS)
@@ -78,7 +78,7 @@ def test_recovery_bench_gets_a_dead_fleets_steps_going_again(tmp_path):
     assert 0 < result["redispatch_p50_s"] <= result["redispatch_max_s"] <= result["all_processed_s"]
 
 
-@alone
+@one_bench
 def test_dashboard_bench_times_every_page_and_catches_up_the_metrics(tmp_path):
     result = run_bench("bench.dashboard", "--sizes", "3000", "--samples", "1", tmp_path=tmp_path)
     [size] = result["sizes"]
@@ -86,7 +86,7 @@ def test_dashboard_bench_times_every_page_and_catches_up_the_metrics(tmp_path):
     assert size["metrics_caught_up_after_scrapes"] is not None and size["metrics_steps_counted"] == 3000
 
 
-@alone
+@one_bench
 def test_backpressure_bench_overloads_an_agent_and_loses_nothing(tmp_path):
     result = run_bench("bench.backpressure", "--depth", "3", "--timeout", "1", "--service", "0.05",
                        "--concurrency", "2", "--only-paced", "--bound", "120", tmp_path=tmp_path)
@@ -105,7 +105,7 @@ def test_kit_bench_times_the_examples_and_the_kit_s_own_tests(tmp_path):
     assert result["unit_tier"] is None
 
 
-@alone
+@one_bench
 def test_async_bench_runs_async_actions_plain_actions_and_a_chain_against_a_slow_service(tmp_path):
     result = run_bench("bench.async_agents", "--runs", "12", "--threads", "12", "--processes", "2",
                        "--service-ms", "50", tmp_path=tmp_path)

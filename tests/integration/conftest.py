@@ -23,14 +23,14 @@ REDIS = os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379")
 
 
 def _own_redis_numbers() -> itertools.cycle[int]:
-    """Redis's database numbers 1-15, shared out between the pytest-xdist workers: each test
-    empties the one it takes, never one another worker's test is using."""
+    """Redis's database numbers 1-11, shared out between the pytest-xdist workers: each test
+    empties the one it takes, never one another worker's test is using (12-15 are the benches')."""
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 15:
-        raise pytest.UsageError(f"-n {workers}: the integration tests share Redis's 15 database numbers "
-                                "between their workers; run at most 15")
-    return itertools.cycle(range(1 + worker, 16, workers))
+    if workers > 11:
+        raise pytest.UsageError(f"-n {workers}: the integration tests share Redis's database numbers 1-11 "
+                                "between their workers; run at most 11")
+    return itertools.cycle(range(1 + worker, 12, workers))
 
 
 _redis_numbers = _own_redis_numbers()
