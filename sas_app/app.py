@@ -28,6 +28,8 @@ from sas_app.definitions.workflow import Workflow, workflow_name
 from sas_app.engine.alerts import Alerts, load_hook
 from sas_app.engine.scheduler import Scheduler
 from sas_app.errors import InvalidSignal, WorkflowDefinitionError
+from sas_app.interfaces.access import Tokens
+from sas_app.interfaces.audit import AuditTrail
 from sas_app.interfaces.bulk import Submission, Submitted, submit_many
 from sas_app.interfaces.client import Client, RunHandle, RunView
 from sas_app.interfaces.doctor import Doctor
@@ -98,6 +100,8 @@ class SasApp:
         self.operator = Operator(self.store, self.settings, self.router, self.workflows)
         self.reruns = Reruns(self.client)
         self.signals = Signals(self.store, self.settings, self.scheduler, self.celery)
+        self.tokens = Tokens(self.store)
+        self.audit = AuditTrail(self.store)
         self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
         self.retention = Retention(self.store, self.settings, self.celery)
         self.doctor = Doctor(self.store, self.celery, self.settings, lambda: [a.queue for a in self.agents.values()])

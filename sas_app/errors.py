@@ -85,3 +85,13 @@ class SchemaNotReady(SasError, RuntimeError):
 
 class InvalidSignal(SasError, ValueError):
     """A signal the run cannot take (it has ended, or never waits for that event); nothing was written."""
+
+
+class NotAllowed(SasError, PermissionError):
+    """Who asked may not do this: no credentials, a token that is unknown, revoked or expired, or a
+    role below the one the action needs. ``status`` is the HTTP status the API answers with (401:
+    who you are is not known; 403: known, and not allowed)."""
+
+    def __init__(self, message: str, status: int = 403) -> None:
+        super().__init__(message)
+        self.status = status

@@ -99,3 +99,12 @@ TERMINAL_RUN_STATES = (RunState.PROCESSED.value, RunState.ERROR.value, RunState.
 #: an alert is current while its run is in one of these: in error (an operator's turn) or not finished
 OPEN_RUN_STATES = (RunState.ERROR.value, RunState.PENDING.value, RunState.PROCESSING.value,
                    RunState.COMPENSATING.value)
+
+
+class Role(Word):
+    """Who may do what (``audit.role``, ``api_tokens.role``), each allowed what the ones before it are."""
+
+    VIEWER = "viewer"  # reads runs, alerts and the audit trail
+    APPROVER = "approver"  # also answers waits (sends signals)
+    OPERATOR = "operator"  # also submits runs and acts on them
+    ADMIN = "admin"  # also manages access (tokens)

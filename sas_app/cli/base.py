@@ -8,14 +8,18 @@ import importlib
 import json
 import os
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
 
 from sas_app.app import SasApp
 from sas_app.errors import SasError, one_line
+from sas_app.interfaces.access import Actor
 from sas_app.settings import Settings, mask_secrets
+
+T = TypeVar("T")
 
 DEFAULT_APP = "workers.app:sas"
 # Piped or redirected output is not cut to 80 columns: every id and name stays whole.
@@ -103,8 +107,12 @@ def operator_options(fn: Any) -> Any:
     return click.option("--reason", default="", help="Why (recorded in the run's history).")(fn)
 
 
-def operate(action: Any) -> None:
+def operate(ctx: Context, action: str, run_id: str, by: str, reason: str, do: Callable[[], T],
+            target: str | None = None) -> T:
+    """``do()``, an operator's action on ``run_id`` taken from the CLI, in the audit trail under
+    ``by`` (and the OS user); refused: its message, exit 1."""
     try:
-        action()
+        with ctx.app.audit.acting(Actor.cli(by), action, run_id=run_id, target=target, reason=reason):
+            return do()
     except SasError as exc:
         fail(str(exc))

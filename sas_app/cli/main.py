@@ -21,7 +21,7 @@ from kombu.exceptions import KombuError
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
-from sas_app.cli import operate, serve
+from sas_app.cli import access, operate, serve
 from sas_app.cli.base import DEFAULT_APP, Context, console, fail, pass_ctx
 from sas_app.definitions.inputs import input_schema
 from sas_app.engine.graph import Graph
@@ -37,6 +37,7 @@ SECTIONS = {
     "Run a deployment": ["migrate", "worker", "beat", "dashboard", "flower", "doctor", "purge"],
     "Submit and look at runs": ["submit", "runs", "show", "workflows", "schedules", "signal"],
     "Operate runs": ["pause", "resume", "cancel", "compensate", "resubmit", "mark-done", "rerun"],
+    "Access": ["token", "audit"],
     "Try it: the order example": ["demo", "payment-service", "warehouse-service"],
 }
 
@@ -229,7 +230,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     console.print(history)
 
 
-for _command in (*serve.COMMANDS, *operate.COMMANDS):
+for _command in (*serve.COMMANDS, *operate.COMMANDS, *access.COMMANDS):
     main.add_command(_command)
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from sas_app.cli.base import Context, console, fail, json_option, operate, operator_options, pass_ctx
 from sas_app.errors import SasError
+from sas_app.interfaces.access import Actor
 from sas_app.interfaces.operations import done_message
 
 
@@ -26,7 +27,8 @@ from sas_app.interfaces.operations import done_message
 def resubmit(ctx: Context, run_id: str, step: str | None, step_input: str | None, by: str, reason: str) -> None:
     """Resubmit a failed step of a run in error, once its cause is fixed; the run resumes there."""
     edited = json_option(step_input, "--input")
-    operate(lambda: ctx.app.resubmit(run_id, by=by, reason=reason, step=step, step_input=edited))
+    operate(ctx, "resubmit", run_id, by, reason,
+            lambda: ctx.app.resubmit(run_id, by=by, reason=reason, step=step, step_input=edited), step)
     click.echo(done_message("resubmit", run_id))
 
 
@@ -42,10 +44,13 @@ def signal(ctx: Context, run: str, event: str, payload: str, by: str) -> None:
     workflow, colon, key = run.partition(":")
     value = json_option(payload, "--payload")
     try:
-        if colon:
-            receipt = ctx.app.signal(workflow=workflow, business_key=key, event=event, payload=value, by=by)
-        else:
-            receipt = ctx.app.signal(run, event, value, by=by)
+        with ctx.app.audit.acting(Actor.cli(by), "signal", run_id=None if colon else run,
+                                  target=f"{run}:{event}" if colon else event) as entry:
+            if colon:
+                receipt = ctx.app.signal(workflow=workflow, business_key=key, event=event, payload=value, by=by)
+            else:
+                receipt = ctx.app.signal(run, event, value, by=by)
+            entry.run_id = receipt.run_id
     except SasError as exc:
         fail(str(exc))
     click.echo(f"signal {event!r} for run {receipt.run_id}: {receipt.status}")
@@ -60,7 +65,8 @@ def signal(ctx: Context, run: str, event: str, payload: str, by: str) -> None:
 def mark_done(ctx: Context, run_id: str, step: str, result: str | None, by: str, reason: str) -> None:
     """Record a step as done by hand (or skipped); the run goes on with the next one."""
     value = json_option(result, "--result")
-    operate(lambda: ctx.app.mark_done(run_id, step, by=by, reason=reason, result=value))
+    operate(ctx, "mark_done", run_id, by, reason,
+            lambda: ctx.app.mark_done(run_id, step, by=by, reason=reason, result=value), step)
     click.echo(done_message("mark_done", run_id, step=step))
 
 
@@ -70,7 +76,7 @@ def mark_done(ctx: Context, run_id: str, step: str, result: str | None, by: str,
 @pass_ctx
 def pause(ctx: Context, run_id: str, by: str, reason: str) -> None:
     """Dispatch no further step of a run until it is resumed."""
-    operate(lambda: ctx.app.pause(run_id, by=by, reason=reason))
+    operate(ctx, "pause", run_id, by, reason, lambda: ctx.app.pause(run_id, by=by, reason=reason))
     click.echo(done_message("pause", run_id))
 
 
@@ -80,7 +86,7 @@ def pause(ctx: Context, run_id: str, by: str, reason: str) -> None:
 @pass_ctx
 def resume(ctx: Context, run_id: str, by: str, reason: str) -> None:
     """Resume a paused run."""
-    operate(lambda: ctx.app.resume(run_id, by=by, reason=reason))
+    operate(ctx, "resume", run_id, by, reason, lambda: ctx.app.resume(run_id, by=by, reason=reason))
     click.echo(done_message("resume", run_id))
 
 
@@ -90,9 +96,8 @@ def resume(ctx: Context, run_id: str, by: str, reason: str) -> None:
 @pass_ctx
 def cancel(ctx: Context, run_id: str, by: str, reason: str) -> None:
     """Cancel a run: no further step starts and whatever may have been done is undone."""
-    states: list[str] = []
-    operate(lambda: states.append(ctx.app.cancel(run_id, by=by, reason=reason)))
-    click.echo(done_message("cancel", run_id, state=states[0]))
+    state = operate(ctx, "cancel", run_id, by, reason, lambda: ctx.app.cancel(run_id, by=by, reason=reason))
+    click.echo(done_message("cancel", run_id, state=state))
 
 
 @click.command()
@@ -101,7 +106,7 @@ def cancel(ctx: Context, run_id: str, by: str, reason: str) -> None:
 @pass_ctx
 def compensate(ctx: Context, run_id: str, by: str, reason: str) -> None:
     """Undo a processing run, or a run in error, now."""
-    operate(lambda: ctx.app.compensate(run_id, by=by, reason=reason))
+    operate(ctx, "compensate", run_id, by, reason, lambda: ctx.app.compensate(run_id, by=by, reason=reason))
     click.echo(done_message("compensate", run_id))
 
 
@@ -114,9 +119,9 @@ def compensate(ctx: Context, run_id: str, by: str, reason: str) -> None:
 def rerun(ctx: Context, run_id: str, from_step: str, by: str, reason: str) -> None:
     """Start a run that has ended again, on the workflow deployed now, from a step: what that step
     waits for keeps its results; it and the rest run again. Prints the new run's id."""
-    started: list[str] = []
-    operate(lambda: started.append(ctx.app.rerun(run_id, from_step, by=by, reason=reason).id))
-    click.echo(done_message("rerun", run_id, new_run=started[0]))
+    started = operate(ctx, "rerun", run_id, by, reason,
+                      lambda: ctx.app.rerun(run_id, from_step, by=by, reason=reason), from_step)
+    click.echo(done_message("rerun", run_id, new_run=started.id))
 
 
 @click.command()

@@ -114,11 +114,13 @@ def flower(ctx: Context, host: str, port: int, basic_auth: str) -> None:
 @pass_ctx
 def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: str, threads: int,
               secret: str) -> None:
-    """Serve the dashboard and the Prometheus metrics (/metrics) of the state store. With
-    --basic-auth, runs waiting for an event can be approved or rejected from their page."""
+    """Serve the dashboard, the HTTP API (/api/v1, with tokens from sas token create) and the
+    Prometheus metrics (/metrics) of the state store. With --basic-auth, runs can be acted on from
+    their page."""
     from waitress import serve
 
-    from sas_app.web.dashboard import create_dashboard, parse_basic_auth
+    from sas_app.web.dashboard import parse_basic_auth
+    from sas_app.web.site import create_site
 
     try:
         credentials = parse_basic_auth(basic_auth)
@@ -127,8 +129,9 @@ def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: s
     problem = schema_problem(ctx.app.store.engine)
     if problem:
         fail(problem)
-    app = create_dashboard(ctx.app, basic_auth=credentials, flower_url=flower_url, secret=secret)
-    click.echo(f"sas dashboard on http://{host}:{port}/" + (" (basic auth)" if credentials else ""), err=True)
+    app = create_site(ctx.app, threads=threads, basic_auth=credentials, flower_url=flower_url, secret=secret)
+    click.echo(f"sas dashboard on http://{host}:{port}/" + (" (basic auth)" if credentials else "")
+               + f", its API on http://{host}:{port}/api/v1 (tokens: sas token create)", err=True)
     serve(app, host=host, port=port, threads=threads, ident="sas-dashboard")
 
 

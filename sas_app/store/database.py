@@ -17,6 +17,7 @@ from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from sas_app.messaging.routing import Notification
+from sas_app.store.audit import AuditQueries
 from sas_app.store.breakers import StoreState
 from sas_app.store.children import ChildTx
 from sas_app.store.compensation import CompensationTx
@@ -38,6 +39,7 @@ from sas_app.store.steps import StepTx
 from sas_app.store.submission import SubmissionTx
 from sas_app.store.sweep import SweepTx
 from sas_app.store.tables import outbox
+from sas_app.store.tokens import TokenQueries
 from sas_app.store.transitions import RUN_DONE_CHANNEL, TxBase
 from sas_app.store.waits import WaitTx
 
@@ -109,7 +111,7 @@ class Tx(TxBase):
         return RerunTx(self)
 
 
-class Store(Queries, Diagnosis, RetentionQueries):
+class Store(Queries, Diagnosis, RetentionQueries, TokenQueries, AuditQueries):
     """The durable truth: runs, steps and their history. ``clock`` (SQLite only) replaces the
     database's clock, for tests that move time forward instead of waiting."""
 

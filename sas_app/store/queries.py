@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, and_, func, or_, select
 
 from sas_app.store.connection import db_now
 from sas_app.store.rows import EventRow, RunRow, SignalRow, StepRow, as_row
@@ -53,11 +53,22 @@ class Queries:
             return [as_row(SignalRow, r) for r in rows]
 
     def list_runs(self, *, state: str | None = None, workflow: str | None = None, key: str | None = None,
-                  version: str | None = None, failure: str | None = None, limit: int = 50) -> list[RunRow]:
+                  version: str | None = None, failure: str | None = None, since: float | None = None,
+                  until: float | None = None, after: tuple[float, str] | None = None,
+                  limit: int = 50) -> list[RunRow]:
         """Newest first, filtered by state, workflow, the definition's version, a business-key
         prefix and words in the run's error (``failure``, any case); ``%`` and ``_`` in the last two
-        are characters, not wildcards."""
-        query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
+        are characters, not wildcards. ``since``/``until``: created in ``[since, until)``.
+        ``after``: the ``(created_at, id)`` of the last run of the page before (a keyset page:
+        runs submitted meanwhile neither shift nor repeat the pages that follow)."""
+        query = select(runs).order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+        if since is not None:
+            query = query.where(runs.c.created_at >= since)
+        if until is not None:
+            query = query.where(runs.c.created_at < until)
+        if after is not None:
+            query = query.where(or_(runs.c.created_at < after[0],
+                                    and_(runs.c.created_at == after[0], runs.c.id < after[1])))
         if state is not None:
             query = query.where(runs.c.process_state == state)
         if workflow is not None:
@@ -65,9 +76,9 @@ class Queries:
         if version is not None:
             query = query.where(runs.c.version == version)
         if key is not None:
-            query = query.where(runs.c.business_key.like(_literal(key) + "%", escape="\\"))
+            query = query.where(runs.c.business_key.like(like_literal(key) + "%", escape="\\"))
         if failure is not None:
-            query = query.where(runs.c.error.ilike("%" + _literal(failure) + "%", escape="\\"))
+            query = query.where(runs.c.error.ilike("%" + like_literal(failure) + "%", escape="\\"))
         with self.engine.connect() as conn:
             return [as_row(RunRow, r) for r in conn.execute(query)]
 
@@ -97,6 +108,6 @@ class Queries:
             return int(conn.execute(query).scalar_one())
 
 
-def _literal(text: str) -> str:
+def like_literal(text: str) -> str:
     """``text`` for a LIKE pattern, its ``%`` and ``_`` escaped."""
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

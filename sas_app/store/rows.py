@@ -188,6 +188,42 @@ def field_names(kind: type) -> tuple[str, ...]:
     return names
 
 
+@dataclass(frozen=True)
+class TokenRow:
+    """An API token as the store holds it: never its secret, only the secret's SHA-256."""
+
+    id: str
+    name: str
+    role: str
+    secret_sha256: str
+    created_by: str
+    created_at: float
+    expires_at: float
+    revoked_by: str | None
+    revoked_at: float | None
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One action in the audit trail: who (``actor``, ``role``, ``via``, ``origin``), what
+    (``action`` on ``run_id`` and ``target``, with ``reason``), when, and whether it was ``done``
+    or ``refused`` (``refusal`` says why)."""
+
+    id: int
+    at: float
+    actor: str
+    role: str
+    via: str
+    origin: str
+    action: str
+    run_id: str | None
+    target: str | None
+    reason: str
+    outcome: str
+    refusal: str | None
+    batch: str | None
+
+
 def as_row(kind: type[T], row: Row[Any] | Mapping[str, Any]) -> T:
     """The dataclass ``kind`` made from a result row (or a row as a dict) holding (at least) its fields."""
     mapping = row._mapping if isinstance(row, Row) else row

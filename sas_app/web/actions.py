@@ -18,8 +18,10 @@ from flask import Blueprint, abort, flash, redirect, render_template, request
 from werkzeug.datastructures import MultiDict
 
 from sas_app.errors import SasError, UnknownRun
+from sas_app.interfaces.access import Actor
+from sas_app.interfaces.audit import new_batch
 from sas_app.interfaces.operations import done_message
-from sas_app.states import RunState
+from sas_app.states import Role, RunState
 from sas_app.web.run_filter import RunFilter
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ def actions(sas: SasApp) -> Blueprint:
         if action not in ACTIONS:
             abort(400, f"action must be one of {', '.join(ACTIONS)}, got {action!r}")
         try:
-            said = perform(sas, run_id, action, request.form, user())
+            said = perform(sas, run_id, action, request.form, dashboard_actor())
         except UnknownRun:
             abort(404, f"no run with id {run_id!r}")
         except SasError as exc:
@@ -73,9 +75,10 @@ def actions(sas: SasApp) -> Blueprint:
         if not ids or len(ids) > BULK_LIMIT:
             abort(400, f"a bulk {action} takes 1 to {BULK_LIMIT} runs, got {len(ids)}")
         done, refused = [], []
+        batch, who = new_batch(), dashboard_actor()
         for run_id in ids:  # each its own transaction: one refused or failing leaves the others done
             try:
-                done.append(perform(sas, run_id, action, request.form, user()))
+                done.append(perform(sas, run_id, action, request.form, who, batch))
             except SasError as exc:
                 refused.append((run_id, str(exc)))
             except Exception as exc:
@@ -87,10 +90,17 @@ def actions(sas: SasApp) -> Blueprint:
     return bp
 
 
-def perform(sas: SasApp, run_id: str, action: str, form: MultiDict[str, str], by: str) -> str:
-    """Do ``action`` to one run as ``by``; what the CLI would say once it has."""
+def perform(sas: SasApp, run_id: str, action: str, form: MultiDict[str, str], who: Actor,
+            batch: str | None = None) -> str:
+    """Do ``action`` to one run as ``who``, in the audit trail; what the CLI would say once it has."""
     reason = form.get("reason", "").strip()
     step = form.get("step", "").strip() or None
+    with sas.audit.acting(who, action, run_id=run_id, target=step, reason=reason, batch=batch):
+        return _perform(sas, run_id, action, form, who.name, reason, step)
+
+
+def _perform(sas: SasApp, run_id: str, action: str, form: MultiDict[str, str], by: str, reason: str,
+             step: str | None) -> str:
     if action == "resubmit":
         sas.resubmit(run_id, by=by, reason=reason, step=step, step_input=json_field(form, "input"))
     elif action == "mark_done":
@@ -128,3 +138,8 @@ def json_field(form: MultiDict[str, str], name: str) -> Any:
 def user() -> str:
     """The user the dashboard's basic auth let in (it refuses any form without one)."""
     return str(request.authorization.username if request.authorization else "")
+
+
+def dashboard_actor() -> Actor:
+    """Who acts from the dashboard: its basic-auth user, from the request's address."""
+    return Actor(user(), Role.OPERATOR, "dashboard", request.remote_addr or "")

@@ -31,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sas_app.errors import SasError, UnknownRun
 from sas_app.states import RUN_STATES, TERMINAL_RUN_STATES, RunState, StepState
 from sas_app.store.observe import Observer
-from sas_app.web.actions import actions, user
+from sas_app.web.actions import actions, dashboard_actor
 from sas_app.web.formatting import STATE_COLOURS, detail_text, when
 from sas_app.web.metrics import MARGIN, registry_for
 from sas_app.web.run_filter import RunFilter
@@ -131,10 +131,11 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         decision = request.form.get("decision")
         if decision not in ("approve", "reject"):
             abort(400, f"decision must be approve or reject, got {decision!r}")
-        by = user()
+        who = dashboard_actor()
+        by, event = who.name, request.form.get("event", "")
         try:
-            receipt = sas.signal(run_id, request.form.get("event", ""), {"approved": decision == "approve", "by": by},
-                                 by=by)
+            with sas.audit.acting(who, "signal", run_id=run_id, target=f"{event}: {decision}"):
+                receipt = sas.signal(run_id, event, {"approved": decision == "approve", "by": by}, by=by)
         except UnknownRun:
             abort(404, f"no run with id {run_id!r}")
         except SasError as exc:

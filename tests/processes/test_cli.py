@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
@@ -97,6 +98,42 @@ def test_operator_commands_act_and_record_who_and_why(sas_cli):
     ]:
         result = sas_cli(*args, ok=False)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+    trail = json.loads(sas_cli("audit", "--json", "--limit", "20").stdout)[::-1]
+    user = os.environ.get("USER") or "operator"
+    refused = [("resubmit", run_id), ("compensate", run_id), ("cancel", run_id), ("resubmit", "nope")]
+    assert [(r["actor"], r["via"], r["action"], r["run_id"], r["outcome"]) for r in trail] == [
+        ("ann", "cli", "pause", run_id, "done"), ("ann", "cli", "resume", run_id, "done"),
+        ("ann", "cli", "cancel", run_id, "done"), *[(user, "cli", action, run, "refused") for action, run in refused]]
+    assert trail[2]["reason"] == "duplicate order" and trail[3]["refusal"].endswith("it is cancelled, not error")
+    assert all(r["origin"].startswith(f"{getpass.getuser()}@") and r["role"] == "admin" for r in trail)
+    assert [r["action"] for r in json.loads(sas_cli("audit", "--json", "--outcome", "done").stdout)] == \
+        ["cancel", "resume", "pause"]
+
+
+def test_a_token_is_shown_once_kept_as_a_digest_listed_revoked_and_each_change_audited(sas_cli, tmp_path):
+    sas_cli("migrate")
+    made = sas_cli("token", "create", "--role", "operator", "--name", "billing", "--expires", "30d", "--by", "ann")
+    token = made.stdout.strip()
+    assert token.startswith("sas_") and "it is not shown again" in made.stderr
+    [listed] = json.loads(sas_cli("token", "list", "--json").stdout)
+    assert (listed["name"], listed["role"], listed["created_by"], listed["revoked_at"]) == \
+        ("billing", "operator", "ann", None)
+    assert round((listed["expires_at"] - listed["created_at"]) / 86400) == 30
+    assert token.split("_", 2)[2] not in (tmp_path / "home").joinpath("state.db").read_bytes().decode("latin-1")
+    for args, message in [(["token", "create", "--role", "root", "--name", "x"], "'root' is not one of"),
+                          (["token", "create", "--role", "viewer", "--name", "a b"], "a token's name is 1-100"),
+                          (["token", "create", "--role", "viewer", "--name", "x", "--expires", "900d"],
+                           "at most 730 days"),
+                          (["token", "revoke", "nobody"], "no token with id or live name 'nobody'")]:
+        result = sas_cli(*args, ok=False)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert f"token {listed['id']} (billing) revoked" in sas_cli("token", "revoke", "billing", "--by", "bo").stdout
+    assert "revoked already" in sas_cli("token", "revoke", listed["id"], ok=False).stderr
+    trail = json.loads(sas_cli("audit", "--json").stdout)[::-1]
+    assert [(r["actor"], r["action"], r["target"], r["outcome"]) for r in trail if r["outcome"] == "done"] == \
+        [("ann", "token_create", "billing", "done"), ("bo", "token_revoke", "billing", "done")]
+    assert token not in json.dumps(trail)
 
 
 PASSWORD = "s3cret-Pw"
