@@ -85,7 +85,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 @pass_ctx
 def flower(ctx: Context, host: str, port: int, basic_auth: str) -> None:
     """Serve Flower for this app: its broker, its task names, its workers' task events (SAS_TASK_EVENTS)."""
-    from sas_app.web.dashboard import parse_basic_auth
+    from sas_app.web.people import parse_basic_auth
 
     try:
         parse_basic_auth(basic_auth)
@@ -108,28 +108,41 @@ def flower(ctx: Context, host: str, port: int, basic_auth: str) -> None:
               help="user:password[,user:password...], as Flower's (env FLOWER_BASIC_AUTH). Default: no auth.")
 @click.option("--flower-url", envvar="SAS_FLOWER_URL", default="",
               help="Flower's address, for links to each dispatch's task (env SAS_FLOWER_URL).")
+@click.option("--roles", envvar="SAS_DASHBOARD_ROLES", default="",
+              help="user=role[,user=role...] (env SAS_DASHBOARD_ROLES): viewer, approver, operator or admin; "
+                   "a user not named is a viewer. Default: everyone let in is an operator.")
+@click.option("--user-header", envvar="SAS_DASHBOARD_USER_HEADER", default="",
+              help="Take the user from this header a reverse proxy sets (e.g. X-Forwarded-User), instead of "
+                   "basic auth: only where nothing but the proxy reaches the dashboard.")
 @click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--secret", envvar="SAS_DASHBOARD_SECRET", default="",
               help="Signs the forms' CSRF tokens (env SAS_DASHBOARD_SECRET; default: random per process).")
 @pass_ctx
-def dashboard(ctx: Context, host: str, port: int, basic_auth: str, flower_url: str, threads: int,
-              secret: str) -> None:
+def dashboard(ctx: Context, host: str, port: int, basic_auth: str, roles: str, user_header: str, flower_url: str,
+              threads: int, secret: str) -> None:
     """Serve the dashboard, the HTTP API (/api/v1, with tokens from sas token create) and the
     Prometheus metrics (/metrics) of the state store. With --basic-auth, runs can be acted on from
     their page."""
     from waitress import serve
 
-    from sas_app.web.dashboard import parse_basic_auth
+    from sas_app.web.people import parse_basic_auth, parse_roles
     from sas_app.web.site import create_site
 
     try:
         credentials = parse_basic_auth(basic_auth)
     except ValueError as exc:
         fail(f"--basic-auth: {exc}")
+    try:
+        who = parse_roles(roles)
+    except ValueError as exc:
+        fail(f"--roles: {exc}")
+    if credentials and user_header:
+        fail("give --basic-auth or --user-header, not both: the dashboard knows people one way")
     problem = schema_problem(ctx.app.store.engine)
     if problem:
         fail(problem)
-    app = create_site(ctx.app, threads=threads, basic_auth=credentials, flower_url=flower_url, secret=secret)
+    app = create_site(ctx.app, threads=threads, basic_auth=credentials, roles=who, user_header=user_header.strip(),
+                      flower_url=flower_url, secret=secret)
     click.echo(f"sas dashboard on http://{host}:{port}/" + (" (basic auth)" if credentials else "")
                + f", its API on http://{host}:{port}/api/v1 (tokens: sas token create)", err=True)
     serve(app, host=host, port=port, threads=threads, ident="sas-dashboard")

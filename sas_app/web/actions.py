@@ -14,11 +14,11 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from flask import Blueprint, abort, flash, redirect, render_template, request
+from flask import Blueprint, Response, abort, flash, g, redirect, render_template, request
 from werkzeug.datastructures import MultiDict
 
-from sas_app.errors import SasError, UnknownRun
-from sas_app.interfaces.access import Actor
+from sas_app.errors import NotAllowed, SasError, UnknownRun
+from sas_app.interfaces.access import Actor, require
 from sas_app.interfaces.audit import new_batch
 from sas_app.interfaces.operations import done_message
 from sas_app.states import Role, RunState
@@ -51,6 +51,8 @@ def actions(sas: SasApp) -> Blueprint:
             said = perform(sas, run_id, action, request.form, dashboard_actor())
         except UnknownRun:
             abort(404, f"no run with id {run_id!r}")
+        except NotAllowed as exc:
+            return render_template("refused.html", message=str(exc), back=f"/runs/{run_id}"), 403
         except SasError as exc:
             return render_template("refused.html", message=str(exc), back=f"/runs/{run_id}"), 409
         flash(said)
@@ -58,6 +60,7 @@ def actions(sas: SasApp) -> Blueprint:
 
     @bp.get("/runs/bulk")
     def confirm_bulk() -> Any:
+        operator_only()
         action = bulk_action(request.args)
         chosen = RunFilter.of(request.args)
         selected = chosen.runs(sas.store, BULK_LIMIT + 1)
@@ -70,6 +73,7 @@ def actions(sas: SasApp) -> Blueprint:
 
     @bp.post("/runs/bulk")
     def bulk() -> Any:
+        operator_only()
         action = bulk_action(request.form)
         ids = request.form.getlist("run")
         if not ids or len(ids) > BULK_LIMIT:
@@ -96,6 +100,7 @@ def perform(sas: SasApp, run_id: str, action: str, form: MultiDict[str, str], wh
     reason = form.get("reason", "").strip()
     step = form.get("step", "").strip() or None
     with sas.audit.acting(who, action, run_id=run_id, target=step, reason=reason, batch=batch):
+        require(who, Role.OPERATOR, "acting on runs")
         return _perform(sas, run_id, action, form, who.name, reason, step)
 
 
@@ -135,11 +140,13 @@ def json_field(form: MultiDict[str, str], name: str) -> Any:
         abort(400, f"{name} is not valid JSON: {exc}")
 
 
-def user() -> str:
-    """The user the dashboard's basic auth let in (it refuses any form without one)."""
-    return str(request.authorization.username if request.authorization else "")
-
-
 def dashboard_actor() -> Actor:
-    """Who acts from the dashboard: its basic-auth user, from the request's address."""
-    return Actor(user(), Role.OPERATOR, "dashboard", request.remote_addr or "")
+    """Who acts from the dashboard (:mod:`sas_app.web.people`), from the request's address."""
+    return Actor(g.person.name, g.person.role, "dashboard", request.remote_addr or "")
+
+
+def operator_only() -> None:
+    """403 (a page saying why) unless the person is an operator or above."""
+    if not g.person.may(Role.OPERATOR):
+        abort(Response(render_template("refused.html", message=f"{g.person.name} is {g.person.role}: acting on runs "
+                                       "needs the operator role or above", back="/runs"), 403))

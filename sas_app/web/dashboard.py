@@ -7,33 +7,37 @@ and links to each dispatch's task in Flower, the alerts, the Supervisors' heartb
 Prometheus metrics at ``/metrics``, and the runs waiting in the store. Server-rendered HTML and
 inline SVG: no build step, no script.
 
-With basic-auth credentials (the same ``user:password`` list as Flower's ``--basic-auth`` /
-``FLOWER_BASIC_AUTH``) every page but ``/healthz`` asks for them, and a run waiting for an event
-can be approved or rejected from its page (the signal's payload ``{"approved": …, "by": <user>}``);
-an operator can resubmit, mark done, pause, resume, cancel and compensate a run, and resubmit or
-cancel every run a filter selects (:mod:`sas_app.web.actions`); without credentials the dashboard
-only reads. Those forms carry a CSRF token (Flask-WTF), signed with ``secret``
+Who uses it and with which role is :mod:`sas_app.web.people`'s: with basic-auth credentials
+(the same ``user:password`` list as Flower's ``--basic-auth`` / ``FLOWER_BASIC_AUTH``) or a
+reverse proxy's user header, every page but ``/healthz`` asks who you are. An approver approves or
+rejects a run waiting for an event from its page (the signal's payload ``{"approved": …, "by":
+<user>}``); an operator also resubmits, marks done, pauses, resumes, cancels, compensates and
+reruns a run, or every run a filter selects (:mod:`sas_app.web.actions`), and reads the audit
+trail; a viewer sees no button. Without credentials the dashboard only reads. Every action is in the
+audit trail; the forms carry a CSRF token (Flask-WTF), signed with ``secret``
 (``SAS_DASHBOARD_SECRET``; left out, a random one per process, so a form outlives neither a
 restart nor a hop to another dashboard process).
 """
 
 from __future__ import annotations
 
-import hmac
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, abort, flash, get_flashed_messages, redirect, render_template, request
+from flask import Flask, Response, abort, flash, g, get_flashed_messages, redirect, render_template, request
 from flask_wtf.csrf import CSRFProtect, generate_csrf  # type: ignore[import-untyped]
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sas_app.errors import SasError, UnknownRun
-from sas_app.states import RUN_STATES, TERMINAL_RUN_STATES, RunState, StepState
+from sas_app.errors import NotAllowed, SasError, UnknownRun
+from sas_app.interfaces.access import require
+from sas_app.states import RUN_STATES, TERMINAL_RUN_STATES, Role, RunState, StepState
 from sas_app.store.observe import Observer
 from sas_app.web.actions import actions, dashboard_actor
+from sas_app.web.audit_page import audit_page
 from sas_app.web.formatting import STATE_COLOURS, detail_text, when
 from sas_app.web.metrics import MARGIN, registry_for
+from sas_app.web.people import People
 from sas_app.web.run_filter import RunFilter
 from sas_app.web.timeline import chart, timeline
 from sas_app.web.workflows import workflow_pages
@@ -42,40 +46,31 @@ if TYPE_CHECKING:
     from sas_app.app import SasApp
 
 
-def parse_basic_auth(spec: str) -> list[tuple[str, str]]:
-    """``"user:password[,user:password…]"``, as Flower's ``--basic-auth`` takes it."""
-    pairs = []
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        user, sep, password = item.partition(":")
-        if not sep or not user or not password:
-            raise ValueError("basic auth must be user:password[,user:password...]")
-        pairs.append((user, password))
-    return pairs
-
-
-def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (), flower_url: str = "",
-                     metrics_margin: float = MARGIN, secret: str = "") -> Flask:
+def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
+                     roles: Mapping[str, Role] | None = None, user_header: str = "", flower_url: str = "",
+                     metrics_margin: float = MARGIN,
+                     secret: str = "") -> Flask:
     """The dashboard's WSGI application for ``sas`` (served by ``sas dashboard`` with waitress).
-    ``metrics_margin``: see :data:`sas_app.web.metrics.MARGIN`."""
+    Who may do what: see :mod:`sas_app.web.people`. ``metrics_margin``: see :data:`sas_app.web.metrics.MARGIN`."""
     app = Flask(__name__)
     app.config["SECRET_KEY"] = secret or os.urandom(32)
     observer = Observer(sas.store)
     registry = registry_for(sas, metrics_margin)
     flower = flower_url.rstrip("/")
+    people = People(basic_auth, roles or {}, user_header)
 
     @app.before_request
     def authenticate() -> Response | None:
-        if not basic_auth and request.method == "POST":
-            return Response("acting from the dashboard needs its basic auth (sas dashboard --basic-auth)\n", 403)
-        if not basic_auth or request.path == "/healthz":
+        if request.path == "/healthz":
             return None
-        given = request.authorization
-        if given is not None and given.type == "basic" and any(
-            hmac.compare_digest(str(given.username), user) and hmac.compare_digest(str(given.password), password)
-            for user, password in basic_auth
-        ):
-            return None
-        return Response("credentials required\n", 401, {"WWW-Authenticate": 'Basic realm="sas dashboard"'})
+        who = people.identify(request)
+        if isinstance(who, Response):
+            return who
+        g.person = who
+        if request.method == "POST" and not people.known:
+            return Response("acting from the dashboard needs its basic auth (sas dashboard --basic-auth) "
+                            "or a proxy's user header (--user-header)\n", 403)
+        return None
 
     CSRFProtect(app)  # after the credentials are checked: a stranger is asked for them, not for a token
 
@@ -89,7 +84,8 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
     @app.context_processor
     def helpers() -> dict[str, Any]:
         return {"when": when, "detail_text": detail_text, "colours": STATE_COLOURS, "flower": flower,
-                "states": RUN_STATES, "csrf_token": generate_csrf, "can_act": bool(basic_auth)}
+                "states": RUN_STATES, "csrf_token": generate_csrf, "person": g.person, "known": people.known,
+                "can_approve": g.person.may(Role.APPROVER), "can_act": g.person.may(Role.OPERATOR)}
 
     @app.get("/")
     def overview() -> str:
@@ -135,9 +131,12 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         by, event = who.name, request.form.get("event", "")
         try:
             with sas.audit.acting(who, "signal", run_id=run_id, target=f"{event}: {decision}"):
+                require(who, Role.APPROVER, "answering a wait")
                 receipt = sas.signal(run_id, event, {"approved": decision == "approve", "by": by}, by=by)
         except UnknownRun:
             abort(404, f"no run with id {run_id!r}")
+        except NotAllowed as exc:
+            return render_template("refused.html", message=str(exc), back=f"/runs/{run_id}"), 403
         except SasError as exc:
             abort(409, str(exc))
         flash(f"signal {decision}d: {receipt.status}")  # in the session, not the URL: no link can fake it
@@ -145,6 +144,7 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
 
     app.register_blueprint(actions(sas))
     app.register_blueprint(workflow_pages(sas))
+    app.register_blueprint(audit_page(sas))
 
     @app.get("/alerts")
     def alert_list() -> str:

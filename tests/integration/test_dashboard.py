@@ -299,3 +299,41 @@ def test_an_operator_reruns_the_failed_runs_of_a_filter_once_the_fix_is_deployed
     wait_for(lambda: "Rerun: 0 done, 3 refused" in browser.page_source, 10, "the refusals")
     assert "was rerun already, as run" in browser.find_element(By.ID, "refused").text
     assert len(app.store.list_runs(workflow="fixable")) == 6
+
+
+def test_a_viewer_finds_no_action_and_an_approver_approves_but_cannot_cancel(stack, shop, browser):
+    """Three people on one dashboard (--roles): what each finds on a held order's page."""
+    stack.up()
+    held = shop.submit("held_order", {"amount": 900}, business_key="held-roles")
+    wait_for(lambda: any(s.name == "manager_review" and s.state == "pending" for s in held.status().steps), 30,
+             "the held order to wait for its review")
+    port = free_port()
+    stack.start("dashboard", [SAS, "dashboard", "--port", str(port), "--basic-auth", "vic:v-pw,amy:a-pw,oli:o-pw",
+                              "--roles", "amy=approver,oli=operator"],
+                ready=Ready(url=f"http://127.0.0.1:{port}/healthz"))
+    base = f"http://127.0.0.1:{port}"
+
+    log_in(browser, b"vic:v-pw")
+    browser.get(f"{base}/runs/{held.id}")
+    assert browser.find_elements(By.TAG_NAME, "form") == [] and browser.find_elements(By.TAG_NAME, "button") == []
+    assert "vic is viewer" in browser.find_element(By.ID, "act-hint").text
+    assert browser.find_elements(By.LINK_TEXT, "audit") == []
+    browser.get(f"{base}/runs")
+    assert browser.find_elements(By.ID, "bulk") == [], "no bulk action for a viewer"
+
+    log_in(browser, b"amy:a-pw")
+    browser.get(f"{base}/runs/{held.id}")
+    assert browser.find_elements(By.CSS_SELECTOR, "form.act") == [], "no cancel, pause or compensate"
+    assert browser.find_element(By.ID, "who").text == "amy (approver)"
+    browser.find_element(By.CSS_SELECTOR, 'form.signal button[value="approve"]').click()
+    wait_for(lambda: browser.find_elements(By.ID, "done"), 10, "the approval's notice")
+    assert held.wait(60).process_state == "processed"
+    [signal] = shop.store.signals_of(held.id)
+    assert (signal.sent_by, signal.payload) == ("amy", {"approved": True, "by": "amy"})
+
+    log_in(browser, b"oli:o-pw")
+    browser.get(f"{base}/runs")
+    browser.find_element(By.LINK_TEXT, "audit").click()
+    wait_for(lambda: browser.find_elements(By.ID, "audit"), 10, "the audit page")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#audit tr[data-outcome]")
+    assert len(rows) == 1 and "amy (approver)" in rows[0].text and "signal" in rows[0].text

@@ -12,7 +12,8 @@ from sqlalchemy import update
 
 from sas_app import WaitFor, Workflow
 from sas_app.store.tables import runs
-from sas_app.web.dashboard import create_dashboard, parse_basic_auth
+from sas_app.web.dashboard import create_dashboard
+from sas_app.web.people import parse_basic_auth
 from tests.support import sweep_after_expiry
 
 

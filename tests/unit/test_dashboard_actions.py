@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from sas_app.web.dashboard import create_dashboard, parse_basic_auth
+from sas_app.web.dashboard import create_dashboard
+from sas_app.web.people import parse_basic_auth, parse_roles
 
 OPS = {"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}
 
@@ -166,3 +167,56 @@ def test_bulk_cancel_counts_only_the_runs_it_may_cancel(sas, pump, web):
     assert [h.status().process_state for h in (*waiting, done)] == ["cancelled", "cancelled", "error"]
     assert web.get("/runs/bulk?action=delete", headers=OPS).status_code == 400
     assert web.post("/runs/bulk", headers=OPS, data={"action": "cancel", "csrf_token": csrf}).status_code == 400
+
+
+def basic(user):
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:pw-{user}".encode()).decode()}
+
+
+@pytest.fixture
+def by_role(sas):
+    """A dashboard with a viewer, an approver and an operator (``--roles``)."""
+    return create_dashboard(sas, basic_auth=parse_basic_auth("vic:pw-vic,amy:pw-amy,oli:pw-oli"),
+                            roles=parse_roles("amy=approver,oli=operator"), metrics_margin=0.0).test_client()
+
+
+def form_token(web, path, headers):
+    return re.search(r'name="csrf_token" value="([^"]+)"', web.get(path, headers=headers).get_data(as_text=True)
+                     ).group(1)
+
+
+def test_each_role_sees_and_may_do_only_what_it_is_allowed_and_refusals_are_audited(sas, pump, by_role):
+    handle = sas.submit("claim", {}, business_key="claim-r")
+    pump.run()
+    viewer_page = by_role.get(f"/runs/{handle.id}", headers=basic("vic")).get_data(as_text=True)
+    assert "<form" not in viewer_page and "vic is viewer: approving needs the approver role" in viewer_page
+    assert "vic is viewer: acting on runs needs the operator role" in viewer_page
+    approver_page = by_role.get(f"/runs/{handle.id}", headers=basic("amy")).get_data(as_text=True)
+    assert 'value="approve"' in approver_page and 'data-action="cancel"' not in approver_page
+
+    refused = by_role.post(f"/runs/{handle.id}/act", headers=basic("amy"),
+                           data={"action": "cancel", "csrf_token": form_token(by_role, f"/runs/{handle.id}",
+                                                                              basic("amy"))})
+    assert refused.status_code == 403 and "amy is approver" in refused.get_data(as_text=True)
+    assert by_role.get("/audit", headers=basic("amy")).status_code == 403
+    assert by_role.get("/runs/bulk?action=cancel", headers=basic("vic")).status_code == 403
+    approved = by_role.post(f"/runs/{handle.id}/signal", headers=basic("amy"),
+                            data={"decision": "approve", "event": "approval",
+                                  "csrf_token": form_token(by_role, f"/runs/{handle.id}", basic("amy"))})
+    assert approved.status_code == 303
+    pump.run()
+    assert handle.status().process_state == "processed" and handle.status().run.cancelled_by is None
+    trail = [(r.actor, r.role, r.via, r.action, r.outcome) for r in reversed(sas.store.audit_rows())]
+    assert trail == [("amy", "approver", "dashboard", "cancel", "refused"),
+                     ("amy", "approver", "dashboard", "signal", "done")]
+    page = by_role.get("/audit", headers=basic("oli")).get_data(as_text=True)
+    assert page.count('data-outcome="refused"') == 1 and "amy (approver)" in page
+
+
+def test_behind_a_proxy_the_user_comes_from_its_header(sas):
+    web = create_dashboard(sas, user_header="X-Forwarded-User", roles=parse_roles("oli=operator")).test_client()
+    assert web.get("/runs").status_code == 401
+    assert "oli (operator)" in web.get("/runs", headers={"X-Forwarded-User": "oli"}).get_data(as_text=True)
+    assert "eve (viewer)" in web.get("/runs", headers={"X-Forwarded-User": "eve"}).get_data(as_text=True)
+    with pytest.raises(ValueError, match="with a role of viewer, approver, operator, admin"):
+        parse_roles("oli=root")

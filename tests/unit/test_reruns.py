@@ -28,7 +28,8 @@ from sas_app import (
 )
 from sas_app.cli.main import main
 from sas_app.testing import Environment
-from sas_app.web.dashboard import create_dashboard, parse_basic_auth
+from sas_app.web.dashboard import create_dashboard
+from sas_app.web.people import parse_basic_auth
 from tests.support import FakeClock
 
 pytestmark = pytest.mark.both_stores
