@@ -104,9 +104,10 @@ def audit(ctx: Context, actor: str | None, action: str | None, run_id: str | Non
     except ValueError as exc:
         fail(str(exc))
     if older is not None:
-        deleted = total = 0
-        while deleted := store.purge_audit(older, 10_000):
-            total += deleted
+        total = 0
+        with ctx.app.audit.acting(Actor.cli(), "audit_purge", target=f"older than {purge}"):
+            while deleted := store.purge_audit(older, 10_000):
+                total += deleted
         click.echo(f"deleted {total} row(s) of the audit trail older than {purge}")
         return
     rows = store.audit_rows(actor=actor, action=action, run_id=run_id, outcome=outcome, via=via,

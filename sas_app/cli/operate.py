@@ -146,7 +146,8 @@ def purge(ctx: Context, older_than: str, states: str, batch: int, dry_run: bool)
         click.echo(f"would delete {ctx.app.store.count_purgeable(seconds, chosen)} run(s) "
                    f"({', '.join(chosen)}, ended more than {older_than} ago)")
         return
-    done = purge_runs(ctx.app.store, seconds, chosen, batch=batch)
+    with ctx.app.audit.acting(Actor.cli(), "purge", target=f"{','.join(chosen)} older than {older_than}"):
+        done = purge_runs(ctx.app.store, seconds, chosen, batch=batch)
     rate = done.runs / done.seconds if done.seconds else 0.0
     click.echo(f"deleted {done.runs} run(s) and {done.rows} row(s) in all, in {done.seconds:.1f} s "
                f"({rate:.0f} runs/s)")

@@ -125,6 +125,7 @@ def dashboard(ctx: Context, host: str, port: int, basic_auth: str, roles: str, u
     their page."""
     from waitress import serve
 
+    from sas_app.web.api import max_body
     from sas_app.web.people import parse_basic_auth, parse_roles
     from sas_app.web.site import create_site
 
@@ -145,7 +146,9 @@ def dashboard(ctx: Context, host: str, port: int, basic_auth: str, roles: str, u
                       flower_url=flower_url, secret=secret)
     click.echo(f"sas dashboard on http://{host}:{port}/" + (" (basic auth)" if credentials else "")
                + f", its API on http://{host}:{port}/api/v1 (tokens: sas token create)", err=True)
-    serve(app, host=host, port=port, threads=threads, ident="sas-dashboard")
+    # waitress reads a body before the API has seen the token: no more than the API would take
+    serve(app, host=host, port=port, threads=threads, ident="sas-dashboard",
+          max_request_body_size=max_body(ctx.app.settings))
 
 
 COMMANDS = [migrate, worker, beat, flower, dashboard]

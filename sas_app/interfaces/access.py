@@ -106,7 +106,7 @@ class Tokens:
             raise NotAllowed("unknown token", 401)
         row, now = known
         if row.revoked_at is not None:
-            raise NotAllowed(f"token {row.name!r} was revoked by {row.revoked_by}", 401)
+            raise NotAllowed(f"token {row.name!r} was revoked", 401)
         if row.expires_at <= now:
             raise NotAllowed(f"token {row.name!r} has expired", 401)
         return row

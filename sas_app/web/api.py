@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from flask import Response, g, request
@@ -34,12 +35,15 @@ from sas_app.errors import (
     InvalidSubmission,
     NotAllowed,
     SasError,
+    SchemaNotReady,
+    TransientError,
     UnknownRun,
     UnknownWorkflow,
 )
 from sas_app.interfaces.access import Actor, looks_like_token, require
 from sas_app.interfaces.audit import Entry, new_batch
 from sas_app.interfaces.operations import done_message
+from sas_app.settings import Settings
 from sas_app.states import RUN_STATES, TERMINAL_RUN_STATES, Role
 from sas_app.store.observe import Observer
 from sas_app.web import api_models as m
@@ -51,12 +55,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+class MissingField(InvalidOperation):
+    """An action asked without a field it needs (which step to mark done)."""
+
 PREFIX = "/api/v1"
 PROBLEM = "application/problem+json"
 #: the status each refusal answers with
 STATUS: tuple[tuple[type[SasError], int], ...] = (
     (UnknownRun, 404), (DuplicateBusinessKey, 409), (UnknownWorkflow, 422), (InvalidSubmission, 422),
-    (InvalidSignal, 422), (InvalidOperation, 409),
+    (InvalidSignal, 422), (MissingField, 422), (InvalidOperation, 409), (SchemaNotReady, 503),
+    (TransientError, 503),
 )
 #: the actions on a run, by their path: the role each needs is operator
 ACTIONS = ("cancel", "compensate", "pause", "resume", "resubmit", "mark-done", "rerun")
@@ -65,6 +74,12 @@ _TOKEN_ARGS = {"token", "access_token", "api_key", "apikey"}
 _TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
            409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type", 422: "Unprocessable Content",
            500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def max_body(settings: Settings) -> int:
+    """The largest body a request may send: ten of the largest payloads the store takes (a batch of
+    many small runs fits; a larger batch is sent in parts), and 64 KiB for the rest."""
+    return settings.max_payload_bytes * 10 + 64 * 1024
 
 
 def problem(status: int, detail: str, errors: list[dict[str, Any]] | None = None,
@@ -82,40 +97,44 @@ def invalid(exc: ValidationError) -> Response:
 
 def create_api(sas: SasApp, *, waits: int = 2) -> OpenAPI:
     """The API's WSGI application for ``sas``; at most ``waits`` requests wait for a run at once
-    (each holds a server thread)."""
+    (each holds a server thread; 0: none may)."""
     api = OpenAPI(__name__, info=Info(title="sas_app", version="1"), validation_error_status=422,
                   validation_error_callback=invalid, doc_ui=False,
                   security_schemes={"token": {"type": "http", "scheme": "bearer"}})
-    # the largest payload the store takes, with room for the request's other fields
-    api.config["MAX_CONTENT_LENGTH"] = sas.settings.max_payload_bytes * m.MAX_BATCH // 50 + 64 * 1024
-    waiting = threading.BoundedSemaphore(max(1, waits))
+    api.config["MAX_CONTENT_LENGTH"] = max_body(sas.settings)
+    waiting = threading.BoundedSemaphore(waits) if waits > 0 else None
     observer = Observer(sas.store)
     security: list[dict[str, list[str]]] = [{"token": []}]
+    refusal = {"description": "refused: a problem in the CLI's words; nothing changed",
+               "content": {PROBLEM: {"schema": m.Problem.model_json_schema()}}}
     bp = APIBlueprint("v1", __name__, url_prefix=PREFIX, abp_security=security,
-                      abp_responses={"4XX": m.Problem})
+                      abp_responses={"4XX": refusal, 422: refusal, "5XX": refusal})
 
     @api.before_request
     def authenticate() -> Response | None:
-        if request.path == f"{PREFIX}/openapi.json":
-            return None
-        if any(name in _TOKEN_ARGS or looks_like_token(value) for name, value in request.args.items(multi=True)):
+        if looks_like_token(request.path) or looks_like_token(request.query_string.decode("latin-1")) or \
+                _TOKEN_ARGS & set(request.args):
             return problem(400, "a token goes in the Authorization header (Bearer), never in the URL: "
                                 "URLs end up in logs and browser histories")
+        if request.path == f"{PREFIX}/openapi.json":
+            return None
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return problem(401, "send an API token: Authorization: Bearer sas_... (sas token create)",
                            headers={"WWW-Authenticate": 'Bearer realm="sas"'})
         row = sas.tokens.verify(token)
-        g.actor = Actor(row.name, Role(row.role), "api", request.remote_addr or "")
+        g.actor = Actor(row.name, Role(row.role), "api", f"{request.remote_addr or ''} token {row.id}")
         if request.method == "POST":
             if not request.is_json:
                 got = request.mimetype or "nothing"
                 return problem(415, f"send JSON (Content-Type: application/json), got {got!r}")
             try:
-                json.loads(request.get_data(cache=True) or b"null")
-            except ValueError as exc:
-                return problem(400, f"the body is not valid JSON: {exc}")
+                body = json.loads(request.get_data(cache=True) or b"null")
+            except (ValueError, RecursionError) as exc:
+                return problem(400, f"the body is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}")
+            if not isinstance(body, dict):
+                return problem(422, f"the body must be a JSON object, got {type(body).__name__}")
         return None
 
     @api.errorhandler(SasError)
@@ -131,7 +150,8 @@ def create_api(sas: SasApp, *, waits: int = 2) -> OpenAPI:
         status = exc.code or 500
         if status == 413:
             return problem(413, f"the body is over {api.config['MAX_CONTENT_LENGTH']} bytes")
-        return problem(status, exc.description or _TITLES.get(status, "error"))
+        headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+        return problem(status, exc.description or _TITLES.get(status, "error"), headers=headers)
 
     @api.errorhandler(Exception)
     def failed(exc: Exception) -> Response:
@@ -176,7 +196,8 @@ def create_api(sas: SasApp, *, waits: int = 2) -> OpenAPI:
         batch = new_batch()
         with sas.audit.acting(who, "submit", target=f"a batch of {len(body.runs)}", batch=batch, only_refusal=True):
             require(who, Role.OPERATOR, "submitting runs")
-        results = sas.submit_many([item.model_dump() for item in body.runs])
+        with sas.audit.acting(who, "submit", target=f"a batch of {len(body.runs)}", batch=batch, only_refusal=True):
+            results = sas.submit_many([item.model_dump() for item in body.runs])
         outcomes, items = [], []
         for item, done in zip(body.runs, results, strict=True):
             run_id, error = (done.handle.id, None) if done.handle else (None, str(done.error))
@@ -194,9 +215,8 @@ def create_api(sas: SasApp, *, waits: int = 2) -> OpenAPI:
         if query.state is not None and query.state not in RUN_STATES:
             raise InvalidSubmission(f"unknown state {query.state!r}; one of {', '.join(RUN_STATES)}")
         rows = sas.store.list_runs(state=query.state, workflow=query.workflow, key=query.key, version=query.version,
-                                   failure=query.failure, since=query.since.timestamp() if query.since else None,
-                                   until=query.until.timestamp() if query.until else None, after=cursor(query.cursor),
-                                   limit=query.limit + 1)
+                                   failure=query.failure, since=epoch(query.since, "since"),
+                                   until=epoch(query.until, "until"), after=cursor(query.cursor), limit=query.limit + 1)
         page = rows[:query.limit]
         last = page[-1] if len(rows) > query.limit else None
         next_cursor = None if last is None else base64.urlsafe_b64encode(
@@ -215,7 +235,7 @@ def create_api(sas: SasApp, *, waits: int = 2) -> OpenAPI:
         actor(Role.VIEWER, "reading runs")
         view = sas.get_run(path.run_id)
         if not view.terminal:
-            if not waiting.acquire(blocking=False):
+            if waiting is None or not waiting.acquire(blocking=False):
                 return problem(503, "as many requests as this server allows are waiting for runs already; "
                                     "retry, or read the run (GET) instead", headers={"Retry-After": "1"})
             try:
@@ -253,11 +273,29 @@ def create_api(sas: SasApp, *, waits: int = 2) -> OpenAPI:
         with sas.audit.acting(who, "signal_with_start",
                               target=f"{body.workflow}:{body.business_key}:{body.event}") as entry:
             require(who, Role.OPERATOR, "starting a run")
-            handle = sas.submit(body.workflow, body.payload, business_key=body.business_key, priority=body.priority)
-            entry.run_id = handle.id
-            receipt = sas.signal(handle.id, body.event, body.signal, by=who.name)
+            workflow = sas.workflows.get(body.workflow)
+            if workflow is None:
+                raise UnknownWorkflow(f"unknown workflow {body.workflow!r}; registered: {sorted(sas.workflows)}")
+            events = sorted({s.event for s in workflow.specs if s.event is not None})
+            if body.event not in events:
+                raise InvalidSignal(f"workflow {body.workflow!r} waits for no event {body.event!r}; it waits for "
+                                    f"{', '.join(events) or 'none'}")
+            existing = sas.store.find_run(body.workflow, body.business_key)
+            started = existing is None
+            if existing is None:
+                try:  # another request may start it first: then it is signalled as found
+                    handle = sas.submit(body.workflow, body.payload, business_key=body.business_key,
+                                        priority=body.priority)
+                    started = handle.created
+                except DuplicateBusinessKey:
+                    existing = sas.store.find_run(body.workflow, body.business_key)
+                    if existing is None:
+                        raise
+            run_id = existing.id if existing is not None else handle.id
+            entry.run_id = run_id
+            receipt = sas.signal(run_id, body.event, body.signal, by=who.name)
         return answer(m.SignalReceipt(run_id=receipt.run_id, event=receipt.event, status=receipt.status,
-                                      started=handle.created), 201 if handle.created else 200)
+                                      started=started), 201 if started else 200)
 
     for name in ACTIONS:
         bp.post(f"/runs/<run_id>/{name}", tags=[act_tag], responses={200: m.Done},
@@ -292,11 +330,11 @@ def acting_on_runs(sas: SasApp, name: str, actor: Callable[[Role, str], Actor], 
                 sas.resubmit(run_id, by=who.name, reason=body.reason, step=step, step_input=body.input)
             elif action == "mark_done":
                 if step is None:
-                    raise InvalidOperation("say which step to mark done (step)")
+                    raise MissingField("say which step to mark done (step)")
                 sas.mark_done(run_id, step, by=who.name, reason=body.reason, result=body.result)
             elif action == "rerun":
                 if step is None:
-                    raise InvalidOperation("say which step to rerun from (step)")
+                    raise MissingField("say which step to rerun from (step)")
                 new_run = sas.rerun(run_id, step, by=who.name, reason=body.reason).id
             else:
                 getattr(sas, action)(run_id, by=who.name, reason=body.reason)
@@ -318,3 +356,13 @@ def cursor(text: str | None) -> tuple[float, str] | None:
         return float(created_at), str(run_id)
     except (ValueError, TypeError, binascii.Error):
         raise InvalidSubmission(f"cursor {text!r} is not one a page of runs gave") from None
+
+
+def epoch(moment: datetime | None, name: str) -> float | None:
+    """``moment`` in epoch seconds; :class:`InvalidSubmission` for one no clock can hold."""
+    if moment is None:
+        return None
+    try:
+        return moment.timestamp()
+    except (ValueError, OverflowError, OSError) as exc:
+        raise InvalidSubmission(f"{name}: {moment.isoformat()} is not a time the store can compare: {exc}") from None

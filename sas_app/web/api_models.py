@@ -3,10 +3,10 @@ type or an unknown field is refused, naming it) and the OpenAPI document is gene
 
 from __future__ import annotations
 
-from datetime import datetime
+import copy
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from sas_app.store import EventRow, RunRow, StepRow
 
@@ -21,14 +21,26 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_SCHEMAS: dict[type[BaseModel], dict[str, Any]] = {}
+
+
+class Query(Strict):
+    """A query string's model. flask-openapi3 asks for its JSON Schema on every request (to read
+    each field's type); it is made once here, and a copy handed out."""
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if args or kwargs:
+            return super().model_json_schema(*args, **kwargs)
+        if cls not in _SCHEMAS:
+            _SCHEMAS[cls] = super().model_json_schema()
+        return copy.deepcopy(_SCHEMAS[cls])
+
+
 # -- requests ---------------------------------------------------------------------------------------
 
 class RunPath(Strict):
-    run_id: str = Field(max_length=64, description="the run's id")
-
-
-class ActionPath(RunPath):
-    action: str = Field(description="cancel, compensate, pause, resume, resubmit, mark-done or rerun")
+    run_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="the run's id (32 hexadecimal digits)")
 
 
 class Submit(Strict):
@@ -43,23 +55,24 @@ class SubmitBatch(Strict):
     runs: list[Submit] = Field(min_length=1, max_length=MAX_BATCH)
 
 
-class RunQuery(Strict):
+class RunQuery(Query):
     state: str | None = None
     workflow: str | None = None
     version: str | None = None
     key: str | None = Field(default=None, description="a business-key prefix")
     failure: str | None = Field(default=None, description="words in the run's error")
-    since: datetime | None = Field(default=None, description="created at or after (ISO 8601 or epoch seconds)")
-    until: datetime | None = Field(default=None, description="created before")
+    since: AwareDatetime | None = Field(default=None, description="created at or after (ISO 8601 with its "
+                                                                  "zone, or epoch seconds)")
+    until: AwareDatetime | None = Field(default=None, description="created before")
     limit: int = Field(default=50, ge=1, le=MAX_PAGE)
     cursor: str | None = Field(default=None, max_length=200, description="the `next` of the page before")
 
 
-class WaitQuery(Strict):
+class WaitQuery(Query):
     timeout: float = Field(default=30.0, gt=0, le=MAX_WAIT, description="seconds to wait for the run to end")
 
 
-class AlertQuery(Strict):
+class AlertQuery(Query):
     current: bool | None = Field(default=None, description="true: runs that still need someone; false: the others")
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
 

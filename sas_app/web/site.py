@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 def create_site(sas: SasApp, *, threads: int = 4, **dashboard: Any) -> Any:
     """The WSGI application; ``dashboard``: :func:`create_dashboard`'s options. Half the server's
-    ``threads`` (at least one) may wait for runs to end at once (``GET /api/v1/runs/{id}/wait``)."""
-    api = create_api(sas, waits=max(1, threads // 2))
+    ``threads`` may wait for runs to end at once (``GET /api/v1/runs/{id}/wait``; none on a server
+    of one thread, which they would hold)."""
+    api = create_api(sas, waits=threads // 2)
     pages = create_dashboard(sas, **dashboard)
 
     def site(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
