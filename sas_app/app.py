@@ -40,6 +40,7 @@ from sas_app.interfaces.schedules import Overlap, Schedule, Schedules
 from sas_app.interfaces.signals import SignalReceipt, Signals
 from sas_app.messaging.celery_config import celery_settings, with_own
 from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, confirm_options
+from sas_app.messaging.signing import Gate
 from sas_app.settings import Settings, redact_url
 from sas_app.store import Store
 from sas_app.store.connection import Clock
@@ -96,12 +97,14 @@ class SasApp:
         self.supervisor = Supervisor(self.store, self.celery, self.settings, self.alerts, self.router,
                                      clock or time.monotonic)
         inline = self.scheduler if self.settings.inline_replies else None
-        self.client = Client(self.store, self.settings, self.router, self.workflows, inline, self.celery)
+        self.gate = Gate(self.settings.broker_trust, self.settings.broker_keys, self.settings.broker_signature_max_age)
+        self.client = Client(self.store, self.settings, self.router, self.workflows, inline, self.celery, self.gate)
         self.operator = Operator(self.store, self.settings, self.router, self.workflows)
         self.reruns = Reruns(self.client)
-        self.signals = Signals(self.store, self.settings, self.scheduler, self.celery)
+        self.signals = Signals(self.store, self.settings, self.scheduler, self.celery, self.gate)
         self.tokens = Tokens(self.store)
         self.audit = AuditTrail(self.store)
+        self.gate.on_refusal = self.audit.broker_refusal
         self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
         self.retention = Retention(self.store, self.settings, self.celery)
         self.doctor = Doctor(self.store, self.celery, self.settings, lambda: [a.queue for a in self.agents.values()])

@@ -135,6 +135,16 @@ class Settings:
     task_events: bool = True
     #: SAS_AGENT_CONCURRENCY — default worker concurrency for ``sas worker``. Default 4.
     agent_concurrency: int = 4
+    #: SAS_BROKER_TRUST — how the Scheduler takes ``sas.submit`` and ``sas.signal`` from the broker:
+    #: ``open`` (from anyone who can write to the broker), ``signed`` (only with a valid HMAC of a
+    #: key in SAS_BROKER_KEYS: see sas_app.messaging.signing) or ``closed`` (not at all). Default open.
+    broker_trust: str = "open"
+    #: SAS_BROKER_KEYS — ``<id>:<secret>[,<id>:<secret>...]``, secrets of at least 32 characters:
+    #: each verifies a signed message; the first signs. Default none.
+    broker_keys: str = ""
+    #: SAS_BROKER_SIGNATURE_MAX_AGE — seconds a signature stays good after it was made (and how far
+    #: ahead a sender's clock may be). Default 300.
+    broker_signature_max_age: float = 300.0
     #: SAS_READY_FILE — a file a worker (or beat) writes once it consumes, so that whatever started
     #: it (a process supervisor, the tests' and the demo's process harness) knows it is ready
     #: without reading its log. Default none.
@@ -146,9 +156,14 @@ class Settings:
         if not self.broker_url:
             object.__setattr__(self, "broker_url", "filesystem://")
         for name in ("supervisor_interval", "at_risk_interval", "pickup_timeout", "retry_backoff",
-                     "visibility_timeout", "clock_skew", "broker_consumer_timeout"):
+                     "visibility_timeout", "clock_skew", "broker_consumer_timeout", "broker_signature_max_age"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
+        if self.broker_trust not in ("open", "signed", "closed"):
+            raise ValueError(f"SAS_BROKER_TRUST must be open, signed or closed, got {self.broker_trust!r}")
+        if self.broker_trust == "signed" and not self.broker_keys.strip():
+            raise ValueError("SAS_BROKER_TRUST=signed needs SAS_BROKER_KEYS (<id>:<secret>, the secret at least "
+                             "32 characters)")
         for name in ("sweep_batch", "max_branches", "max_child_depth"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from sas_app.errors import SasError, one_line
 from sas_app.interfaces.access import Actor
+from sas_app.messaging.routing import SUBMIT
+from sas_app.states import Role
 from sas_app.store import Store
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,18 @@ class AuditTrail:
             raise
         if not only_refusal:
             self.record(entry, "done")
+
+    def broker_refusal(self, task: str, kwargs: Mapping[str, Any], key_id: str, reason: str) -> None:
+        """A ``sas.submit`` or ``sas.signal`` the broker's trust refused (:class:`~sas_app.messaging.signing.Gate`)."""
+        def text(name: str) -> str:
+            value = kwargs.get(name)
+            return value if isinstance(value, str) else ""
+
+        actor = Actor(key_id or "unsigned", Role.OPERATOR if key_id else Role.VIEWER, "broker", "the broker")
+        action = "submit" if task == SUBMIT else "signal"
+        run_id = text("run_id")
+        target = ":".join(filter(None, (text("workflow"), text("business_key"), text("event")))) or None
+        self.record(Entry(actor, action, run_id if len(run_id) == 32 else None, target), "refused", reason)
 
     def record(self, entry: Entry, outcome: str, refusal: str | None = None) -> None:
         self.record_many([(entry, outcome, refusal)])

@@ -26,6 +26,7 @@ from sas_app.errors import (
 )
 from sas_app.messaging.publishes import Publish
 from sas_app.messaging.routing import SUBMIT, Advance, Router, confirm_options
+from sas_app.messaging.signing import BadSignature, Gate
 from sas_app.settings import Settings
 from sas_app.states import TERMINAL_RUN_STATES, RunState
 from sas_app.store import EventRow, RunRow, StepRow, Store, Tx, stored_object
@@ -140,12 +141,14 @@ class Client:
     that have only the broker (:class:`sas_app.Producer`, or any Celery app's ``send_task``)."""
 
     def __init__(self, store: Store, settings: Settings, router: Router, workflows: Mapping[str, Workflow],
-                 scheduler: Scheduler | None = None, celery: Celery | None = None) -> None:
+                 scheduler: Scheduler | None = None, celery: Celery | None = None, gate: Gate | None = None) -> None:
         self.store = store
         self.settings = settings
         self.router = router
         self.workflows = workflows
         self.scheduler = scheduler
+        #: who may submit through the broker (SAS_BROKER_TRUST)
+        self.gate = gate or Gate("open", "", settings.broker_signature_max_age)
         if celery is not None:
             self._register_submit_task(celery)
 
@@ -153,15 +156,22 @@ class Client:
         @celery.task(name=SUBMIT, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True,
                      ignore_result=True, max_retries=None)
         def submit(task: Any, workflow: Any = None, payload: Any = None, business_key: Any = None,
-                   reply_to: Any = None, priority: Any = 5) -> dict[str, Any]:
-            """The same rules as :meth:`submit`; a refusal is logged and answered on ``reply_to``
-            (nothing written); a message delivered twice makes one run (its business key)."""
+                   reply_to: Any = None, priority: Any = 5, sas_signature: Any = None) -> dict[str, Any]:
+            """The same rules as :meth:`submit`, after the broker's trust (:class:`Gate`); a refusal
+            is logged and answered on ``reply_to`` (nothing written); a message delivered twice
+            makes one run (its business key)."""
+            kwargs = dict(task.request.kwargs or {})  # as sent: what the signature covers
             try:
+                self.gate.admit(SUBMIT, kwargs)
                 handle = self.submit(workflow, payload, business_key=business_key, reply_to=reply_to,
                                      priority=priority)
+            except BadSignature as exc:
+                log.error("submission of %r (business key %r) from the broker refused: %s", workflow, business_key,
+                          exc)
+                return {"refused": str(exc)}
             except SchemaNotReady as exc:  # not the submission's fault: it is taken once migrated
                 raise task.retry(exc=exc, countdown=min(2.0 ** task.request.retries, 30.0),
-                                 **confirm_options(task.app)) from None
+                                 kwargs=self.gate.resigned(SUBMIT, kwargs), **confirm_options(task.app)) from None
             except SasError as exc:
                 log.error("submission of %r (business key %r) refused: %s", workflow, business_key, exc)
                 if isinstance(reply_to, str) and 0 < len(reply_to) <= 200:
@@ -171,7 +181,7 @@ class Client:
                 return {"refused": str(exc)}
             except Exception as exc:  # the store is down: the submission must not be lost
                 raise task.retry(exc=exc, countdown=min(2.0 ** task.request.retries, 30.0),
-                                 **confirm_options(task.app)) from None
+                                 kwargs=self.gate.resigned(SUBMIT, kwargs), **confirm_options(task.app)) from None
             return {"run_id": handle.id, "created": handle.created}
 
     def handle(self, run_id: str) -> RunHandle:

@@ -18,6 +18,7 @@ from sas_app.definitions.workflow import is_name
 from sas_app.engine.scheduler import Scheduler
 from sas_app.errors import InvalidSignal, SasError, UnknownRun
 from sas_app.messaging.routing import SIGNAL, confirm_options
+from sas_app.messaging.signing import BadSignature, Gate
 from sas_app.settings import Settings
 from sas_app.store import Store, stored_object
 
@@ -39,25 +40,35 @@ class SignalReceipt:
 
 
 class Signals:
-    def __init__(self, store: Store, settings: Settings, scheduler: Scheduler, celery: Celery) -> None:
+    def __init__(self, store: Store, settings: Settings, scheduler: Scheduler, celery: Celery,
+                 gate: Gate | None = None) -> None:
         self.store = store
         self.settings = settings
         self.scheduler = scheduler
+        #: who may signal through the broker (SAS_BROKER_TRUST)
+        self.gate = gate or Gate("open", "", settings.broker_signature_max_age)
 
         @celery.task(name=SIGNAL, bind=True, shared=False, acks_late=True, reject_on_worker_lost=True,
                      ignore_result=True, max_retries=None)
         def signal(task: Any, event: str = "", payload: Any = None, run_id: str | None = None,
-                   workflow: str | None = None, business_key: str | None = None, by: str = "") -> dict[str, str]:
+                   workflow: str | None = None, business_key: str | None = None, by: str = "",
+                   sas_signature: Any = None) -> dict[str, str]:
+            sent = dict(task.request.kwargs or {})  # as sent: what the signature covers
             run: Any = run_id if run_id is not None else (workflow, business_key)
             try:
-                receipt = self.send(run, event, payload, by=str(by or "broker"))
+                key_id = self.gate.admit(SIGNAL, sent)
+                receipt = self.send(run, event, payload, by=str(by or key_id or "broker"))
+            except BadSignature as exc:
+                log.error("signal %r from the broker refused: %s", event, exc)
+                return {"refused": str(exc)}
             except SasError as exc:  # nobody to answer: the refusal is logged, nothing is written
                 log.error("signal %r refused: %s", event, exc)
                 return {"refused": str(exc)}
             except Exception as exc:  # the store is down (a failover, a deadlock): the signal must not be lost
                 wait = min(2.0 ** task.request.retries, 30.0)
                 log.warning("signal %r not recorded (%s); trying again in %.0f s", event, exc, wait)
-                raise task.retry(exc=exc, countdown=wait, **confirm_options(task.app)) from None
+                raise task.retry(exc=exc, countdown=wait, kwargs=self.gate.resigned(SIGNAL, sent),
+                                 **confirm_options(task.app)) from None
             return {"run_id": receipt.run_id, "status": receipt.status}
 
     def send(self, run: str | tuple[str, str], event: str, payload: Any = None, *, by: str = "") -> SignalReceipt:

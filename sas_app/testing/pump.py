@@ -134,8 +134,12 @@ class Pump:
             self.take(queue)
 
     def execute(self, message: Message) -> None:
+        task = self.sas.celery.tasks[message.task]
+        # the request a worker gives the task: what it reads of its own message (its kwargs as sent)
+        task.push_request(id=message.headers.get("id"), args=message.args, kwargs=message.kwargs,
+                          retries=message.headers.get("retries") or 0, headers=message.headers)
         try:
-            self.sas.celery.tasks[message.task].run(*message.args, **message.kwargs)
+            task.run(*message.args, **message.kwargs)
         except Exception:
             raise
         except BaseException as exc:
@@ -144,6 +148,8 @@ class Pump:
             raised = self.on_error(message, exc)
             if raised is not None:
                 raise raised from None
+        finally:
+            task.pop_request()
 
     def _execute_checked(self, message: Message) -> None:
         """:meth:`execute`, then the promise checked for the runs it names."""

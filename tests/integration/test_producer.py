@@ -55,6 +55,30 @@ def test_a_process_with_only_the_broker_submits_runs_that_are_processed(stack, a
         assert app.handle(run.id).wait(30).process_state == "processed"
 
 
+@pytest.mark.both_brokers
+def test_a_worker_that_takes_only_signed_work_refuses_the_rest_and_says_so_in_the_trail(stack, app, stack_env):
+    key = "billing:" + "k" * 40
+    trust = {**APP, "SAS_BROKER_TRUST": "signed", "SAS_BROKER_KEYS": key}
+    stack.worker("all", "sas.scheduler,sas.supervisor,sas.agent.work", 2, env=trust)
+    sent = only_the_broker(stack_env["SAS_BROKER_URL"], f"""
+        import os
+        from celery import Celery
+        from sas_app import Producer
+        Producer(os.environ["BROKER_URL"], signing_key={key!r}).submit("three_at_once", {{}}, business_key="signed")
+        app = Celery(broker=os.environ["BROKER_URL"])
+        app.conf.task_queue_max_priority = 9
+        app.send_task("sas.submit", queue="sas.scheduler",
+                      kwargs={{"workflow": "three_at_once", "payload": {{}}, "business_key": "unsigned"}})
+    """)
+    assert sent.returncode == 0, sent.stderr
+    run = wait_for(lambda: app.store.find_run("three_at_once", "signed"), 30, "the signed run to be written")
+    assert app.handle(run.id).wait(30).process_state == "processed"
+    refused = wait_for(lambda: app.store.audit_rows(via="broker"), 30, "the unsigned submission's refusal")
+    assert [(r.actor, r.action, r.target, r.outcome, r.refusal) for r in refused] == [
+        ("unsigned", "submit", "three_at_once:unsigned", "refused", "the message is not signed")]
+    assert app.store.find_run("three_at_once", "unsigned") is None
+
+
 def test_the_signup_example_runs_as_its_docstring_says_on_a_fresh_embedded_home(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
     env.update({"SAS_HOME": str(tmp_path / "fresh"), "SAS_APP": "examples.signup:sas", "PYTHONPATH": str(REPO),
