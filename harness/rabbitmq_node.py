@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.tls import TLSFiles
 from sas_app.testing.processes import Stopped, free_port, wait_until
 
 BIN = Path("/usr/lib/rabbitmq/bin")
@@ -32,7 +33,8 @@ def purge_queues(ctl: Callable[..., str], vhost: str) -> dict[str, int]:
 
 
 class RabbitNode:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, tls: TLSFiles | None = None) -> None:
+        """``tls``: the node listens only with TLS, with that certificate (the TLS tests')."""
         if not (BIN / "rabbitmq-server").exists():
             raise SystemExit("RabbitMQ is missing: apt-get install rabbitmq-server (scripts/test does)")
         self.home = home
@@ -43,8 +45,14 @@ class RabbitNode:
         # Under the system's temp dir: Erlang wants short paths, and the logs are copied out at the end.
         self.root = Path(tempfile.mkdtemp(prefix="sas-chaos-rabbit-"))
         (self.root / "home").mkdir()
-        (self.root / "rabbitmq.conf").write_text(f"listeners.tcp.1 = 127.0.0.1:{self.port}\n"
-                                                 "loopback_users.guest = true\n")
+        self.tls = tls
+        listen = f"listeners.tcp.1 = 127.0.0.1:{self.port}\n"
+        if tls:
+            listen = (f"listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:{self.port}\n"
+                      f"ssl_options.cacertfile = {tls.ca}\nssl_options.certfile = {tls.cert}\n"
+                      f"ssl_options.keyfile = {tls.key}\nssl_options.verify = verify_none\n"
+                      "ssl_options.fail_if_no_peer_cert = false\n")
+        (self.root / "rabbitmq.conf").write_text(listen + "loopback_users.guest = true\n")
         (self.root / "rabbitmq-env.conf").write_text("")
         (self.root / "enabled_plugins").write_text("[].\n")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -54,7 +62,7 @@ class RabbitNode:
 
     @property
     def url(self) -> str:
-        return f"amqp://sas:{self.password}@127.0.0.1:{self.port}//"
+        return f"{'amqps' if self.tls else 'amqp'}://sas:{self.password}@127.0.0.1:{self.port}//"
 
     def env(self) -> dict[str, str]:
         r = self.root

@@ -20,6 +20,7 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
+from harness.tls import TLSFiles
 from sas_app.testing.processes import Stopped, free_port, wait_until
 
 
@@ -33,8 +34,10 @@ def _postgres_bin() -> Path:
 class Servers:
     """A Redis and a PostgreSQL of the run's own, each on a free loopback port with a password."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, tls: TLSFiles | None = None) -> None:
+        """``tls``: both servers speak only TLS, with that certificate (the TLS tests')."""
         self.home = home
+        self.tls = tls
         self.redis_password = secrets.token_hex(12)
         self.pg_password = secrets.token_hex(12)
         self.redis_port = free_port()
@@ -56,16 +59,26 @@ class Servers:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://:{self.redis_password}@127.0.0.1:{self.redis_port}/0"
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://:{self.redis_password}@127.0.0.1:{self.redis_port}/0"
+
+    def redis_client(self, **options: Any) -> redis.Redis:
+        tls = {"ssl_cert_reqs": "required", "ssl_ca_certs": str(self.tls.ca)} if self.tls else {}
+        return redis.Redis.from_url(self.redis_url, **tls, **options)
+
+    @property
+    def _pg_tls(self) -> str:
+        """With TLS: the certificate verified, and its name (127.0.0.1) checked against the host's."""
+        return f"?sslmode=verify-full&sslrootcert={self.tls.ca}" if self.tls else ""
 
     @property
     def database_url(self) -> str:
         """The stack's: a role that is not a superuser, so that a connection limit holds for it."""
-        return f"postgresql+psycopg2://app:{self.pg_password}@127.0.0.1:{self.pg_port}/sas"
+        return f"postgresql+psycopg2://app:{self.pg_password}@127.0.0.1:{self.pg_port}/sas{self._pg_tls}"
 
     @property
     def admin_url(self) -> str:
-        return f"postgresql+psycopg2://sas:{self.pg_password}@127.0.0.1:{self.pg_port}/postgres"
+        return f"postgresql+psycopg2://sas:{self.pg_password}@127.0.0.1:{self.pg_port}/postgres{self._pg_tls}"
 
     def secrets(self) -> list[str]:
         return [self.redis_password, self.pg_password]
@@ -80,16 +93,21 @@ class Servers:
         with self.lock:
             self.refuse_if_stopped("Redis")
             self.redis_dir.mkdir(parents=True, exist_ok=True)
+            ports = ["--port", str(self.redis_port)]
+            if self.tls:  # TLS only: no plain port
+                ports = ["--port", "0", "--tls-port", str(self.redis_port), "--tls-cert-file", str(self.tls.cert),
+                         "--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca),
+                         "--tls-auth-clients", "no"]
             with open(self.redis_dir / "redis.log", "ab") as log:
                 self.redis_proc = subprocess.Popen(
-                    ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--requirepass",
+                    ["redis-server", *ports, "--bind", "127.0.0.1", "--requirepass",
                      self.redis_password, "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
                      "--dir", str(self.redis_dir), "--protected-mode", "yes",
                      # its command line and environment kept: a test finds the run's processes by them
                      "--set-proc-title", "no"],
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 )
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=1)
+        client = self.redis_client(socket_timeout=1)
         wait_until(lambda: bool(client.ping()), 30, "Redis to answer")
         client.close()
 
@@ -99,7 +117,7 @@ class Servers:
             self.redis_proc.wait(10)
 
     def flushall(self) -> None:
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=5)
+        client = self.redis_client(socket_timeout=5)
         client.flushall()
         client.close()
 
@@ -124,12 +142,31 @@ class Servers:
             conf.write(f"\nport = {self.pg_port}\nlisten_addresses = '127.0.0.1'\n"
                        f"unix_socket_directories = '{self.pg_data.parent}'\nmax_connections = 300\n"
                        "logging_collector = off\n")
+        if self.tls:
+            self._pg_only_tls()
         self.start_postgres()
         admin = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(text(f"CREATE ROLE app LOGIN PASSWORD '{self.pg_password}'"))
             conn.execute(text("CREATE DATABASE sas OWNER app"))
         admin.dispose()
+
+    def _pg_only_tls(self) -> None:
+        """PostgreSQL with the TLS tests' certificate, refusing any connection over TCP without TLS."""
+        assert self.tls is not None
+        for name, source in (("server.crt", self.tls.cert), ("server.key", self.tls.key)):
+            target = self.pg_data / name
+            shutil.copy(source, target)
+            target.chmod(0o600)
+            if self.as_user:
+                account = pwd.getpwnam("postgres")
+                os.chown(target, account.pw_uid, account.pw_gid)
+        with open(self.pg_data / "postgresql.conf", "a") as conf:
+            conf.write("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n")
+        hba = self.pg_data / "pg_hba.conf"
+        lines = [line.replace("host ", "hostssl ", 1) if line.startswith("host ") else line
+                 for line in hba.read_text().splitlines()]
+        hba.write_text("\n".join(lines) + "\n")
 
     def refuse_connections(self, hold: float) -> int:
         """PostgreSQL refuses the stack every new connection for ``hold`` seconds (its role's

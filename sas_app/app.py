@@ -169,9 +169,9 @@ class SasApp:
         if not name or not name.replace("_", "").replace("-", "").isalnum():
             raise WorkflowDefinitionError(f"agent name {name!r} must be letters, digits, '_' or '-'")
         s = self.settings
-        redis_url = s.breaker_redis_url
+        redis_url, tls = s.breaker_redis_url, s.redis_tls(s.breaker_redis_url)
         defaults: dict[str, Any] = {"breaker_fail_max": s.breaker_fail_max, "breaker_reset": s.breaker_reset,
-                                    "breaker_state": (lambda: RedisState(redis_url)) if redis_url else
+                                    "breaker_state": (lambda: RedisState(redis_url, **tls)) if redis_url else
                                     self.store.breaker_state,
                                     "breaker_fresh": 0.0 if redis_url else STORE_FRESH,
                                     "replies": self.scheduler if s.inline_replies else None,

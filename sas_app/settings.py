@@ -11,6 +11,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -135,6 +136,14 @@ class Settings:
     task_events: bool = True
     #: SAS_AGENT_CONCURRENCY — default worker concurrency for ``sas worker``. Default 4.
     agent_concurrency: int = 4
+    #: SAS_BROKER_CA_FILE — with a broker over TLS (``rediss://``, ``amqps://``): the certificate
+    #: authority (a PEM file) its certificate is verified against. Default: the system's.
+    broker_ca_file: str = ""
+    #: SAS_BROKER_CERT_FILE — with a broker over TLS that asks for clients' certificates: this
+    #: client's (a PEM file). Default none.
+    broker_cert_file: str = ""
+    #: SAS_BROKER_KEY_FILE — the private key of SAS_BROKER_CERT_FILE (a PEM file). Default none.
+    broker_key_file: str = ""
     #: SAS_BROKER_TRUST — how the Scheduler takes ``sas.submit`` and ``sas.signal`` from the broker:
     #: ``open`` (from anyone who can write to the broker), ``signed`` (only with a valid HMAC of a
     #: key in SAS_BROKER_KEYS: see sas_app.messaging.signing) or ``closed`` (not at all). Default open.
@@ -187,6 +196,16 @@ class Settings:
     def redis_broker(self) -> bool:
         """The broker is Redis (``redis://``, or ``rediss://`` over TLS)."""
         return self.broker_url.startswith(("redis://", "rediss://"))
+
+    def redis_tls(self, url: str) -> dict[str, Any]:
+        """What redis-py needs to reach ``url`` over TLS (``rediss://``), verifying the server's
+        certificate against SAS_BROKER_CA_FILE (else the system's authorities); nothing otherwise."""
+        if not url.startswith("rediss://"):
+            return {}
+        options: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_ca_certs": self.broker_ca_file or None,
+                                   "ssl_certfile": self.broker_cert_file or None,
+                                   "ssl_keyfile": self.broker_key_file or None}
+        return {k: v for k, v in options.items() if v is not None}
 
     @property
     def breaker_redis_url(self) -> str:

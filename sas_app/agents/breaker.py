@@ -55,8 +55,9 @@ class SharedState(Protocol):
 
 
 class RedisState:
-    def __init__(self, url: str) -> None:
-        self.redis = redis.Redis.from_url(url, socket_timeout=2, decode_responses=True)
+    def __init__(self, url: str, **tls: Any) -> None:
+        """``tls``: redis-py's ``ssl_*`` options for a ``rediss://`` URL (:meth:`Settings.redis_tls`)."""
+        self.redis = redis.Redis.from_url(url, socket_timeout=2, decode_responses=True, **tls)
 
     def get(self, key: str) -> str | None:
         return self.redis.get(key)  # type: ignore[return-value]

@@ -12,8 +12,10 @@ merged key by key, so that setting one transport option does not silently drop s
 from __future__ import annotations
 
 import logging
+import ssl
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from sas_app.messaging import filesystem_transport, memory_transport, reconnect, redis_transport
 from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP
@@ -77,6 +79,9 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
     }
     if settings.amqp_broker:
         conf.update(AMQP)
+    tls = broker_tls(settings)
+    if tls:
+        conf["broker_use_ssl"] = tls
     if settings.broker_url.startswith("redis://"):
         conf["broker_transport"] = redis_transport.NAME  # one client per channel
     conf.update(memory_transport.options_for(settings.broker_url))  # queues of its own per virtual host
@@ -99,6 +104,21 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
             "polling_interval": 0.05,
         }
     return conf
+
+
+def broker_tls(settings: Settings) -> dict[str, Any]:
+    """Celery's ``broker_use_ssl`` for a broker over TLS: its certificate always verified (against
+    SAS_BROKER_CA_FILE, else the system's authorities), a client certificate when given; nothing
+    for a broker without TLS."""
+    url = settings.broker_url
+    if url.startswith("rediss://"):
+        return {**settings.redis_tls(url), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    if url.startswith("amqps://"):
+        options = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": settings.broker_ca_file or None,
+                   "certfile": settings.broker_cert_file or None, "keyfile": settings.broker_key_file or None,
+                   "server_hostname": urlsplit(url).hostname}
+        return {k: v for k, v in options.items() if v is not None}
+    return {}
 
 
 def with_own(conf: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
