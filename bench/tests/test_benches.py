@@ -111,3 +111,11 @@ def test_async_bench_runs_async_actions_plain_actions_and_a_chain_against_a_slow
                        "--service-ms", "50", tmp_path=tmp_path)
     for name in ("sas_app_async_threads", "sas_app_plain_prefork", "celery_chain_prefork"):
         assert result[name]["steps_per_s"] > 0 and result[name]["agent_rss_mb"] > 0, result
+
+
+@one_bench
+def test_api_bench_times_submit_and_get_run_over_http_beside_python(tmp_path):
+    result = run_bench("bench.api", "--requests", "40", "--clients", "2", "--threads", "4", tmp_path=tmp_path)
+    for name in ("python_submit", "api_submit", "python_get_run", "api_get_run"):
+        assert 0 < result[name]["p50_ms"] <= result[name]["p99_ms"], result
+    assert result["api_submit_at_once_per_s"] > 0 and result["python_submit_at_once_per_s"] > 0

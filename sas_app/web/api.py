@@ -186,8 +186,9 @@ def create_api(sas: SasApp, *, waits: int = 2) -> OpenAPI:
             handle = sas.submit(body.workflow, body.payload, business_key=body.business_key,
                                 reply_to=body.reply_to, priority=body.priority)
             entry.run_id = handle.id
-        return answer(m.Submitted(created=handle.created, run=run_of(handle.status().run)),
-                      201 if handle.created else 200)
+        row = sas.store.get_run(handle.id)  # the run alone: its steps and history are GET /runs/{id}'s
+        assert row is not None
+        return answer(m.Submitted(created=handle.created, run=run_of(row)), 201 if handle.created else 200)
 
     @bp.post("/runs/batch", tags=[runs_tag], responses={200: m.BatchResult})
     def submit_batch(body: m.SubmitBatch) -> Response:
