@@ -129,4 +129,4 @@ class Tokens:
         row = self.find(id_or_name)
         if not self.store.revoke_token(row.id, by):
             raise InvalidOperation(f"token {row.name!r} ({row.id}) was revoked already")
-        return row
+        return self.find(row.id)

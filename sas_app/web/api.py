@@ -312,6 +312,32 @@ def create_api(sas: SasApp, *, waits: int = 2) -> OpenAPI:
                     attempt=a.attempt, workflow=a.workflow, business_key=a.business_key, run_state=a.process_state)
             for a in rows]))
 
+    access_tag = Tag(name="access")
+
+    @bp.get("/tokens", tags=[access_tag], responses={200: m.Tokens})
+    def tokens() -> Response:
+        """Every API token, newest first (never the tokens themselves)."""
+        actor(Role.ADMIN, "reading tokens")
+        return answer(m.Tokens(tokens=[m.Token.of(r) for r in sas.store.tokens()]))
+
+    @bp.post("/tokens", tags=[access_tag], responses={201: m.TokenMade})
+    def make_token(body: m.NewToken) -> Response:
+        """Make a token: the answer holds it, once; only its digest is kept."""
+        who: Actor = g.actor
+        with sas.audit.acting(who, "token_create", target=body.name):
+            require(who, Role.ADMIN, "making a token")
+            row, token = sas.tokens.create(body.name, body.role, by=who.name, lifetime=body.expires_days * 86400)
+        return answer(m.TokenMade(token=token, about=m.Token.of(row)), 201)
+
+    @bp.post("/tokens/<token_id>/revoke", tags=[access_tag], responses={200: m.Token})
+    def revoke_token(path: m.TokenPath, body: m.Revoke) -> Response:
+        """Revoke a token: refused from then on."""
+        who: Actor = g.actor
+        with sas.audit.acting(who, "token_revoke", target=path.token_id, reason=body.reason):
+            require(who, Role.ADMIN, "revoking a token")
+            row = sas.tokens.revoke(path.token_id, by=who.name)
+        return answer(m.Token.of(row))
+
     api.register_api(bp)
     api.add_url_rule(f"{PREFIX}/openapi.json", "openapi", lambda: api.api_doc)  # read without a token
     return api

@@ -4,11 +4,12 @@ type or an unknown field is refused, naming it) and the OpenAPI document is gene
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from sas_app.store import EventRow, RunRow, StepRow
+from sas_app.store.rows import TokenRow
 
 #: the most runs one page of ``GET /runs`` may hold, and one ``POST /runs/batch`` may submit
 MAX_PAGE = 500
@@ -102,6 +103,20 @@ class Act(Strict):
                                                                         "rerun: the step to rerun from")
     result: Any = Field(default=None, description="mark-done: the step's result")
     input: Any = Field(default=None, description="resubmit: the failed step's edited input")
+
+
+class TokenPath(Strict):
+    token_id: str = Field(pattern=r"^[0-9a-f]{12}$", description="the token's id (sas token list)")
+
+
+class NewToken(Strict):
+    name: str = Field(max_length=100, description="who uses it: shown in the audit trail")
+    role: Literal["viewer", "approver", "operator", "admin"]
+    expires_days: float = Field(default=90, gt=0, le=730)
+
+
+class Revoke(Strict):
+    reason: str = Field(default="", max_length=2000)
 
 
 # -- answers ----------------------------------------------------------------------------------------
@@ -248,3 +263,28 @@ class Problem(BaseModel):
     status: int
     detail: str
     errors: list[dict[str, Any]] | None = Field(default=None, description="each field refused and why")
+
+
+class Token(BaseModel):
+    id: str
+    name: str
+    role: str
+    created_by: str
+    created_at: float
+    expires_at: float
+    revoked_by: str | None = None
+    revoked_at: float | None = None
+
+    @classmethod
+    def of(cls, row: TokenRow) -> Token:
+        return cls(id=row.id, name=row.name, role=row.role, created_by=row.created_by, created_at=row.created_at,
+                   expires_at=row.expires_at, revoked_by=row.revoked_by, revoked_at=row.revoked_at)
+
+
+class Tokens(BaseModel):
+    tokens: list[Token]
+
+
+class TokenMade(BaseModel):
+    token: str = Field(description="the token itself: shown this once, kept only as a digest")
+    about: Token

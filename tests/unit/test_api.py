@@ -205,3 +205,24 @@ def test_the_openapi_document_describes_every_operation(api):
     assert {f"/api/v1/runs/{{run_id}}/{a}" for a in ("cancel", "compensate", "pause", "resume", "resubmit",
                                                       "mark-done", "rerun")} <= set(paths)
     assert doc["components"]["securitySchemes"]["token"]["scheme"] == "bearer"
+
+
+def test_an_admin_token_manages_tokens_and_no_other_role_can(sas, api, tokens):
+    status, detail = problem(api, "POST", "/api/v1/tokens", tokens["operator"], {"name": "new", "role": "admin"})
+    assert (status, detail) == (403, "operator-svc is operator: making a token needs the admin role or above")
+    assert problem(api, "GET", "/api/v1/tokens", tokens["operator"])[0] == 403
+    status, made, _ = call(api, "POST", "/api/v1/tokens", tokens["admin"],
+                           {"name": "reporting", "role": "viewer", "expires_days": 30})
+    assert status == 201 and made["about"]["role"] == "viewer" and made["about"]["created_by"] == "admin-svc"
+    assert call(api, "GET", "/api/v1/runs", made["token"])[0] == 200
+    listed = call(api, "GET", "/api/v1/tokens", tokens["admin"])[1]["tokens"]
+    assert made["about"]["id"] in [t["id"] for t in listed] and made["token"] not in json.dumps(listed)
+    status, revoked, _ = call(api, "POST", f"/api/v1/tokens/{made['about']['id']}/revoke", tokens["admin"],
+                              {"reason": "no longer needed"})
+    assert status == 200 and revoked["revoked_by"] == "admin-svc"
+    assert problem(api, "GET", "/api/v1/runs", made["token"]) == (401, "token 'reporting' was revoked")
+    status, detail = problem(api, "POST", "/api/v1/tokens", tokens["admin"], {"name": "x", "role": "root"})
+    assert status == 422 and "role: Input should be 'viewer', 'approver', 'operator' or 'admin'" in detail
+    trail = [(r.actor, r.action, r.outcome) for r in reversed(sas.store.audit_rows()) if r.action.startswith("token")]
+    assert trail == [("operator-svc", "token_create", "refused"), ("admin-svc", "token_create", "done"),
+                     ("admin-svc", "token_revoke", "done")]
