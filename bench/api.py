@@ -47,7 +47,7 @@ def at_once(clients: int, calls: int, make: Callable[[], Callable[[int], None]])
     """``calls`` calls shared out among ``clients`` threads, each with its own client (``make()``):
     calls per second."""
     per = calls // clients
-    ready = threading.Barrier(clients + 1)
+    ready = threading.Barrier(clients + 1, timeout=60)
 
     def client() -> None:
         one = make()

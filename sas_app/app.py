@@ -35,7 +35,7 @@ from sas_app.interfaces.client import Client, RunHandle, RunView
 from sas_app.interfaces.doctor import Doctor
 from sas_app.interfaces.operations import Operator
 from sas_app.interfaces.reruns import Reruns
-from sas_app.interfaces.retention import Retention
+from sas_app.interfaces.retention import Retention, parse_duration
 from sas_app.interfaces.schedules import Overlap, Schedule, Schedules
 from sas_app.interfaces.signals import SignalReceipt, Signals
 from sas_app.messaging.celery_config import celery_settings, with_own
@@ -98,6 +98,10 @@ class SasApp:
                                      clock or time.monotonic)
         inline = self.scheduler if self.settings.inline_replies else None
         self.gate = Gate(self.settings.broker_trust, self.settings.broker_keys, self.settings.broker_signature_max_age)
+        if self.gate.keys and self.settings.retention and \
+                parse_duration(self.settings.retention) <= self.settings.broker_signature_max_age:
+            raise ValueError("SAS_BROKER_SIGNATURE_MAX_AGE must be shorter than SAS_RETENTION: a signed submission "
+                             "replayed after its run was deleted would start it again")
         self.client = Client(self.store, self.settings, self.router, self.workflows, inline, self.celery, self.gate)
         self.operator = Operator(self.store, self.settings, self.router, self.workflows)
         self.reruns = Reruns(self.client)

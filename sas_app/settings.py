@@ -152,8 +152,10 @@ class Settings:
     #: each verifies a signed message; the first signs. Default none.
     broker_keys: str = ""
     #: SAS_BROKER_SIGNATURE_MAX_AGE — seconds a signature stays good after it was made (and how far
-    #: ahead a sender's clock may be). Default 300.
-    broker_signature_max_age: float = 300.0
+    #: ahead a sender's clock may be): longer than a message may wait for a Scheduler worker, and
+    #: shorter than SAS_RETENTION (a replay after its run was deleted would start it again).
+    #: Default 86400 (a day).
+    broker_signature_max_age: float = 86400.0
     #: SAS_READY_FILE — a file a worker (or beat) writes once it consumes, so that whatever started
     #: it (a process supervisor, the tests' and the demo's process harness) knows it is ready
     #: without reading its log. Default none.
@@ -168,6 +170,11 @@ class Settings:
                      "visibility_timeout", "clock_skew", "broker_consumer_timeout", "broker_signature_max_age"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
+        tls_files = [f"SAS_{name.upper()}" for name in ("broker_ca_file", "broker_cert_file", "broker_key_file")
+                     if getattr(self, name)]
+        if tls_files and not self.broker_url.startswith(("rediss://", "amqps://")):
+            raise ValueError(f"{', '.join(tls_files)} apply to a broker over TLS (rediss://, amqps://); "
+                             "SAS_BROKER_URL does not use it")
         if self.broker_trust not in ("open", "signed", "closed"):
             raise ValueError(f"SAS_BROKER_TRUST must be open, signed or closed, got {self.broker_trust!r}")
         if self.broker_trust == "signed" and not self.broker_keys.strip():
@@ -202,7 +209,8 @@ class Settings:
         certificate against SAS_BROKER_CA_FILE (else the system's authorities); nothing otherwise."""
         if not url.startswith("rediss://"):
             return {}
-        options: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_ca_certs": self.broker_ca_file or None,
+        options: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True,
+                                   "ssl_ca_certs": self.broker_ca_file or None,
                                    "ssl_certfile": self.broker_cert_file or None,
                                    "ssl_keyfile": self.broker_key_file or None}
         return {k: v for k, v in options.items() if v is not None}

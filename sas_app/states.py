@@ -104,7 +104,7 @@ OPEN_RUN_STATES = (RunState.ERROR.value, RunState.PENDING.value, RunState.PROCES
 class Role(Word):
     """Who may do what (``audit.role``, ``api_tokens.role``), each allowed what the ones before it are."""
 
-    VIEWER = "viewer"  # reads runs, alerts and the audit trail
+    VIEWER = "viewer"  # reads runs and alerts
     APPROVER = "approver"  # also answers waits (sends signals)
-    OPERATOR = "operator"  # also submits runs and acts on them
+    OPERATOR = "operator"  # also submits runs and acts on them, and reads the audit trail
     ADMIN = "admin"  # also manages access (tokens)

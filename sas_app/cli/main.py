@@ -26,7 +26,6 @@ from sas_app.cli.base import DEFAULT_APP, Context, console, fail, pass_ctx
 from sas_app.definitions.inputs import input_schema
 from sas_app.engine.graph import Graph
 from sas_app.errors import SasError, UnknownWorkflow, one_line
-from sas_app.interfaces.access import Actor
 from sas_app.settings import redact_url
 from sas_app.states import RUN_STATES
 from sas_app.testing.processes import hold_lifeline
@@ -97,9 +96,7 @@ def submit(ctx: Context, workflow: str, business_key: str, payload: str, wait_fo
     except json.JSONDecodeError as exc:
         fail(f"--payload is not valid JSON: {exc}")
     try:
-        with ctx.app.audit.acting(Actor.cli(), "submit", target=f"{workflow}:{business_key}") as entry:
-            handle = ctx.app.submit(workflow, data, business_key=business_key)
-            entry.run_id = handle.id
+        handle = ctx.app.submit(workflow, data, business_key=business_key)
         click.echo(handle.id)
         if wait_for is not None:
             view = handle.wait(wait_for)

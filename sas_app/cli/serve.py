@@ -113,13 +113,17 @@ def flower(ctx: Context, host: str, port: int, basic_auth: str) -> None:
                    "a user not named is a viewer. Default: everyone let in is an operator.")
 @click.option("--user-header", envvar="SAS_DASHBOARD_USER_HEADER", default="",
               help="Take the user from this header a reverse proxy sets (e.g. X-Forwarded-User), instead of "
-                   "basic auth: only where nothing but the proxy reaches the dashboard.")
+                   "basic auth; believed only from --proxy-addresses, and a user --roles does not name is a viewer.")
+@click.option("--proxy-addresses", envvar="SAS_DASHBOARD_PROXY_ADDRESSES", default="127.0.0.1,::1",
+              show_default=True, help="With --user-header: the proxy's addresses, the only ones its header is "
+                                      "believed from (env SAS_DASHBOARD_PROXY_ADDRESSES).")
 @click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--secret", envvar="SAS_DASHBOARD_SECRET", default="",
-              help="Signs the forms' CSRF tokens (env SAS_DASHBOARD_SECRET; default: random per process).")
+              help="Signs the forms' CSRF tokens (env SAS_DASHBOARD_SECRET; default: random per process; "
+                   "dashboards behind one load balancer need the same).")
 @pass_ctx
-def dashboard(ctx: Context, host: str, port: int, basic_auth: str, roles: str, user_header: str, flower_url: str,
-              threads: int, secret: str) -> None:
+def dashboard(ctx: Context, host: str, port: int, basic_auth: str, roles: str, user_header: str,
+              proxy_addresses: str, flower_url: str, threads: int, secret: str) -> None:
     """Serve the dashboard, the HTTP API (/api/v1, with tokens from sas token create) and the
     Prometheus metrics (/metrics) of the state store. With --basic-auth, runs can be acted on from
     their page."""
@@ -142,8 +146,11 @@ def dashboard(ctx: Context, host: str, port: int, basic_auth: str, roles: str, u
     problem = schema_problem(ctx.app.store.engine)
     if problem:
         fail(problem)
+    proxies = tuple(filter(None, (a.strip() for a in proxy_addresses.split(","))))
+    if user_header and not proxies:
+        fail("--user-header needs --proxy-addresses: the addresses its header is believed from")
     app = create_site(ctx.app, threads=threads, basic_auth=credentials, roles=who, user_header=user_header.strip(),
-                      flower_url=flower_url, secret=secret)
+                      proxy_addresses=proxies, flower_url=flower_url, secret=secret)
     click.echo(f"sas dashboard on http://{host}:{port}/" + (" (basic auth)" if credentials else "")
                + f", its API on http://{host}:{port}/api/v1 (tokens: sas token create)", err=True)
     # waitress reads a body before the API has seen the token: no more than the API would take

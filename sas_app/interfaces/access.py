@@ -29,7 +29,7 @@ from sas_app.store.rows import TokenRow
 #: each role, in the order of what it may do (each may do what the ones before it may)
 ROLES = tuple(Role)
 #: what each role may do beyond reading, in words (for the docs and refusals)
-MAY = {Role.VIEWER: "read runs, alerts and the audit trail", Role.APPROVER: "answer waits (send signals)",
+MAY = {Role.VIEWER: "read runs and alerts", Role.APPROVER: "answer waits (send signals)",
        Role.OPERATOR: "submit and act on runs", Role.ADMIN: "manage tokens"}
 #: a token's lifetime when none is given: 90 days
 DEFAULT_LIFETIME = 90 * 86400.0

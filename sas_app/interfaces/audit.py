@@ -75,7 +75,9 @@ class AuditTrail:
             value = kwargs.get(name)
             return value if isinstance(value, str) else ""
 
-        actor = Actor(key_id or "unsigned", Role.OPERATOR if key_id else Role.VIEWER, "broker", "the broker")
+        # who sent it is not known: the key it claims is only a claim
+        actor = Actor("unverified" if key_id else "unsigned", Role.VIEWER, "broker",
+                      f"the broker, claiming key {key_id}" if key_id else "the broker")
         action = "submit" if task == SUBMIT else "signal"
         run_id = text("run_id")
         target = ":".join(filter(None, (text("workflow"), text("business_key"), text("event")))) or None
@@ -92,5 +94,5 @@ class AuditTrail:
                  "refusal": refusal, "batch": e.batch} for e, outcome, refusal in outcomes]
         try:
             self.store.append_audit(rows)
-        except Exception:  # the action's own outcome stands; the trail's loss is logged loudly
-            log.exception("could not append to the audit trail: %s", rows)
+        except Exception as exc:  # the action's own outcome stands (a store that is down says so itself)
+            log.error("could not append to the audit trail (%s): %s", one_line(exc), rows)

@@ -162,27 +162,36 @@ class Client:
             makes one run (its business key)."""
             kwargs = dict(task.request.kwargs or {})  # as sent: what the signature covers
             try:
-                self.gate.admit(SUBMIT, kwargs)
-                handle = self.submit(workflow, payload, business_key=business_key, reply_to=reply_to,
-                                     priority=priority)
+                verified = self.gate.admit(SUBMIT, kwargs, task.request.args or ())
             except BadSignature as exc:
                 log.error("submission of %r (business key %r) from the broker refused: %s", workflow, business_key,
                           exc)
+                if exc.authentic:  # a producer of ours, told why (an unverified sender is told nothing)
+                    self._refused(reply_to, workflow, business_key, str(exc))
                 return {"refused": str(exc)}
+            try:
+                handle = self.submit(workflow, payload, business_key=business_key, reply_to=reply_to,
+                                     priority=priority)
             except SchemaNotReady as exc:  # not the submission's fault: it is taken once migrated
                 raise task.retry(exc=exc, countdown=min(2.0 ** task.request.retries, 30.0),
-                                 kwargs=self.gate.resigned(SUBMIT, kwargs), **confirm_options(task.app)) from None
+                                 kwargs=self.gate.resigned(SUBMIT, kwargs, verified),
+                                 **confirm_options(task.app)) from None
             except SasError as exc:
                 log.error("submission of %r (business key %r) refused: %s", workflow, business_key, exc)
-                if isinstance(reply_to, str) and 0 < len(reply_to) <= 200:
-                    self.router.answer(reply_to, {"id": f"refused:{workflow}:{business_key}", "kind": "refused",
-                                                  "workflow": workflow, "business_key": business_key,
-                                                  "run_id": None, "reason": str(exc)})
+                self._refused(reply_to, workflow, business_key, str(exc))
                 return {"refused": str(exc)}
             except Exception as exc:  # the store is down: the submission must not be lost
                 raise task.retry(exc=exc, countdown=min(2.0 ** task.request.retries, 30.0),
-                                 kwargs=self.gate.resigned(SUBMIT, kwargs), **confirm_options(task.app)) from None
+                                 kwargs=self.gate.resigned(SUBMIT, kwargs, verified),
+                                 **confirm_options(task.app)) from None
             return {"run_id": handle.id, "created": handle.created}
+
+    def _refused(self, reply_to: Any, workflow: Any, business_key: Any, reason: str) -> None:
+        """Tell ``reply_to`` (if it names a queue) that a submission from the broker was refused."""
+        if isinstance(reply_to, str) and 0 < len(reply_to) <= 200:
+            self.router.answer(reply_to, {"id": f"refused:{workflow}:{business_key}", "kind": "refused",
+                                          "workflow": workflow, "business_key": business_key, "run_id": None,
+                                          "reason": reason})
 
     def handle(self, run_id: str) -> RunHandle:
         return RunHandle(self, run_id, created=False)

@@ -56,18 +56,19 @@ class Signals:
             sent = dict(task.request.kwargs or {})  # as sent: what the signature covers
             run: Any = run_id if run_id is not None else (workflow, business_key)
             try:
-                key_id = self.gate.admit(SIGNAL, sent)
-                receipt = self.send(run, event, payload, by=str(by or key_id or "broker"))
+                verified = self.gate.admit(SIGNAL, sent, task.request.args or ())
             except BadSignature as exc:
                 log.error("signal %r from the broker refused: %s", event, exc)
                 return {"refused": str(exc)}
+            try:
+                receipt = self.send(run, event, payload, by=str(by or verified or "broker"))
             except SasError as exc:  # nobody to answer: the refusal is logged, nothing is written
                 log.error("signal %r refused: %s", event, exc)
                 return {"refused": str(exc)}
             except Exception as exc:  # the store is down (a failover, a deadlock): the signal must not be lost
                 wait = min(2.0 ** task.request.retries, 30.0)
                 log.warning("signal %r not recorded (%s); trying again in %.0f s", event, exc, wait)
-                raise task.retry(exc=exc, countdown=wait, kwargs=self.gate.resigned(SIGNAL, sent),
+                raise task.retry(exc=exc, countdown=wait, kwargs=self.gate.resigned(SIGNAL, sent, verified),
                                  **confirm_options(task.app)) from None
             return {"run_id": receipt.run_id, "status": receipt.status}
 

@@ -15,7 +15,6 @@ import logging
 import ssl
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 from sas_app.messaging import filesystem_transport, memory_transport, reconnect, redis_transport
 from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP
@@ -82,7 +81,7 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
     tls = broker_tls(settings)
     if tls:
         conf["broker_use_ssl"] = tls
-    if settings.broker_url.startswith("redis://"):
+    if settings.broker_url.startswith(("redis://", "rediss://")):
         conf["broker_transport"] = redis_transport.NAME  # one client per channel
     conf.update(memory_transport.options_for(settings.broker_url))  # queues of its own per virtual host
     if settings.embedded_broker:
@@ -115,9 +114,9 @@ def broker_tls(settings: Settings) -> dict[str, Any]:
         return {**settings.redis_tls(url), "ssl_cert_reqs": ssl.CERT_REQUIRED}
     if url.startswith("amqps://"):
         options = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": settings.broker_ca_file or None,
-                   "certfile": settings.broker_cert_file or None, "keyfile": settings.broker_key_file or None,
-                   "server_hostname": urlsplit(url).hostname}
-        return {k: v for k, v in options.items() if v is not None}
+                   "certfile": settings.broker_cert_file or None, "keyfile": settings.broker_key_file or None}
+        # None: kombu names each connection's own host (a failover URL's too), and py-amqp checks it
+        return {**{k: v for k, v in options.items() if v is not None}, "server_hostname": None}
     return {}
 
 

@@ -187,7 +187,8 @@ def create_api(sas: SasApp, *, waits: int = 2) -> OpenAPI:
                                 reply_to=body.reply_to, priority=body.priority)
             entry.run_id = handle.id
         row = sas.store.get_run(handle.id)  # the run alone: its steps and history are GET /runs/{id}'s
-        assert row is not None
+        if row is None:  # deleted in the instant since (a purge of a run that ended at once)
+            raise UnknownRun(f"run {handle.id} was deleted as it was submitted")
         return answer(m.Submitted(created=handle.created, run=run_of(row)), 201 if handle.created else 200)
 
     @bp.post("/runs/batch", tags=[runs_tag], responses={200: m.BatchResult})

@@ -37,7 +37,7 @@ from sas_app.web.actions import actions, dashboard_actor
 from sas_app.web.audit_page import audit_page
 from sas_app.web.formatting import STATE_COLOURS, detail_text, when
 from sas_app.web.metrics import MARGIN, registry_for
-from sas_app.web.people import People
+from sas_app.web.people import LOOPBACK, People
 from sas_app.web.run_filter import RunFilter
 from sas_app.web.timeline import chart, timeline
 from sas_app.web.workflows import workflow_pages
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 
 
 def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
-                     roles: Mapping[str, Role] | None = None, user_header: str = "", flower_url: str = "",
-                     metrics_margin: float = MARGIN,
+                     roles: Mapping[str, Role] | None = None, user_header: str = "",
+                     proxy_addresses: Sequence[str] = LOOPBACK, flower_url: str = "", metrics_margin: float = MARGIN,
                      secret: str = "") -> Flask:
     """The dashboard's WSGI application for ``sas`` (served by ``sas dashboard`` with waitress).
     Who may do what: see :mod:`sas_app.web.people`. ``metrics_margin``: see :data:`sas_app.web.metrics.MARGIN`."""
@@ -57,7 +57,7 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
     observer = Observer(sas.store)
     registry = registry_for(sas, metrics_margin)
     flower = flower_url.rstrip("/")
-    people = People(basic_auth, roles or {}, user_header)
+    people = People(basic_auth, roles or {}, user_header, tuple(proxy_addresses))
 
     @app.before_request
     def authenticate() -> Response | None:

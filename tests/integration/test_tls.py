@@ -5,7 +5,6 @@ with ``sslmode=verify-full``; a run processed on each. What does not verify is r
 from __future__ import annotations
 
 import os
-import ssl
 
 import pytest
 import redis
@@ -17,6 +16,7 @@ from harness.rabbitmq_node import RabbitNode
 from harness.servers import Servers
 from harness.tls import make_tls
 from sas_app import SasApp, Settings
+from sas_app.messaging.celery_config import broker_tls
 from sas_app.testing.processes import Processes
 from tests.integration.graph_app import install as install_graph_app
 from tests.integration.stack import REPO
@@ -69,15 +69,13 @@ def test_a_run_is_processed_over_tls_on_redis_and_on_rabbitmq_with_postgresql_ve
             procs.stop_all(grace=0)
             app.store.dispose()
 
-    # a client that trusts another authority is refused by each
+    # an app that trusts another authority is refused by each broker, with the options it gives Celery
     stranger = make_tls(tmp_path / "stranger")
-    with pytest.raises(redis.ConnectionError, match="certificate verify failed"):
-        redis.Redis.from_url(own.redis_url, ssl_cert_reqs="required", ssl_ca_certs=str(stranger.ca),
-                             socket_timeout=5).ping()
-    with Connection(rabbit.url, ssl={"ca_certs": str(stranger.ca), "cert_reqs": ssl.CERT_REQUIRED,
-                                     "server_hostname": "127.0.0.1"}, connect_timeout=5) as amqp, \
-            pytest.raises(ssl.SSLError, match="certificate verify failed"):
-        amqp.connect()
+    for broker in (own.redis_url, rabbit.url):
+        settings = Settings(home=tmp_path / "stranger-home", broker_url=broker, broker_ca_file=str(stranger.ca))
+        with Connection(broker, ssl=broker_tls(settings), connect_timeout=5) as conn, \
+                pytest.raises(Exception, match="certificate verify failed"):
+            conn.ensure_connection(max_retries=0)
     wrong = create_engine(own.database_url.replace(str(tls.ca), str(stranger.ca)))
     with pytest.raises(OperationalError, match="certificate verify failed"):
         wrong.connect()

@@ -64,14 +64,14 @@ def test_a_tampered_an_unknown_key_and_an_old_signature_are_refused_naming_why(s
     forged = {**kwargs, "sas_signature": sign(SUBMIT, kwargs, "billing", "x" * 40, time.time())}
     send(sas, SUBMIT, forged)
     send(sas, SUBMIT, {**kwargs, "sas_signature": sign(SUBMIT, kwargs, "mallory", "m" * 40, time.time())})
-    send(sas, SUBMIT, {**kwargs, "sas_signature": sign(SUBMIT, kwargs, *KEY.split(":"), time.time() - 301)})
+    send(sas, SUBMIT, {**kwargs, "sas_signature": sign(SUBMIT, kwargs, *KEY.split(":"), time.time() - 86401)})
     pump.run()
     assert sas.store.list_runs() == []
     reasons = [r[4] for r in refusals(sas)]
     assert reasons[0] == reasons[1] == ("the signature does not match the message under key 'billing': it was "
                                         "changed, or signed with another secret")
     assert reasons[2] == "no key 'mallory' here (SAS_BROKER_KEYS)"
-    assert reasons[3].startswith("the signature is 301 s old, over the 300 s allowed") and "a replay" in reasons[3]
+    assert reasons[3].startswith("the signature is 86401 s old, over the 86400 s allowed") and "a replay" in reasons[3]
 
     send(sas, SUBMIT, signed)
     send(sas, SUBMIT, signed)  # replayed within the window: the business key makes it one run
@@ -121,11 +121,56 @@ def test_a_retried_message_is_signed_again_so_a_long_outage_does_not_age_it_out(
     gate = Gate("signed", KEY, 300, clock=lambda: clock[0])
     kwargs = {"workflow": "three", "payload": {}, "business_key": "k"}
     sent = {**kwargs, "sas_signature": sign(SUBMIT, kwargs, *KEY.split(":"), 1000.0)}
-    assert gate.admit(SUBMIT, sent) == "billing"
+    verified = gate.admit(SUBMIT, sent)
+    assert verified == "billing"
     clock[0] += 3600  # the store was down for an hour; the worker retried all along
     with pytest.raises(ValueError, match="3600 s old"):
         gate.admit(SUBMIT, sent)
-    assert gate.admit(SUBMIT, gate.resigned(SUBMIT, sent)) == "billing"
+    assert gate.admit(SUBMIT, gate.resigned(SUBMIT, sent, verified)) == "billing"
+
+
+@pytest.mark.parametrize(("signature", "why"), [
+    ({"key": "billing", "ts": 0, "mac": "é"}, "its mac 64 hexadecimal digits"),
+    ({"key": "billing", "ts": float("nan"), "mac": "0" * 64}, "a finite number"),
+    ({"key": "billing", "ts": 1e308 * 10, "mac": "0" * 64}, "a finite number"),
+    ({"key": "billing", "ts": 1.0, "mac": "0" * 64, "extra": 1}, "must be {key, ts, mac}"),
+    ("billing", "must be {key, ts, mac}"),
+])
+def test_a_forged_signature_is_refused_and_never_signed_again_by_the_worker(signature, why):
+    """A mac a comparison cannot take, a time that never ages: refused as a bad signature, so the
+    task never reaches its retry, whose message the worker would sign with a real key."""
+    gate = Gate("signed", KEY, 300)
+    sent = {"workflow": "three", "payload": {}, "business_key": "forged", "sas_signature": signature}
+    with pytest.raises(ValueError, match=why):
+        gate.admit(SUBMIT, sent)
+    assert gate.resigned(SUBMIT, sent, None) == sent, "what was not verified goes as it came"
+
+
+def test_a_message_that_json_reads_back_otherwise_is_signed_as_it_will_be_read():
+    gate = Gate("signed", KEY, 300)
+    sent = {"workflow": "three", "payload": {10: "a", 9: "b"}, "business_key": "k"}
+    signature = sign(SUBMIT, sent, *KEY.split(":"), time.time())
+    delivered = json.loads(json.dumps({**sent, "sas_signature": signature}))
+    assert gate.admit(SUBMIT, delivered) == "billing"
+    with pytest.raises(ValueError, match="keyword arguments only"):
+        gate.admit(SUBMIT, delivered, args=["three"])
+
+
+def test_an_authentic_submission_held_too_long_is_answered_on_reply_to(sas, pump):
+    from sas_app.interfaces.notifications import Notifications
+
+    kwargs = {"workflow": "three", "payload": {}, "business_key": "late", "reply_to": "late-replies"}
+    send(sas, SUBMIT, {**kwargs, "sas_signature": sign(SUBMIT, kwargs, *KEY.split(":"), time.time() - 90000)})
+    forged = {**kwargs, "reply_to": "someone-elses", "business_key": "forged"}
+    send(sas, SUBMIT, {**forged, "sas_signature": {"key": "billing", "ts": time.time(), "mac": "0" * 64}})
+    pump.run()
+    with Notifications(sas.celery, "late-replies") as inbox:
+        answer = inbox.get(timeout=2)
+    assert answer is not None and answer["kind"] == "refused" and "90000 s old" in answer["reason"]
+    with Notifications(sas.celery, "someone-elses") as inbox:
+        assert inbox.get(timeout=0.5) is None, "an unverified sender is answered nothing"
+    assert [(r.actor, r.origin) for r in reversed(sas.store.audit_rows())] == [
+        ("unverified", "the broker, claiming key billing")] * 2
 
 
 @pytest.mark.parametrize(("trust", "keys", "message"), [

@@ -213,10 +213,23 @@ def test_each_role_sees_and_may_do_only_what_it_is_allowed_and_refusals_are_audi
     assert page.count('data-outcome="refused"') == 1 and "amy (approver)" in page
 
 
-def test_behind_a_proxy_the_user_comes_from_its_header(sas):
+def test_behind_a_proxy_the_user_comes_from_its_header_and_only_from_the_proxy(sas):
     web = create_dashboard(sas, user_header="X-Forwarded-User", roles=parse_roles("oli=operator")).test_client()
     assert web.get("/runs").status_code == 401
     assert "oli (operator)" in web.get("/runs", headers={"X-Forwarded-User": "oli"}).get_data(as_text=True)
     assert "eve (viewer)" in web.get("/runs", headers={"X-Forwarded-User": "eve"}).get_data(as_text=True)
+    elsewhere = web.get("/runs", headers={"X-Forwarded-User": "oli"}, environ_base={"REMOTE_ADDR": "10.1.2.3"})
+    assert elsewhere.status_code == 403 and "do not come through the dashboard's proxy" in elsewhere.get_data(
+        as_text=True)
+    no_roles = create_dashboard(sas, user_header="X-Forwarded-User").test_client()
+    assert "eve (viewer)" in no_roles.get("/runs", headers={"X-Forwarded-User": "eve"}).get_data(as_text=True)
+
+
+def test_a_user_or_password_outside_ascii_logs_in(sas):
+    web = create_dashboard(sas, basic_auth=[("zoë", "pässwörd")]).test_client()
+    sent = {"Authorization": "Basic " + base64.b64encode("zoë:pässwörd".encode()).decode()}
+    assert web.get("/runs", headers=sent).status_code == 200
+    wrong = {"Authorization": "Basic " + base64.b64encode("zoë:wrong".encode()).decode()}
+    assert web.get("/runs", headers=wrong).status_code == 401
     with pytest.raises(ValueError, match="with a role of viewer, approver, operator, admin"):
         parse_roles("oli=root")
