@@ -27,8 +27,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def alone_when_marked(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """scripts/test runs two tests at once (pytest-xdist; SAS_TEST_WORKERS=0: one at a time): a test marked
     ``alone`` runs while no other does, as it changes what every test shares (restarts RabbitMQ,
-    empties all of Redis); one marked ``one_bench`` while no other such does, as the benches' stacks
-    take fixed database names and the Redis numbers the other tests leave them. A readers-writer lock
+    empties all of Redis); one marked ``one_bench(name)`` while no other of that bench does, as a
+    bench's stack takes fixed database names. A readers-writer lock
     between the workers, its files in their common temporary folder; a turnstile first, so that a test
     waiting to run alone is not passed by the other worker's next tests."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
@@ -36,9 +36,10 @@ def alone_when_marked(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
         return
     shared = tmp_path_factory.getbasetemp().parent
     alone = request.node.get_closest_marker("alone") is not None
-    one_bench = request.node.get_closest_marker("one_bench") is not None
+    one_bench = request.node.get_closest_marker("one_bench")
+    bench_name = one_bench.args[0] if one_bench is not None and one_bench.args else "bench"
     with open(shared / "turnstile.lock", "a") as turnstile, open(shared / "alone.lock", "a") as lock, \
-            open(shared / "bench.lock", "a") as bench:
+            open(shared / f"bench-{bench_name}.lock", "a") as bench:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         if one_bench:

@@ -26,10 +26,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import redis
 from sqlalchemy import func, select, text, update
 
-from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
+from bench.throughput import REPO, bench_stack, machine, percentile, record, service_arguments
 from sas_app import Submission
 from sas_app.testing.processes import Processes, stopped_by_signals
 
@@ -62,12 +61,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     service_arguments(parser, redis_db=13)
     args = parser.parse_args(argv)
 
-    db_url = fresh_database(args.postgres, "sas_bench_recovery")
-    redis.Redis.from_url(args.redis).flushdb()
     logs = Path(os.environ.get("BENCH_LOGS", "/tmp/sas-bench/recovery"))
-    env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": args.redis,
-           "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
-    os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS")})
+    env = bench_stack(args, "recovery", logs)
     from bench.app import sas  # after the environment names the stack
     from sas_app.messaging.routing import agent_queue
     from sas_app.store.connection import db_now

@@ -24,10 +24,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import redis
 from sqlalchemy import text
 
-from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
+from bench.throughput import REPO, bench_stack, fresh_database, machine, percentile, record, service_arguments
 from sas_app.testing.processes import Processes, stopped_by_signals
 
 FILL = """
@@ -97,16 +96,13 @@ def sweep_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
 def recovery_latency(args: argparse.Namespace) -> dict[str, Any]:
     from sqlalchemy import select
 
-    db_url = fresh_database(args.postgres, "sas_bench_recovery")
-    redis.Redis.from_url(args.redis).flushdb()
-    env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": args.redis,
-           "SAS_HOME": "/tmp/sas-bench/recovery", "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
-    os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME")})
+    logs = Path(os.environ.get("BENCH_LOGS", "/tmp/sas-bench")) / "sweep-recovery"
+    env = bench_stack(args, "sweep_recovery", logs)
     from bench.app import sas
     from sas_app.store.tables import events
 
     sas.migrate()
-    procs = Processes(Path("/tmp/sas-bench/recovery"), env, cwd=REPO)
+    procs = Processes(logs, env, cwd=REPO)
     try:
         procs.worker("scheduler", "sas.scheduler,sas.supervisor", 2)
         procs.worker("agent", "sas.agent.noop", 2)

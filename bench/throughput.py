@@ -113,6 +113,18 @@ def fresh_database(admin_url: str, name: str) -> str:
     return admin_url.rsplit("/", 1)[0] + f"/{name}"
 
 
+def bench_stack(args: argparse.Namespace, name: str, logs: Path) -> dict[str, str]:
+    """A bench's own stack: a fresh database ``sas_bench_<name>``, its Redis number emptied, and
+    the environment its processes run in (the bench's app, no task events) — set in this process
+    too, so that ``bench.app``, imported after, names the same stack."""
+    db_url = fresh_database(args.postgres, f"sas_bench_{name}")
+    redis.Redis.from_url(args.redis).flushdb()
+    env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": args.redis,
+           "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
+    os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS")})
+    return env
+
+
 @contextmanager
 def sas_contender(args: argparse.Namespace, db_url: str, broker: str, logs: Path) -> Iterator[Callable[[int], dict]]:
     """sas_app's stack, started once; yields one repetition's run, to be called with its number."""

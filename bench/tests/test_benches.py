@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.bench
-#: the benches whose stacks take fixed database names and Redis numbers (12-15, which the integration
-#: tests leave them) run one at a time; beside other tests, so their figures here mean nothing
+#: a bench's stack takes fixed database names (sas_bench_<bench>): two tests of one bench run one at a
+#: time; beside other tests, so their figures here mean nothing
 one_bench = pytest.mark.one_bench
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,15 @@ REPO = Path(__file__).resolve().parents[2]
 QUICK_SWEEPS = {"SAS_SUPERVISOR_INTERVAL": "1"}
 
 
-def run_bench(module: str, *args: str, tmp_path, env: dict[str, str] | None = None) -> dict:
+def own_redis() -> list[str]:
+    """A Redis number of this pytest-xdist worker's own among the benches' (12-15, which the
+    integration tests leave them), so two benches can run at once."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    return ["--redis", os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + f"/{12 + worker % 4}"]
+
+
+def run_bench(module: str, *args: str, tmp_path, env: dict[str, str] | None = None, redis: bool = True) -> dict:
+    args = (*args, *own_redis()) if redis else args
     done = subprocess.run([sys.executable, "-m", module, *args, "--out", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "BENCH_LOGS": str(tmp_path / "logs"), **(env or {})})
@@ -32,7 +40,7 @@ def run_bench(module: str, *args: str, tmp_path, env: dict[str, str] | None = No
     return json.loads(written.read_text())
 
 
-@one_bench
+@one_bench("throughput")
 def test_throughput_bench_runs_every_contender(tmp_path):
     # enough runs that each component's share is many of the kernel's 10 ms clock ticks: with 5 runs
     # PostgreSQL's backends each spent under one tick and /proc read 0
@@ -50,7 +58,7 @@ def test_throughput_bench_runs_every_contender(tmp_path):
     assert result["machine"]["cores"] >= 1
 
 
-@one_bench
+@one_bench("throughput")
 def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and_counts_commits_and_messages(
         tmp_path):
     result = run_bench("bench.throughput", "--runs", "6", "--repeat", "1", "--idle-runs", "1", "--concurrency", "2",
@@ -62,7 +70,7 @@ def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and
     assert sas["submit_per_s"]["median"] > 0
 
 
-@one_bench
+@one_bench("sweep")
 def test_sweep_bench_measures_cost_and_recovery(tmp_path):
     result = run_bench("bench.sweep", "--sizes", "2000,4000", "--waiting", "2000", "--samples", "1",
                        "--recoveries", "2", "--spread", "0", tmp_path=tmp_path, env=QUICK_SWEEPS)
@@ -70,7 +78,7 @@ def test_sweep_bench_measures_cost_and_recovery(tmp_path):
     assert result["recovery"]["runs"] == 2
 
 
-@one_bench
+@one_bench("recovery")
 def test_recovery_bench_gets_a_dead_fleets_steps_going_again(tmp_path):
     result = run_bench("bench.recovery", "--in-flight", "40", "--rows", "2000", "--lead", "1", tmp_path=tmp_path,
                        env=QUICK_SWEEPS)
@@ -78,15 +86,15 @@ def test_recovery_bench_gets_a_dead_fleets_steps_going_again(tmp_path):
     assert 0 < result["redispatch_p50_s"] <= result["redispatch_max_s"] <= result["all_processed_s"]
 
 
-@one_bench
+@one_bench("dashboard")
 def test_dashboard_bench_times_every_page_and_catches_up_the_metrics(tmp_path):
-    result = run_bench("bench.dashboard", "--sizes", "3000", "--samples", "1", tmp_path=tmp_path)
+    result = run_bench("bench.dashboard", "--sizes", "3000", "--samples", "1", tmp_path=tmp_path, redis=False)
     [size] = result["sizes"]
     assert len(size["pages"]) == 8 and all(page["ms_median"] > 0 for page in size["pages"].values())
     assert size["metrics_caught_up_after_scrapes"] is not None and size["metrics_steps_counted"] == 3000
 
 
-@one_bench
+@one_bench("backpressure")
 def test_backpressure_bench_overloads_an_agent_and_loses_nothing(tmp_path):
     result = run_bench("bench.backpressure", "--depth", "3", "--timeout", "1", "--service", "0.05",
                        "--concurrency", "2", "--only-paced", "--bound", "120", tmp_path=tmp_path)
@@ -98,14 +106,14 @@ def test_backpressure_bench_overloads_an_agent_and_loses_nothing(tmp_path):
 
 def test_kit_bench_times_the_examples_and_the_kit_s_own_tests(tmp_path):
     # the unit tier's timing left out: the suite runs that tier already, and it costs a minute of both cores
-    result = run_bench("bench.kit", "--no-unit-tier", tmp_path=tmp_path)
+    result = run_bench("bench.kit", "--no-unit-tier", tmp_path=tmp_path, redis=False)
     assert result["tests"] == len(result["by_test_ms"]) >= 10
     assert set(result["by_file_s"]) == {f"examples.test_{name}" for name in ("approval", "fanout", "refund", "signup")
                                         } | {"tests.unit.test_testing_kit"}
     assert result["unit_tier"] is None
 
 
-@one_bench
+@one_bench("async")
 def test_async_bench_runs_async_actions_plain_actions_and_a_chain_against_a_slow_service(tmp_path):
     result = run_bench("bench.async_agents", "--runs", "12", "--threads", "12", "--processes", "2",
                        "--service-ms", "50", tmp_path=tmp_path)
@@ -113,7 +121,7 @@ def test_async_bench_runs_async_actions_plain_actions_and_a_chain_against_a_slow
         assert result[name]["steps_per_s"] > 0 and result[name]["agent_rss_mb"] > 0, result
 
 
-@one_bench
+@one_bench("api")
 def test_api_bench_times_submit_and_get_run_over_http_beside_python(tmp_path):
     result = run_bench("bench.api", "--requests", "40", "--clients", "2", "--threads", "4", tmp_path=tmp_path)
     for name in ("python_submit", "api_submit", "python_get_run", "api_get_run"):
