@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def alone_when_marked(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """scripts/test runs three tests at once (pytest-xdist; SAS_TEST_WORKERS=0: one at a time): a test marked
+    """scripts/test runs two tests at once (pytest-xdist; SAS_TEST_WORKERS=0: one at a time): a test marked
     ``alone`` runs while no other does, as it changes what every test shares (restarts RabbitMQ,
     empties all of Redis); one marked ``one_bench(name)`` while no other of that bench does, as a
     bench's stack takes fixed database names. A readers-writer lock
