@@ -14,10 +14,9 @@ from datetime import datetime
 import pytest
 import redis
 
-from harness.rabbitmq_node import purge_queues
+from harness.rabbitmq_node import RabbitNode
 from tests.integration.conftest import shop_app
-from tests.integration.rabbitmq import rabbitmqctl
-from tests.integration.stack import SAS, clock_off_by
+from tests.integration.stack import SAS, Stack, clock_off_by
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -106,16 +105,17 @@ def test_workers_whose_clocks_are_a_minute_off_still_keep_every_deadline(stack, 
     shop.store.dispose()
 
 
-@pytest.mark.alone  # FLUSHALL empties every test's Redis database
 def test_redis_emptied_mid_run_loses_no_order(stack, shop, redis_url):
-    # FLUSHALL takes every queued and unacknowledged message, and kombu's routing table with them.
+    # The stack's database number emptied, as a Redis restarted without persistence would be: every
+    # queued and unacknowledged message goes, and kombu's routing table with them (FLUSHDB: the
+    # other tests' numbers are left alone).
     stack.up()
     assert shop.submit("order", {"amount": 1}, business_key="before-flush").wait(30).process_state == "processed"
     in_flight = [shop.submit("order", {"amount": 2, "faults": {"charge": "latency:1"}}, business_key=f"flush-{i}")
                  for i in range(4)]
     wait_for(lambda: len(stack.requests_seen()) >= 2, 20, "charges to be in flight")
 
-    redis.Redis.from_url(redis_url).flushall()
+    redis.Redis.from_url(redis_url).flushdb()
     after = [shop.submit("order", {"amount": 3}, business_key=f"after-flush-{i}") for i in range(4)]
 
     views = [h.wait(60) for h in in_flight + after]
@@ -124,45 +124,64 @@ def test_redis_emptied_mid_run_loses_no_order(stack, shop, redis_url):
     assert set(charges.values()) == {1} and len(charges) == 9
 
 
+@pytest.fixture
+def own_rabbit(tmp_path):
+    """A RabbitMQ node of this test's own (the others' is not restarted under them)."""
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    node = RabbitNode(tmp_path)
+    try:
+        node.start()
+        yield node
+    finally:
+        node.stop()
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.alone  # every test's RabbitMQ goes down with it
-@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
-def test_rabbitmq_restarted_and_its_queues_purged_mid_run_loses_no_order(stack, stack_env, broker_url):
+def test_rabbitmq_restarted_and_its_queues_purged_mid_run_loses_no_order(own_rabbit, stack_env, tmp_path):
     """Where the Redis run empties Redis: RabbitMQ's application restarted (every connection
-    dropped, what was unacknowledged given back), then every queue of the run's virtual host purged.
+    dropped, what was unacknowledged given back), then every queue purged (a node of the test's own).
     The broker stays down 9 s, and the workers try to reach it at most about a second apart. Each step
     may pass its complete-by 10 times: an order undone because nobody took its step meanwhile would
     be right, but not what this looks at."""
+    stack_env = {**stack_env, "SAS_BROKER_URL": own_rabbit.url}
     shop = shop_app(stack_env, max_failures=10)
     shop.migrate()
+    stack = Stack(tmp_path / "home", stack_env)
+    try:
+        rabbit_restarted_mid_run(own_rabbit, stack, shop)
+    finally:
+        stack.stop_all()
+        shop.store.dispose()
+
+
+def rabbit_restarted_mid_run(node: RabbitNode, stack: Stack, shop) -> None:
     stack.up()
     assert shop.submit("order", {"amount": 1}, business_key="before").wait(30).process_state == "processed"
     in_flight = [shop.submit("order", {"amount": 2, "faults": {"charge": "latency:1"}}, business_key=f"mid-{i}")
                  for i in range(4)]
     wait_for(lambda: len(stack.requests_seen()) >= 2, 20, "charges to be in flight")
 
-    rabbitmqctl("stop_app")
+    node.ctl("stop_app")
     down_at, down_since = time.monotonic(), time.time()
     try:
         late = [shop.submit("order", {"amount": 3}, business_key=f"while-down-{i}") for i in range(2)]
         time.sleep(max(0.0, down_at + BROKER_DOWN_S - time.monotonic()))  # the outage's length, not a wait
     finally:
-        rabbitmqctl("start_app")
-    rabbitmqctl("await_startup")
+        node.ctl("start_app")
+    node.ctl("await_startup")
     # every worker tried to reach the broker at most about a second apart (sas_app.messaging.reconnect), so it
     # was back within a second of the broker, not after Celery's back-off
     for name in ("agents", "scheduler"):
         tries = wait_for(lambda name=name: back_since(stack, name, down_since), 10, f"{name} back on the broker")
         gaps = [later - earlier for earlier, later in itertools.pairwise(tries)]
         assert len(tries) >= 6 and max(gaps) <= 1.5, f"{name} tried the broker at {tries}"
-    purge_queues(rabbitmqctl, broker_url.rsplit("/", 1)[1])
+    node.purge()
     after = [shop.submit("order", {"amount": 4}, business_key=f"after-{i}") for i in range(3)]
 
     views = [h.wait(90) for h in in_flight + late + after]
     assert [v.process_state for v in views] == ["processed"] * 9
     charges = Counter(e["order_id"] for e in stack.ledger() if e["action"] == "charge")
     assert set(charges.values()) == {1} and len(charges) == 10
-    shop.store.dispose()
 
 
 def test_a_run_resumed_while_the_scheduler_is_down_ends_though_the_broker_lost_the_resume(stack, shop, redis_url):
