@@ -1,5 +1,5 @@
 """Helpers shared by the unit and integration tests: bounded waits, an in-process message pump and
-the processes a harness left running."""
+the processes a harness left running, and the objects a kustomization lists."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from sqlalchemy import Engine, event
 
 from sas_app import SasApp
@@ -112,3 +113,15 @@ def live_processes_with(marker: str) -> list[int]:
         if marker.encode() in seen and state != "Z":
             pids.append(int(proc.name))
     return pids
+
+
+def kustomized(folder: Path) -> list[dict[str, Any]]:
+    """Every object a kustomization lists, read as kustomize would: ours use ``resources`` only
+    (asserted), so that reading them here is what ``kubectl apply -k`` applies."""
+    [kustomization] = yaml.safe_load_all((folder / "kustomization.yaml").read_text())
+    assert set(kustomization) == {"apiVersion", "kind", "resources"}, f"{folder}: resources only"
+    found: list[dict[str, Any]] = []
+    for resource in kustomization["resources"]:
+        path = folder / resource
+        found += kustomized(path) if path.is_dir() else list(yaml.safe_load_all(path.read_text()))
+    return found

@@ -21,7 +21,7 @@ from kombu.exceptions import KombuError
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
-from sas_app.cli import access, operate, serve
+from sas_app.cli import access, fleet, operate, serve
 from sas_app.cli.base import DEFAULT_APP, Context, console, fail, pass_ctx
 from sas_app.definitions.inputs import input_schema
 from sas_app.engine.graph import Graph
@@ -35,6 +35,7 @@ from sas_app.web.formatting import after_text, detail_text, does, when
 #: comes last
 SECTIONS = {
     "Run a deployment": ["migrate", "worker", "beat", "dashboard", "flower", "doctor", "purge"],
+    "Run a fleet": ["health", "backlog", "kubernetes"],
     "Submit and look at runs": ["submit", "runs", "show", "workflows", "schedules", "signal"],
     "Operate runs": ["pause", "resume", "cancel", "compensate", "resubmit", "mark-done", "rerun"],
     "Access": ["token", "audit"],
@@ -230,7 +231,7 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     console.print(history)
 
 
-for _command in (*serve.COMMANDS, *operate.COMMANDS, *access.COMMANDS):
+for _command in (*serve.COMMANDS, *operate.COMMANDS, *access.COMMANDS, *fleet.COMMANDS):
     main.add_command(_command)
 
 

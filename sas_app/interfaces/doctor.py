@@ -110,6 +110,42 @@ class Doctor:
             found["clocks"] = Check("clocks", None, detail="not checked: the database does not answer")
         return [found[name] for name in CHECKS]
 
+    def probe(self, worker: str | None = None, *, alive: bool = False, timeout: float = 5.0) -> Check:
+        """One process's health, for a Kubernetes probe (``sas health``): the database answers and
+        its schema is this sas_app's, the broker answers, and ``worker`` (a node name) answers and
+        consumes a queue. The first problem found, or a check with count 0 saying what holds.
+
+        ``alive`` (a liveness probe) asks only whether ``worker`` answers: a worker whose broker is
+        down cannot be asked, and is not called dead for it (restarting it would not bring the
+        broker back); the database is not its concern."""
+        if not alive:
+            for check in (self._database, self._schema):
+                found = check()
+                if not found.ok:
+                    return found
+        where = redact_url(self.settings.broker_url)
+        try:
+            with self.celery.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, timeout=timeout)
+        except Exception as exc:
+            if alive:
+                return Check("broker", 0, detail=f"the broker does not answer ({one_line(exc)}): not judged")
+            return Check("broker", 1, where, one_line(exc), "start the broker, or point SAS_BROKER_URL at it")
+        if worker is None:
+            return Check("health", 0, detail="database, schema and broker answer")
+        try:
+            replies = self.celery.control.broadcast("sas_clock", destination=[worker], reply=True, timeout=timeout)
+        except Exception as exc:
+            return Check("worker", 1, worker, f"could not ask it: {one_line(exc)}", "check the broker")
+        queues = sorted({q for reply in replies or [] for answer in reply.values() for q in answer.get("queues", [])})
+        if not replies:
+            return Check("worker", 1, worker, f"did not answer within {timeout:g} s",
+                         "look at its log; a worker that stays silent is restarted by its liveness probe")
+        if not queues:
+            return Check("worker", 1, worker, "consumes no queue", "check its -Q and the broker")
+        return Check("health", 0, worker, f"{worker} consumes {', '.join(queues)}"
+                     + ("" if alive else "; database, schema and broker answer"))
+
     def repair(self, by: str) -> list[str]:
         """Hand every live run with nothing due to the Supervisor (its next sweep asks the
         Scheduler about it); their ids."""

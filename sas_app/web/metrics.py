@@ -15,6 +15,9 @@ was open), ``sas_step_failures_total{agent}``,
 whose run is in error or unfinished), ``sas_stale_replies_total``,
 ``sas_supervisor_sweeps_total{instance}``, ``sas_supervisor_last_sweep_age_seconds{instance}``,
 ``sas_breaker_state{agent}`` (0 closed, 1 half-open, 2 open),
+``sas_agent_backlog{agent,state}`` (each agent's steps ``due``, ``dispatched`` and ``retrying``:
+:mod:`sas_app.store.backlog`), ``sas_agent_outstanding{agent}`` (due + dispatched: what an agent's
+workers scale on), ``sas_agent_oldest_dispatched_seconds{agent}``,
 ``sas_metrics_caught_up`` (0 while a dashboard started over a long history is still reading it,
 ``MAX_BATCHES`` x ``BATCH`` events a scrape: the counters are left out until then, so that
 ``rate()`` never sees the history arrive as a burst), ``sas_doctor_problems{check}`` (what ``sas
@@ -35,6 +38,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from sas_app.interfaces.doctor import Check
 from sas_app.states import TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState
+from sas_app.store.backlog import BACKLOG_STATES, backlog
 from sas_app.store.observe import HistoryEvent, Observer
 
 if TYPE_CHECKING:
@@ -181,6 +185,18 @@ class StoreCollector(Collector):
                      ["agent"], (((name,), BREAKER_STATES.get(agent.breaker.state, 0))
                                  for name, agent in self.sas.agents.items()
                                  if agent.breaker is not None))
+        agents = backlog(self.sas.store, tuple(self.sas.agents))
+        yield family(GaugeMetricFamily, "sas_agent_backlog",
+                     "Each agent's live steps: due to be sent, dispatched (queued or being worked on), retrying "
+                     "(backing off)", ["agent", "state"],
+                     (((a.agent, state), getattr(a, state))
+                      for a in agents for state in BACKLOG_STATES))
+        yield family(GaugeMetricFamily, "sas_agent_outstanding",
+                     "Each agent's steps to take now (due + dispatched): what its workers scale on", ["agent"],
+                     (((a.agent,), a.outstanding) for a in agents))
+        yield family(GaugeMetricFamily, "sas_agent_oldest_dispatched_seconds",
+                     "Seconds since each agent's longest-dispatched running step was sent", ["agent"],
+                     (((a.agent,), a.oldest) for a in agents))
         checks = self._doctor()
         yield family(GaugeMetricFamily, "sas_doctor_problems", "What sas doctor finds wrong, by check (0: healthy)",
                      ["check"], (((c.name,), c.count) for c in checks if c.count is not None))

@@ -41,6 +41,15 @@ def test_every_command_resolves_to_a_real_entry_point(services):
     assert consumed == set(sas.queues()), "every queue has a worker"
 
 
+def test_each_worker_is_checked_by_sas_health_naming_its_own_node(services):
+    workers = {name: svc for name, svc in services.items() if svc.get("command", [None, None])[1] == "worker"}
+    assert len(workers) == 5
+    for name, svc in workers.items():
+        argv = svc["command"]
+        node = argv[argv.index("-n") + 1]
+        assert svc["healthcheck"]["test"] == ["CMD", "sas", "health", "--worker", node], name
+
+
 def test_no_credentials_are_committed_and_flower_asks_for_them(services):
     text = COMPOSE.read_text()
     for secret in ("REDIS_PASSWORD", "POSTGRES_PASSWORD", "FLOWER_USER", "FLOWER_PASSWORD"):

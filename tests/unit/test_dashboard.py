@@ -314,6 +314,7 @@ def test_every_metric_label_holds_one_of_its_known_values(env, sas, pump, filled
     from sas_app.engine import alerts
     from sas_app.interfaces.doctor import CHECKS
     from sas_app.states import RUN_STATES, Cause
+    from sas_app.store.backlog import BACKLOG_STATES
 
     deferred = sas.submit("three", {"script": {"first": ["deferred", "ok"]}}, business_key="deferred-1")
     env.finish(deferred.id)
@@ -322,7 +323,7 @@ def test_every_metric_label_holds_one_of_its_known_values(env, sas, pump, filled
     sas.test_clock.advance(0.01)
 
     known = {
-        "workflow": set(sas.workflows), "agent": set(sas.agents), "state": set(RUN_STATES),
+        "workflow": set(sas.workflows), "agent": set(sas.agents), "state": set(RUN_STATES) | set(BACKLOG_STATES),
         "cause": {c.value for c in Cause} | {"other"},
         "kind": {alerts.FAILED, alerts.COMPENSATION_FAILED, alerts.COMPENSATION_STUCK, alerts.AT_RISK,
                  alerts.DEADLINE, alerts.ESCALATED, "sleep", "event", "slot"},

@@ -1,0 +1,179 @@
+"""What a fleet runs on: each agent's backlog read from the state store (``sas backlog``, the
+Prometheus gauges a ScaledObject scales on), ``sas health`` (a probe's check of one process), the
+dashboard's ``/healthz`` and ``/livez``, and ``sas kubernetes`` (the manifests, valid against
+Kubernetes's schemas, each agent's grace period from its longest step, and the committed ones
+those the command writes today)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+from click.testing import CliRunner
+from prometheus_client import generate_latest
+from werkzeug.test import Client
+
+from sas_app import SasApp, Settings
+from sas_app.cli import main
+from sas_app.interfaces.manifests import DRAIN_MARGIN, longest_steps
+from sas_app.store.backlog import backlog
+from sas_app.web.metrics import registry_for
+from sas_app.web.site import create_site
+from tests.support import kustomized
+
+REPO = Path(__file__).resolve().parents[2]
+#: the Kubernetes version the manifests are checked against
+KUBERNETES = "1.30"
+
+#: the app the commands load here (``--app tests.unit.test_fleet:CLI_APP``)
+CLI_APP: SasApp | None = None
+
+
+@pytest.mark.both_stores
+def test_the_backlog_counts_each_agents_steps_due_dispatched_and_retrying_from_the_store(sas, pump):
+    for n in range(3):  # three runs whose first step is dispatched: three messages wait for svc
+        sas.submit("three", {}, business_key=f"wait-{n}")
+    sas.submit("three", {"script": {"first": ["deferred", "ok"]}}, business_key="deferred")
+    pump.run(["sas.scheduler"])
+    [svc] = backlog(sas.store, ("svc", "idle"))[1:]
+    assert (svc.agent, svc.due, svc.dispatched, svc.retrying, svc.outstanding) == ("svc", 0, 4, 0, 4)
+    assert backlog(sas.store, ("idle",))[0].as_dict() == {"agent": "idle", "due": 0, "dispatched": 0, "retrying": 0,
+                                                           "oldest": 0.0, "outstanding": 0}
+    deferred = [m for m in pump.take("sas.agent.svc") if m.kwargs["position"] == 0]
+    for message in deferred:
+        pump.execute(message)  # each first step runs; the deferred one's breaker is open
+    for reply in pump.take("sas.scheduler"):  # the replies, once: the deferred step's retry stays held
+        pump.execute(reply)
+    [svc] = backlog(sas.store, ())
+    assert (svc.dispatched, svc.retrying) == (3, 1)  # the deferred step backs off: not outstanding
+
+
+def test_the_gauges_a_scaled_object_reads_give_each_agents_outstanding_steps(sas, pump):
+    sas.submit("three", {}, business_key="one")
+    sas.submit("three", {}, business_key="two")
+    pump.run(["sas.scheduler"])
+    text = generate_latest(registry_for(sas)).decode()
+    assert 'sas_agent_outstanding{agent="svc"} 2.0' in text
+    assert 'sas_agent_backlog{agent="svc",state="dispatched"} 2.0' in text
+    assert 'sas_agent_backlog{agent="svc",state="retrying"} 0.0' in text
+
+
+@pytest.fixture
+def sas_cli(tmp_path):
+    global CLI_APP
+    CLI_APP = SasApp(Settings(home=tmp_path / "home", broker_url="memory://localhost/",
+                              database_url=f"sqlite:///{tmp_path / 'state.db'}"))
+    runner = CliRunner()
+
+    def run(*args: str, code: int = 0):
+        result = runner.invoke(main, ["--app", "tests.unit.test_fleet:CLI_APP", *args])
+        assert result.exit_code == code, result.output
+        return result
+
+    yield run
+    CLI_APP.store.dispose()
+
+
+def test_sas_health_says_in_one_line_why_a_process_is_not_ready_and_exits_1(sas_cli):
+    assert sas_cli("health", code=1).output == \
+        "unhealthy: schema: the state store has no schema yet: run `sas migrate`\n"
+    CLI_APP.migrate()
+    assert sas_cli("health").output == "ok: database, schema and broker answer\n"
+    silent = sas_cli("health", "--worker", "nobody@%h", "--timeout", "0.3", code=1).output
+    assert silent.startswith("unhealthy: worker: nobody@") and "did not answer within 0.3 s" in silent
+    assert "nobody@%h" not in silent  # %h is this host's name, as Celery's -n expands it
+    assert "--alive checks a worker" in sas_cli("health", "--alive", code=2).output
+
+
+def test_sas_backlog_prints_each_agents_counts_as_json(sas_cli):
+    CLI_APP.migrate()
+    CLI_APP.agent("payment")
+    assert json.loads(sas_cli("backlog", "--json").output) == {"agents": {"payment": {
+        "agent": "payment", "due": 0, "dispatched": 0, "retrying": 0, "oldest": 0.0, "outstanding": 0}}}
+
+
+def test_the_dashboards_probes_answer_without_a_password_and_say_why_it_is_not_ready(tmp_path):
+    app = SasApp(Settings(home=tmp_path / "home", broker_url="memory://localhost/",
+                          database_url=f"sqlite:///{tmp_path / 'state.db'}"))
+    client = Client(create_site(app, basic_auth={"ann": "pw"}))
+    assert client.get("/livez").status_code == 200
+    not_ready = client.get("/healthz")
+    assert (not_ready.status_code, not_ready.text) == (503, "the state store has no schema yet: run `sas migrate`\n")
+    app.migrate()
+    assert (client.get("/healthz").status_code, client.get("/healthz").text) == (200, "ok\n")
+    assert client.get("/").status_code == 401  # the rest still asks who you are
+    app.store.dispose()
+
+
+# -- the manifests -----------------------------------------------------------------------------
+
+
+def regenerate(out: Path) -> None:
+    """``deploy/kubernetes/regenerate`` writes the example's base manifests, as a user would."""
+    subprocess.run(["bash", str(REPO / "deploy" / "kubernetes" / "regenerate"), str(out)], check=True,
+                   env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "SAS_HOME": str(out.parent / "home")},
+                   capture_output=True)
+
+
+@pytest.mark.integration  # the sas command, run as a user would
+def test_the_committed_manifests_are_what_sas_kubernetes_writes_for_the_example_today(tmp_path):
+    regenerate(tmp_path / "base")
+    committed = REPO / "deploy" / "kubernetes" / "base"
+    written = sorted(p.relative_to(tmp_path / "base") for p in (tmp_path / "base").rglob("*.yaml"))
+    assert written == sorted(p.relative_to(committed) for p in committed.rglob("*.yaml"))
+    for name in written:
+        assert (tmp_path / "base" / name).read_text() == (committed / name).read_text(), \
+            f"deploy/kubernetes/base/{name} is stale: run deploy/kubernetes/regenerate"
+
+
+def test_the_manifests_are_valid_kubernetes_objects_with_probes_budgets_and_grace_periods():
+    example = kustomized(REPO / "deploy" / "kubernetes" / "example")
+    for document in example:
+        kubernetes_validate.validate(document, KUBERNETES, strict=True)
+    deployments = {d["metadata"]["name"]: d for d in example if d["kind"] == "Deployment"}
+    assert set(deployments) >= {"sas-scheduler", "sas-beat", "sas-dashboard", "sas-flower", "sas-agent-payment",
+                                "sas-agent-fraud", "sas-agent-warehouse", "sas-agent-orders"}
+    budgets = {d["metadata"]["name"] for d in example if d["kind"] == "PodDisruptionBudget"}
+    assert budgets == {"sas-scheduler", "sas-agent-payment", "sas-agent-fraud", "sas-agent-warehouse",
+                       "sas-agent-orders"}
+    assert any(d["kind"] == "Job" and d["spec"]["template"]["spec"]["containers"][0]["command"] == ["sas", "migrate"]
+               for d in example)
+    from workers.app import sas as example_app
+    longest = longest_steps(example_app.agents, example_app.workflows.values())
+    assert longest["payment"] == 10.0  # the order example's charge_payment and its refund
+    for agent, seconds in longest.items():
+        pod = deployments[f"sas-agent-{agent}"]["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == int(seconds) + DRAIN_MARGIN
+        container = pod["containers"][0]
+        assert container["readinessProbe"]["exec"]["command"] == ["sas", "health", "--worker", f"{agent}@%h"]
+        assert container["command"][container["command"].index("-n") + 1] == f"{agent}@%h"
+
+
+def test_each_agent_has_a_scaled_object_on_its_outstanding_steps_per_worker_process():
+    base = REPO / "deploy" / "kubernetes" / "base"
+    deployments = {d["metadata"]["name"]: d for d in kustomized(base) if d["kind"] == "Deployment"}
+    scaled = kustomized(base / "keda")
+    assert {s["spec"]["scaleTargetRef"]["name"] for s in scaled} == {n for n in deployments if "-agent-" in n}
+    for s in scaled:
+        command = deployments[s["spec"]["scaleTargetRef"]["name"]]["spec"]["template"]["spec"]["containers"][0][
+            "command"]
+        [trigger] = s["spec"]["triggers"]
+        agent = s["metadata"]["name"].removeprefix("sas-agent-")
+        assert trigger["metadata"]["query"] == f'max(sas_agent_outstanding{{agent="{agent}"}})'
+        assert trigger["metadata"]["threshold"] == command[command.index("-c") + 1]
+
+
+def test_sas_kubernetes_refuses_what_it_cannot_write_and_writes_nothing(sas_cli, tmp_path):
+    CLI_APP.agent("payment")
+    out = tmp_path / "out"
+    for args, message in [(["--concurrency", "billing=2"], "--concurrency billing: no such agent; the app has payment"),
+                          (["--concurrency", "payment=0"], "expected a number of processes >= 1"),
+                          (["--env", "NOEQUALS"], "--env 'NOEQUALS': expected NAME=VALUE"),
+                          (["--name", "Sas_1"], "--name 'Sas_1': lower-case letters")]:
+        result = sas_cli("kubernetes", "--image", "x", "--out", str(out), *args, code=2)
+        assert message in result.output
+        assert not out.exists()
