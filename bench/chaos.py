@@ -66,6 +66,7 @@ from sqlalchemy.pool import NullPool
 
 from bench import alert_quality
 from bench.chaos_faults import KINDS, Faults, plan_chaos
+from bench.chaos_operators import ERROR_WITHIN_S
 from bench.chaos_report import percentile, print_report, reason, recovery_times
 from bench.held_orders import HeldOrders
 from bench.soak import Watch, judge, own_pid, parse_duration
@@ -278,8 +279,8 @@ class Chaos(Faults):
         self.join(chaos, float("inf"))
         for thread in self.held.threads:
             self.join(thread, 120)
-        for thread in self.background:
-            self.join(thread, 60)
+        for thread in self.background:  # an operator waiting for its order to reach error, say
+            self.join(thread, ERROR_WITHIN_S)
         healed_at = time.monotonic()
         restarted = self.fleet.heal()
         finished = self.wait_for_the_end(args.bound)

@@ -183,6 +183,7 @@ class SasApp:
                                     "clock": self._clock or time.monotonic,
                                     "sleep": getattr(self._clock, "sleep", time.sleep),
                                     "rate_limit": s.rate_limit(name),
+                                    "queue_wait_max": s.queue_wait_max,
                                     "inputs": self._input_of}
         agent = Agent(self.celery, name, **{**defaults, **options})
         self.agents[name] = agent

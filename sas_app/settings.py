@@ -43,6 +43,13 @@ class Settings:
     retry_backoff: float = 0.5
     #: SAS_RETRY_BACKOFF_MAX — cap on that back-off. Default 60.
     retry_backoff_max: float = 60.0
+    #: SAS_QUEUE_WAIT_MAX — seconds a step's message may wait in its agent's queue, untaken, past
+    #: its complete-by without spending an attempt: the Supervisor leaves a step whose message is
+    #: still queued (by the queue's depth) alone, and the agent that takes it late (past its
+    #: complete-by, or with less than half its time left) gives it its whole timeout from then.
+    #: Past this, or with 0, the step counts a failure as a worker's would.
+    #: Default 600.
+    queue_wait_max: float = 600.0
     #: SAS_SWEEP_BATCH — most expired rows one sweep transaction handles. Default 500.
     sweep_batch: int = 500
     #: SAS_VISIBILITY_TIMEOUT — Redis redelivers an unacknowledged message after this many seconds;
@@ -180,6 +187,8 @@ class Settings:
         if self.broker_trust == "signed" and not self.broker_keys.strip():
             raise ValueError("SAS_BROKER_TRUST=signed needs SAS_BROKER_KEYS (<id>:<secret>, the secret at least "
                              "32 characters)")
+        if self.queue_wait_max < 0:
+            raise ValueError(f"setting queue_wait_max must be 0 (off) or more seconds, got {self.queue_wait_max!r}")
         for name in ("sweep_batch", "max_branches", "max_child_depth"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")

@@ -65,6 +65,10 @@ class EventKind(Word):
     OPERATOR = "operator"  # an operator acted (detail: action, by, reason)
     SIGNAL = "signal"  # a signal arrived for a wait (detail: event, status, by)
     FAULTS = "faults"  # an attempt's transient faults (detail: count, first, last), once it ended
+    #: its message waited in its agent's queue past complete-by: left alone by the Supervisor
+    #: (detail: depth), or taken late by its agent, which started its complete-by again (detail:
+    #: waited); no failure counted either way
+    QUEUED = "queued"
 
 
 class Cause(Word):

@@ -20,11 +20,11 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol, overload
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, overload
 
 import httpx
 from billiard.exceptions import WorkerLostError
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 from celery.worker.request import Request
 from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
@@ -61,6 +61,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: seconds an agent waits before handing a late message back to its queue while the store cannot be
+#: asked about it (so that its workers do not spin on it)
+STORE_DOWN_PAUSE = 1.0
+
 
 class Replies(Protocol):
     """Where an agent's replies go when they are handled in its own process: the Scheduler's
@@ -80,6 +84,10 @@ class Replies(Protocol):
                      faults: dict[str, Any] | None = None) -> None: ...
 
     def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any]) -> None: ...
+
+    def start_late(self, run_id: str, position: int, attempt: int) -> float | None:
+        """A message taken late (it waited in the queue): when its attempt now ends (the
+        database's clock, a whole timeout from now) if the store still wants that attempt, or None."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -142,6 +150,11 @@ def report_lost(celery: Celery, message: dict[str, Any], reason: str) -> bool:
     return True
 
 
+def timeout_of(message: dict[str, Any]) -> float:
+    """A step message's whole timeout (its ``budget`` as sent)."""
+    return float(message.get("budget") or 0.0)
+
+
 class Agent:
     """One remote service's agent. Declare actions with :meth:`action`."""
 
@@ -160,6 +173,7 @@ class Agent:
         replies: Replies | None = None,
         db_clock: Callable[[], float | None] | None = None,
         inputs: Callable[[str, Any], Any] | None = None,
+        queue_wait_max: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -175,11 +189,16 @@ class Agent:
         if that fails, or without, the reply goes to the Scheduler's queue (a broker that refuses
         it fails the task, visibly in Flower; the Supervisor recovers the step). With a
         ``db_clock`` (the state store's clock) a step's time left is measured against its
-        complete-by on the database's clock, so a worker whose own clock is off still stops in time
-        and drops a message that waited past it; while that clock cannot be read (None) no step is
-        run — its time left cannot be judged — and the Supervisor retries it at its complete-by.
+        complete-by on the database's clock, so a worker whose own clock is off still stops in time;
+        a message taken past its complete-by (it waited in the queue) runs with a whole timeout if
+        the store still wants its attempt, and is dropped otherwise; while that clock cannot be
+        read (None) no step is run — its time left cannot be judged — and its message goes back
+        to the queue for when the store answers.
         ``inputs(workflow, payload)`` turns a step's payload into what its action gets (the
-        workflow's input model, parsed); a payload it refuses fails the step.
+        workflow's input model, parsed); a payload it refuses fails the step. With
+        ``queue_wait_max`` (SAS_QUEUE_WAIT_MAX) and ``replies``, a message that waited in the
+        queue until less than half its time was left starts again with its whole timeout, if the
+        store still wants its attempt (:meth:`Replies.start_late`).
         ``clock`` measures the time a step has taken (this process's monotonic clock; the app's
         injected clock in tests), and ``sleep`` is what an in-process retry waits with (a virtual
         clock's in tests: time moves on, none passes)."""
@@ -197,6 +216,7 @@ class Agent:
         self.replies = replies
         self.db_clock = db_clock
         self.inputs = inputs
+        self.queue_wait_max = queue_wait_max
         self.clock = clock
         self.sleep = sleep
         self.actions: dict[str, AgentAction[Any] | UndoAction[Any]] = {}
@@ -275,11 +295,11 @@ class Agent:
         where = f"{action.qualname} run {call.run_id} step {call.step} attempt {call.attempt}"
         if self.db_clock is not None and db_now is None:
             # Its time left cannot be judged: the message may have waited past its complete-by, and
-            # a retry may be under way. Not run; the Supervisor retries the step at its complete-by.
-            log.warning("%s: the database's clock cannot be read; not run", where)
-            return
-        if call.budget <= 0:
-            log.warning("%s: waited in the queue past its complete-by; dropped unrun", where)
+            # a retry may be under way. Not run: back to the queue, for when the store answers
+            # (dropping it would spend an attempt on the store's outage).
+            log.warning("%s: the database's clock cannot be read; not run, back to the queue", where)
+            self._back_to_the_queue(where)
+        if call.budget < timeout_of(message) / 2 and not self._taken_in_time(call, timeout_of(message), where):
             return
         faults = FaultLog()
         if self.inputs is not None:
@@ -335,6 +355,40 @@ class Agent:
             self._keep_faults(call, faults)
             return
         self._reply(STEP_DONE, call, faults, result=result)
+
+    def _taken_in_time(self, call: AgentCall, timeout: float, where: str) -> bool:
+        """Whether to run a message that waited in the queue: taken with less than half its step's
+        ``timeout`` left, or past its complete-by. Waiting untaken is no failure, so with late
+        starts on (``queue_wait_max``, and the store in this process) the agent asks the store to
+        give the attempt a whole timeout from now; it runs if the store still wants that attempt
+        and is dropped unrun otherwise. With them off, a message is run with what is left of its
+        time, and one past its complete-by is dropped (the Supervisor retries the step). While
+        the store cannot be asked, the message goes back to the queue a second later (Celery's
+        ``Reject``, requeued): dropping it would spend an attempt on an outage."""
+        if self.replies is None or self.queue_wait_max <= 0:
+            if call.budget <= 0:
+                log.warning("%s: waited in the queue past its complete-by; dropped unrun", where)
+            return call.budget > 0
+        try:
+            restarted = self.replies.start_late(call.run_id, call.position, call.attempt)
+            now = self.db_clock() if self.db_clock else None
+        except Exception as exc:
+            log.warning("%s: could not ask the store about a message that waited (%s); back to the queue", where,
+                        describe(exc))
+            self._back_to_the_queue(where)
+        if restarted is None or now is None:
+            log.warning("%s: waited in the queue and is no longer wanted; dropped unrun", where)
+            return False
+        log.info("%s: waited %.1fs in the queue; started now with its whole timeout, no failure counted", where,
+                 timeout - call.budget)
+        call.budget = restarted - now
+        return call.budget > 0
+
+    def _back_to_the_queue(self, where: str) -> NoReturn:
+        """Hand the message back to its queue, unrun, a moment from now (Celery's ``Reject``,
+        requeued; its worker does not spin on it meanwhile)."""
+        self.sleep(STORE_DOWN_PAUSE)
+        raise Reject(f"{where}: the store cannot be asked", requeue=True)
 
     def _call_with_retries(self, action: AgentAction[Any] | UndoAction[Any], call: AgentCall, faults: FaultLog,
                            where: str) -> Any:

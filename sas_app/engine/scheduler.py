@@ -296,6 +296,13 @@ class Scheduler:
                                                                                outcome.backoff)]
         self.after_commit(tx, Moves(retry, [outcome.alert]))
 
+    def start_late(self, run_id: str, position: int, attempt: int) -> float | None:
+        """An agent took this attempt's message late, having waited in the queue: the attempt
+        gets a whole timeout from now (no failure counted) if the store still wants it and its
+        complete-by passed at most SAS_QUEUE_WAIT_MAX ago; when it now ends, or None to drop it."""
+        with self.store.begin() as tx:
+            return tx.steps.start_late(run_id, position, attempt, self.settings.queue_wait_max, self.instance_id)
+
     def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any]) -> None:
         """The transient faults of an attempt that ended without a reply: written to the run's
         history (the step itself is the Supervisor's, at its complete-by)."""

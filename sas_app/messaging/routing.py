@@ -222,8 +222,9 @@ class Router:
                     kwargs=message.kwargs,
                     queue=agent_queue(message.agent),
                     priority=self.broker_priority(message.urgency),
-                    # a backstop checked on the consuming worker's clock (see Settings.clock_skew)
-                    expires=message.timeout + self.settings.clock_skew,
+                    # a backstop checked on the consuming worker's clock (see Settings.clock_skew),
+                    # past the time the step may wait in the queue untaken (Settings.queue_wait_max)
+                    expires=message.timeout + self.settings.clock_skew + self.settings.queue_wait_max,
                     soft_time_limit=message.timeout + 1,
                     time_limit=message.timeout + 5,
                     argsrepr="()",

@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Select, and_, exists, func, literal, or_, select, union_all
+from sqlalchemy import Engine, Select, and_, case, exists, func, literal, or_, select, union_all
 
 from sas_app.states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, EventKind, RunState, StepState
 from sas_app.store.connection import db_now
@@ -23,6 +23,10 @@ from sas_app.store.tables import DUE_RUN_STATES, events, outbox, runs, steps
 #: runs that are the Scheduler's or its agents' to move on (a paused run waits for an operator)
 _WORKING = (RunState.PENDING.value, *LIVE_RUN_STATES)
 _LIVE_STEP_STATES = (StepState.PENDING.value, StepState.RUNNING.value)
+#: when the Supervisor next acts on a live step: its complete-by, or for a running step left alone
+#: while its message waits in its queue (or taken late) its later ``not_before``
+_STEP_DUE = case((and_(steps.c.state == StepState.RUNNING.value, steps.c.not_before > steps.c.complete_by),
+                  steps.c.not_before), else_=steps.c.complete_by)
 #: runs a deadline still applies to (one being undone is past it, or was stopped for another reason)
 _BEFORE_DEADLINE = (RunState.PENDING.value, RunState.PROCESSING.value)
 
@@ -62,6 +66,9 @@ class Diagnosis:
         due_runs = select(runs.c.id).where(runs.c.process_state.in_(DUE_RUN_STATES), runs.c.complete_by < before)
         due_steps = (select(steps.c.run_id).join(runs, runs.c.id == steps.c.run_id)
                      .where(steps.c.state.in_(_LIVE_STEP_STATES), steps.c.complete_by < before,
+                            # a step left alone while its message waits in its queue is due at its not_before
+                            or_(steps.c.state != StepState.RUNNING.value, steps.c.not_before.is_(None),
+                                steps.c.not_before < before),
                             runs.c.process_state.in_(LIVE_RUN_STATES)))
         past_deadline = select(runs.c.id).where(runs.c.process_state.in_(_BEFORE_DEADLINE), runs.c.deadline < before)
         rows = union_all(due_runs, due_steps, past_deadline).subquery()
@@ -96,7 +103,7 @@ class Diagnosis:
         child = runs.alias("child")
         soonest = union_all(
             select(func.min(runs.c.complete_by)).where(runs.c.process_state.in_(DUE_RUN_STATES)),
-            select(func.min(steps.c.complete_by)).join(runs, runs.c.id == steps.c.run_id)
+            select(func.min(_STEP_DUE)).join(runs, runs.c.id == steps.c.run_id)
             .where(steps.c.state.in_(_LIVE_STEP_STATES), runs.c.process_state.in_(LIVE_RUN_STATES)),
             select(func.min(runs.c.deadline)).where(runs.c.process_state.in_(_BEFORE_DEADLINE)),
             select(func.min(child.c.updated_at) + pickup_timeout)

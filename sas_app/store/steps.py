@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import bindparam, select, tuple_, update
 from sqlalchemy.engine import Row
 
-from sas_app.states import Cause, EventKind, StepState
+from sas_app.states import LIVE_RUN_STATES, Cause, EventKind, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.prepared import PREPARED, rows
 from sas_app.store.rows import StepRow, as_row
 from sas_app.store.tables import events, runs, steps
-from sas_app.store.transitions import Part
+from sas_app.store.transitions import Part, run_in
 
 # The hot path's statements, built once and executed with fresh parameters (prepared on
 # PostgreSQL: sas_app.store.prepared).
@@ -157,6 +157,33 @@ class StepTx(Part):
                                           events.c.to_state == StepState.PENDING.value)
         ).scalars()
         return sum(1 for detail in details if (detail or {}).get("reason") == Cause.WORKER_LOST.value)
+
+    def start_late(self, run_id: str, position: int, attempt: int, waited_at_most: float, actor: str) -> float | None:
+        """An agent took this attempt's message late (it waited in the queue until little of its
+        time was left, or past its complete-by): if the store still waits for that attempt
+        (running in a live run, its complete-by not passed more than ``waited_at_most`` seconds
+        ago), it gets a whole timeout from now, with a ``queued`` event, and the time it ends is
+        returned; None when the attempt is no longer wanted (the message is dropped).
+
+        The new deadline is the step's ``not_before`` (when the Supervisor looks at it again),
+        not its complete-by: ``complete_by - timeout`` stays the time its message was sent, which
+        is how the Supervisor tells the messages still queued from those taken (the last ones
+        sent, as many as the queue holds)."""
+        now = db_now()
+        live = select(runs.c.id).where(runs.c.id == run_id, run_in(*LIVE_RUN_STATES))
+        late = self.conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.position == position, steps.c.attempt == attempt,
+                   steps.c.state == StepState.RUNNING.value, steps.c.complete_by >= now - waited_at_most,
+                   steps.c.run_id.in_(live.scalar_subquery()))
+            .values(not_before=now + steps.c.timeout, updated_at=now)
+            .returning(steps.c.not_before)
+        ).first()
+        if late is None:
+            return None
+        self.tx.event(run_id, position, EventKind.QUEUED, StepState.RUNNING, StepState.RUNNING, attempt=attempt,
+                      actor=actor, detail={"started_late": True})
+        return float(late[0])
 
     def defer_step(self, run_id: str, position: int, attempt: int, delay: float, pickup_timeout: float,
                    reason: str, actor: str) -> bool:

@@ -24,17 +24,33 @@ _LIVE = run_in(*LIVE_RUN_STATES)  # through the run's primary key: see run_in
 class SweepTx(Part):
     def expired_steps(self, limit: int) -> list[StepRow]:
         """Running steps of live runs whose complete-by has passed, oldest first, locked with
-        ``SKIP LOCKED`` so that concurrent Supervisors take disjoint sets."""
+        ``SKIP LOCKED`` so that concurrent Supervisors take disjoint sets. A step left alone while
+        its message waits in its agent's queue (:meth:`leave_queued`), or taken late by its agent
+        (``StepTx.start_late``), comes back at its ``not_before``."""
+        now = db_now()
         query = (
             select(steps)
             .join(runs, runs.c.id == steps.c.run_id)
-            .where(steps.c.state == StepState.RUNNING.value, steps.c.complete_by < db_now(),
-                   _LIVE)
+            .where(steps.c.state == StepState.RUNNING.value, steps.c.complete_by < now,
+                   steps.c.not_before.is_(None) | (steps.c.not_before <= now), _LIVE)
             .order_by(steps.c.complete_by)
             .limit(limit)
             .with_for_update(skip_locked=True, of=[steps, runs])
         )
         return [as_row(StepRow, r) for r in self.conn.execute(query)]
+
+    def leave_queued(self, queued: Collection[StepRow], look_again: float, actor: str) -> None:
+        """Steps past their complete-by whose messages still wait in their agent's queue, read and
+        locked by this sweep: no failure counted, looked at again in ``look_again`` seconds (their
+        ``not_before``; a running step's is otherwise empty). The first time, a ``queued`` event."""
+        if not queued:
+            return
+        self.conn.execute(update(steps).where(steps.c.id.in_([s.id for s in queued]))
+                          .values(not_before=db_now() + look_again))
+        for step in queued:
+            if step.not_before is None:
+                self.tx.event(step.run_id, step.position, EventKind.QUEUED, StepState.RUNNING, StepState.RUNNING,
+                              attempt=step.attempt, actor=actor, detail={"left": "its message waits in the queue"})
 
     def past_deadline(self, limit: int) -> list[RunRow]:
         """Pending or processing runs whose deadline has passed, locked with ``SKIP LOCKED``."""

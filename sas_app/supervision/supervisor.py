@@ -4,7 +4,10 @@ looked at every SAS_AT_RISK_INTERVAL by each worker that consumes ``sas.supervis
 
 It only decides and asks; the Scheduler and the agents do the work. Each sweep, in one transaction:
 
-* every step still ``running`` past its complete-by counts one failure; under the step's threshold
+* every step still ``running`` past its complete-by whose message still waits in its agent's queue
+  (by the queue's depth: nobody has taken it) is left alone for up to SAS_QUEUE_WAIT_MAX, and the
+  agent that takes it late starts it then: waiting in a queue spends no attempt;
+* every other step still ``running`` past its complete-by counts one failure; under the step's threshold
   it goes back to ``pending`` with a back-off and a new complete-by, and the Scheduler is asked to retry
   it — or, when its agent's queue is backed up, the retry waits its turn in the store and a later sweep
   asks (:mod:`sas_app.supervision.forecast.pacing`); at the threshold the step fails with one alert and
@@ -37,13 +40,13 @@ from sas_app import fault_points
 from sas_app.engine.alerts import Alert, Alerts
 from sas_app.engine.recovery import past_deadline, recover_steps
 from sas_app.messaging.publishes import Publish
-from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, asking
+from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, agent_queue, asking
 from sas_app.settings import Settings, instance_id
 from sas_app.states import Cause
-from sas_app.store import Store
+from sas_app.store import StepRow, Store, Tx
 from sas_app.store.observe import FORGET_SUPERVISOR_AFTER
 from sas_app.supervision.forecast import Forecast
-from sas_app.supervision.queue_depths import QueueDepths
+from sas_app.supervision.queue_depths import QueueDepths, queued_steps
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -53,6 +56,9 @@ log = logging.getLogger(__name__)
 __all__ = ["SUPERVISOR_QUEUE", "Supervisor", "SweepReport"]
 #: At most this many batches per sweep, so one sweep never runs unbounded; the next takes the rest.
 MAX_BATCHES = 20
+#: seconds past its complete-by during which an expired step is judged no sooner than the next look:
+#: an agent that took its message just then is still claiming it
+TAKE_GRACE = 2.0
 
 
 @dataclass
@@ -65,6 +71,8 @@ class SweepReport:
     #: not asked about again: see Supervisor.sweep)
     scheduler_behind: int = 0
     relayed: int = 0
+    #: steps past complete-by left alone: their messages still wait in their agent's queue
+    queued: int = 0
     seconds: float = 0.0
 
 
@@ -95,12 +103,12 @@ class Supervisor:
         def sweep() -> dict[str, int]:
             report = self.sweep()
             return {"retried": len(report.retried), "paced": len(report.paced), "failed": len(report.failed),
-                    "requeued": len(report.requeued), "scheduler_behind": report.scheduler_behind}
+                    "requeued": len(report.requeued), "scheduler_behind": report.scheduler_behind,
+                    "queued": report.queued}
 
-    def _busy_depths(self) -> dict[str, int]:
-        """The busy agents' queue depths, one that could not be read counted as empty: its
-        expired steps keep their back-off alone."""
-        return {agent: depth or 0 for agent, depth in self.depths.of_busy_agents().of.items()}
+    def _busy_depths(self) -> dict[str, int | None]:
+        """The busy agents' queue depths (None: it could not be read)."""
+        return dict(self.depths.of_busy_agents().of)
 
     def sweep_once(self) -> SweepReport:
         """One batch of the sweep, timed (what bench/sweep.py measures)."""
@@ -140,14 +148,20 @@ class Supervisor:
         report.seconds = time.perf_counter() - started
         return report
 
-    def _sweep_batch(self, report: SweepReport, depths: dict[str, int]) -> int:
+    def _sweep_batch(self, report: SweepReport, depths: dict[str, int | None]) -> int:
         s = self.settings
         retried: list[tuple[str, int, float]] = []
         failed: list[str] = []
         raised: list[Alert | None] = []
         with self.store.begin() as tx:
-            expired = tx.sweep.expired_steps(s.sweep_batch)
-            paced = self.forecast.paced(tx, expired, depths)
+            found = tx.sweep.expired_steps(s.sweep_batch)
+            queued = self._still_queued(tx, found, depths)
+            tx.sweep.leave_queued(queued, max(s.supervisor_interval, min((q.timeout for q in queued), default=0.0)),
+                                  self.instance_id)
+            left = {step.id for step in queued}
+            expired = [step for step in found if step.id not in left]
+            # a depth that could not be read counts as empty: those steps keep their back-off alone
+            paced = self.forecast.paced(tx, expired, {agent: depth or 0 for agent, depth in depths.items()})
             for step, outcome in recover_steps(tx, self.alerts, s, expired, Cause.EXPIRED, actor=self.instance_id,
                                                paced=paced):
                 # a failure, an escalation (the sweep asks again once its wait is over), an undo
@@ -194,5 +208,33 @@ class Supervisor:
         report.retried += retried
         report.failed += failed
         report.requeued += requeued + woken
-        return len(expired)
+        report.queued += len(queued)
+        return len(found)
+
+    def _still_queued(self, tx: Tx, expired: list[StepRow], depths: dict[str, int | None]) -> list[StepRow]:
+        """The expired steps whose messages still wait in their agent's queue, untaken — among the
+        last its depth counts — for at most SAS_QUEUE_WAIT_MAX past their complete-by: no worker
+        has failed them, so none counts a failure, and the agent that takes one late starts it
+        then. While an agent's queue cannot be read (the broker just back, or down: no message
+        moves), its steps are left alone too: there is nothing to judge them by. An undo (sent
+        ahead of the queue) and a step whose agent's queue is empty, or that newer dispatches
+        have pushed out of what its depth counts, are judged as before: its message was lost, or
+        its worker took it and went quiet. Without replies handled in the agents' processes, an
+        agent cannot start a late message (it has no store): every expired step is judged as before."""
+        s = self.settings
+        if s.queue_wait_max <= 0 or not s.inline_replies:
+            return []
+        now = tx.now()
+        waiting: set[int] = set()
+        for agent in {step.agent for step in expired if not step.is_undo}:
+            depth = depths.get(agent, 0)
+            if depth is None:
+                log.warning("%s: its depth could not be read; its expired steps are judged later", agent_queue(agent))
+                waiting |= {step.id for step in expired if step.agent == agent and not step.is_undo}
+            elif depth:
+                waiting |= {step.id for step in queued_steps(tx, agent, depth)[0]}
+        # a message taken at its complete-by: its agent's claim (StepTx.start_late) may be a moment
+        # behind the depth read, which no longer counts it
+        waiting |= {step.id for step in expired if not step.is_undo and now - (step.complete_by or now) < TAKE_GRACE}
+        return [step for step in expired if step.id in waiting and now - (step.complete_by or now) <= s.queue_wait_max]
 

@@ -70,16 +70,21 @@ class Cluster:
             ref = source.get("configMapRef") or source["secretRef"]
             env.update(self.values[ref["name"]])
         env.update({e["name"]: e["value"] for e in container.get("env", [])})
-        scratch = self.home / name
-        scratch.mkdir(exist_ok=True)
-        return {k: self.local(v).replace("/tmp", str(scratch)) for k, v in env.items()}
+        return {k: self.scratch(name, self.local(v)) for k, v in env.items()}
+
+    def scratch(self, name: str, value: str) -> str:
+        """``value`` with the pod's ``/tmp`` (its emptyDir) a folder of its own here."""
+        if value != "/tmp" and not value.startswith("/tmp/"):
+            return value
+        (self.home / name).mkdir(exist_ok=True)
+        return str(self.home / name) + value.removeprefix("/tmp")
 
     def argv(self, name: str, command: list[str], container: dict[str, Any]) -> list[str]:
         argv = [SAS if command[0] == "sas" else command[0], *command[1:]]
         port = self.port_of(name, container)
         if port is not None and "--port" in argv:
             argv[argv.index("--port") + 1] = str(port)
-        return [a.replace("/tmp", str(self.home / name)) for a in argv]
+        return [argv[0], *(self.scratch(name, a) for a in argv[1:])]
 
     def start(self, name: str, pod: dict[str, Any]) -> None:
         [container] = pod["containers"]

@@ -38,7 +38,7 @@ OTHER_VARIABLES = {"SAS_APP", "SAS_TEST_DATABASE_URL", "PAYMENT_SERVICE_URL", "W
                    "REDIS_PASSWORD", "POSTGRES_PASSWORD", "RUN"}
 #: programs a shell sample may name that are not the project's (they are checked by their own makers)
 PROGRAMS = {"createdb", "psql", "docker", "rabbitmqctl", "source", "curl", "celery", "mkdocs", "cd", "mkdir",
-            "kill", "pytest", "open", "redis-cli", "pgbouncer", "export"}
+            "kill", "pytest", "open", "redis-cli", "pgbouncer", "export", "kubectl"}
 
 
 @dataclass

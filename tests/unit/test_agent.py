@@ -6,9 +6,11 @@ import time
 
 import httpx
 import pytest
+from celery.exceptions import Reject
 from sqlalchemy import create_engine
 
 from sas_app import AgentCall, PermanentError, StaleAttempt, TransientError
+from sas_app.agents.agent import STORE_DOWN_PAUSE
 from tests.support import wait_for
 
 
@@ -271,11 +273,15 @@ def test_the_database_s_clock_falls_back_to_its_last_offset_then_to_nothing(sas,
 
 def test_a_step_is_not_run_while_the_database_s_clock_cannot_be_read(sas, pump):
     """Its time left cannot be judged (its message may have waited past its complete-by): the
-    action is not called and nothing is replied; the Supervisor retries it at its complete-by."""
-    blind = sas.agent("blind", db_clock=lambda: None)
+    action is not called and nothing is replied; its message goes back to the queue (Celery's
+    Reject, requeued), for when the store answers — dropping it would spend an attempt."""
+    paused = []
+    blind = sas.agent("blind", db_clock=lambda: None, sleep=paused.append)
     seen = []
     action = blind.action(lambda call: seen.append(call.attempt), name="act")
-    sas.celery.tasks[f"sas.agent.blind.{action.name}"].run(**message())
+    with pytest.raises(Reject) as rejected:
+        sas.celery.tasks[f"sas.agent.blind.{action.name}"].run(**message())
+    assert rejected.value.requeue and paused == [STORE_DOWN_PAUSE]
     assert seen == [] and pump.take("sas.scheduler") == []
 
     able = sas.agent("able", db_clock=lambda: time.time())
