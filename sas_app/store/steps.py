@@ -181,8 +181,8 @@ class StepTx(Part):
         ).first()
         if late is None:
             return None
-        self.tx.event(run_id, position, EventKind.QUEUED, StepState.RUNNING, StepState.RUNNING, attempt=attempt,
-                      actor=actor, detail={"started_late": True})
+        self.tx.event(run_id, position, EventKind.QUEUED, None, None, attempt=attempt, actor=actor,
+                      detail={"started_late": True})
         return float(late[0])
 
     def defer_step(self, run_id: str, position: int, attempt: int, delay: float, pickup_timeout: float,

@@ -39,18 +39,19 @@ class SweepTx(Part):
         )
         return [as_row(StepRow, r) for r in self.conn.execute(query)]
 
-    def leave_queued(self, queued: Collection[StepRow], look_again: float, actor: str) -> None:
+    def leave_queued(self, queued: Collection[StepRow], look_again: float, actor: str, note: bool = True) -> None:
         """Steps past their complete-by whose messages still wait in their agent's queue, read and
         locked by this sweep: no failure counted, looked at again in ``look_again`` seconds (their
-        ``not_before``; a running step's is otherwise empty). The first time, a ``queued`` event."""
+        ``not_before``; a running step's is otherwise empty). The first time, a ``queued`` event
+        (unless ``note`` is False: a step given a moment's grace, not known to be queued)."""
         if not queued:
             return
         self.conn.execute(update(steps).where(steps.c.id.in_([s.id for s in queued]))
                           .values(not_before=db_now() + look_again))
         for step in queued:
-            if step.not_before is None:
-                self.tx.event(step.run_id, step.position, EventKind.QUEUED, StepState.RUNNING, StepState.RUNNING,
-                              attempt=step.attempt, actor=actor, detail={"left": "its message waits in the queue"})
+            if note and step.not_before is None:
+                self.tx.event(step.run_id, step.position, EventKind.QUEUED, None, None, attempt=step.attempt,
+                              actor=actor, detail={"left": "its message waits in the queue"})
 
     def past_deadline(self, limit: int) -> list[RunRow]:
         """Pending or processing runs whose deadline has passed, locked with ``SKIP LOCKED``."""

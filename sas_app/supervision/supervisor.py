@@ -59,6 +59,9 @@ MAX_BATCHES = 20
 #: seconds past its complete-by during which an expired step is judged no sooner than the next look:
 #: an agent that took its message just then is still claiming it
 TAKE_GRACE = 2.0
+#: seconds past its complete-by during which an expired step whose queue's depth cannot be read (the
+#: broker just back from an outage, a read timing out) is judged no sooner than the next look
+UNREAD_GRACE = 30.0
 
 
 @dataclass
@@ -159,6 +162,9 @@ class Supervisor:
             tx.sweep.leave_queued(queued, max(s.supervisor_interval, min((q.timeout for q in queued), default=0.0)),
                                   self.instance_id)
             left = {step.id for step in queued}
+            just = [step for step in self._just_expired(tx, found) if step.id not in left]
+            tx.sweep.leave_queued(just, TAKE_GRACE, self.instance_id, note=False)
+            left |= {step.id for step in just}
             expired = [step for step in found if step.id not in left]
             # a depth that could not be read counts as empty: those steps keep their back-off alone
             paced = self.forecast.paced(tx, expired, {agent: depth or 0 for agent, depth in depths.items()})
@@ -216,7 +222,8 @@ class Supervisor:
         last its depth counts — for at most SAS_QUEUE_WAIT_MAX past their complete-by: no worker
         has failed them, so none counts a failure, and the agent that takes one late starts it
         then. While an agent's queue cannot be read (the broker just back, or down: no message
-        moves), its steps are left alone too: there is nothing to judge them by. An undo (sent
+        moves), its steps are left alone too, for :data:`UNREAD_GRACE`: there is nothing to judge
+        them by. An undo (sent
         ahead of the queue) and a step whose agent's queue is empty, or that newer dispatches
         have pushed out of what its depth counts, are judged as before: its message was lost, or
         its worker took it and went quiet. Without replies handled in the agents' processes, an
@@ -229,12 +236,21 @@ class Supervisor:
         for agent in {step.agent for step in expired if not step.is_undo}:
             depth = depths.get(agent, 0)
             if depth is None:
-                log.warning("%s: its depth could not be read; its expired steps are judged later", agent_queue(agent))
-                waiting |= {step.id for step in expired if step.agent == agent and not step.is_undo}
+                log.warning("%s: its depth could not be read; its steps expired in the last %.0fs are judged later",
+                            agent_queue(agent), UNREAD_GRACE)
+                waiting |= {step.id for step in expired if step.agent == agent and not step.is_undo
+                            and now - (step.complete_by or now) < UNREAD_GRACE}
             elif depth:
                 waiting |= {step.id for step in queued_steps(tx, agent, depth)[0]}
-        # a message taken at its complete-by: its agent's claim (StepTx.start_late) may be a moment
-        # behind the depth read, which no longer counts it
-        waiting |= {step.id for step in expired if not step.is_undo and now - (step.complete_by or now) < TAKE_GRACE}
         return [step for step in expired if step.id in waiting and now - (step.complete_by or now) <= s.queue_wait_max]
+
+    def _just_expired(self, tx: Tx, expired: list[StepRow]) -> list[StepRow]:
+        """The expired steps whose complete-by passed less than :data:`TAKE_GRACE` ago, judged
+        at a later look: an agent that took the message just then may still be claiming it
+        (``StepTx.start_late``), a moment behind the depth this sweep read."""
+        s = self.settings
+        if s.queue_wait_max <= 0 or not s.inline_replies:
+            return []
+        now = tx.now()
+        return [step for step in expired if not step.is_undo and now - (step.complete_by or now) < TAKE_GRACE]
 

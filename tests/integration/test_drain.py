@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from sas_app.interfaces.manifests import DRAIN_MARGIN
-from sas_app.states import StepState
+from sas_app.states import EventKind, StepState
 from sas_app.store.tables import events
 from tests.integration.conftest import shop_app
 from tests.support import wait_for
@@ -54,7 +54,8 @@ def test_an_agent_worker_sent_sigterm_mid_steps_finishes_them_and_nothing_runs_t
     with shop.store.engine.connect() as conn:
         dispatches = Counter(conn.execute(
             select(events.c.run_id, events.c.position)
-            .where(events.c.to_state == StepState.RUNNING.value, events.c.position.is_not(None))).all())
+            .where(events.c.kind == EventKind.TRANSITION.value, events.c.to_state == StepState.RUNNING.value,
+                   events.c.position.is_not(None))).all())
     assert set(dispatches.values()) == {1}, f"steps dispatched more than once: {dispatches.most_common(3)}"
     assert all(v.step("charge_payment").attempt == 1 and v.step("charge_payment").failure_count == 0 for v in views)
     seen = stack.requests_seen()
