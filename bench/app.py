@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import redis
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_process_init, worker_ready
 
 from sas_app import AgentCall, SasApp, Step, StepExpired, Workflow
 
@@ -128,3 +128,32 @@ def chain_slow(_: Any = None) -> None:
     if client is None:
         client = _clients.client = httpx.Client(timeout=30)
     client.get(SLOW_URL)
+
+
+# bench.rate_limit's runs: one call each to a service that records when each arrives, through an
+# agent whose rate limit (BENCH_RATE_LIMIT) every worker process of the fleet shares.
+limited = sas.agent("limited", breaker_fail_max=0, rate_limit=os.environ.get("BENCH_RATE_LIMIT") or None)
+
+
+_limited_client: httpx.Client | None = None
+
+
+@worker_process_init.connect
+def _open_client(**_: Any) -> None:
+    """Each pool process opens its client as it starts, not at its first call: a first call that
+    builds it reaches the service late, bunched with the next process's on-time one."""
+    global _limited_client
+    if os.environ.get("BENCH_LIMITED_URL") and os.environ.get("BENCH_COLD_CLIENTS") != "true":
+        _limited_client = httpx.Client(timeout=30)
+        _limited_client.get(os.environ["BENCH_LIMITED_URL"] + "warm")
+
+
+@limited.action
+def call_limited(call: AgentCall) -> dict[str, Any]:
+    global _limited_client
+    if _limited_client is None:
+        _limited_client = httpx.Client(timeout=30)
+    return {"status": _limited_client.get(os.environ["BENCH_LIMITED_URL"], headers=call.headers()).status_code}
+
+
+sas.register(Workflow("limited1", [Step("one", call_limited, timeout=30)]))

@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sas_app import fault_points, tracing
 from sas_app.agents.agent import Agent
 from sas_app.agents.breaker import STORE_FRESH, RedisState
+from sas_app.agents.rate_limit import RedisSlots as RateSlots
 from sas_app.definitions.checks import check_workflow
 from sas_app.definitions.steps import StepDef
 from sas_app.definitions.workflow import Workflow, workflow_name
@@ -183,6 +184,8 @@ class SasApp:
                                     "clock": self._clock or time.monotonic,
                                     "sleep": getattr(self._clock, "sleep", time.sleep),
                                     "rate_limit": s.rate_limit(name),
+                                    "rate_slots": (lambda: RateSlots(redis_url, **tls)) if redis_url else
+                                    self.store.rate_slots,
                                     "queue_wait_max": s.queue_wait_max,
                                     "inputs": self._input_of}
         agent = Agent(self.celery, name, **{**defaults, **options})

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from celery.utils.time import rate as celery_rate
+
 
 def _home(env: Mapping[str, str]) -> Path:
     return Path(env.get("SAS_HOME", ".sas")).resolve()
@@ -114,11 +116,12 @@ class Settings:
     breaker_fail_max: int = 5
     #: SAS_BREAKER_RESET — seconds a breaker stays open before one probe call. Default 10.
     breaker_reset: float = 10.0
-    #: SAS_BREAKER_URL — Redis holding breaker state shared by all workers. Default: the broker's
-    #: URL when it is Redis; otherwise the state store (table ``breakers``).
+    #: SAS_BREAKER_URL — Redis holding the circuit breakers and rate limits shared by all workers.
+    #: Default: the broker's URL when it is Redis; otherwise the state store (tables ``breakers``
+    #: and ``rate_limits``).
     breaker_url: str = ""
-    #: SAS_AGENT_RATE_LIMITS — Celery rate limits per agent, ``"payment=20/s,warehouse=5/s"``: each
-    #: worker starts at most that many of the agent's calls. Default none.
+    #: SAS_AGENT_RATE_LIMITS — rate limits per agent, ``"payment=20/s,warehouse=5/s"``: every
+    #: worker together calls the agent's service at most that often. Default none.
     agent_rate_limits: str = ""
     #: SAS_INLINE_REPLIES — an agent worker runs the Scheduler's reply handler itself instead of
     #: sending the reply through the Scheduler's queue: one message per step instead of two.
@@ -189,6 +192,15 @@ class Settings:
                              "32 characters)")
         if self.queue_wait_max < 0:
             raise ValueError(f"setting queue_wait_max must be 0 (off) or more seconds, got {self.queue_wait_max!r}")
+        for item in filter(None, (part.strip() for part in self.agent_rate_limits.split(","))):
+            limit = item.partition("=")[2].strip()
+            try:
+                per_second = float(celery_rate(limit)) if limit else 0.0
+            except (ValueError, KeyError):
+                per_second = 0.0
+            if per_second <= 0:
+                raise ValueError(f"SAS_AGENT_RATE_LIMITS: {item!r} is not agent=limit with a positive limit "
+                                 "(e.g. payment=20/s, warehouse=100/m)")
         for name in ("sweep_batch", "max_branches", "max_child_depth"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")

@@ -32,6 +32,7 @@ from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_expon
 from sas_app import fault_points
 from sas_app.agents.breaker import Breaker, BreakerOpen, LocalState, SharedState
 from sas_app.agents.coroutines import run_bounded
+from sas_app.agents.rate_limit import LocalSlots, RateLimit, RateLimited, Slots
 from sas_app.definitions.actions import AgentAction, AgentCall, R, UndoAction, UndoCall
 from sas_app.errors import (
     NotYet,
@@ -170,6 +171,8 @@ class Agent:
         breaker_state: Callable[[], SharedState] | None = None,
         breaker_fresh: float = 0.0,
         rate_limit: str | None = None,
+        rate_limit_key: Callable[[AgentCall], object] | None = None,
+        rate_slots: Callable[[], Slots] | None = None,
         replies: Replies | None = None,
         db_clock: Callable[[], float | None] | None = None,
         inputs: Callable[[str, Any], Any] | None = None,
@@ -181,8 +184,12 @@ class Agent:
         retries count once) open this agent's circuit breaker for ``breaker_reset`` seconds (0
         disables it); its state is kept in ``breaker_state()`` (Redis or
         the state store, each read trusted ``breaker_fresh`` seconds; by default this process's).
-        ``rate_limit`` (Celery's, e.g. ``"10/s"``) caps each worker's calls of each action;
-        concurrency is the ``-c`` of the workers consuming ``sas.agent.<name>``.
+        ``rate_limit`` (``"20/s"``, ``"100/m"``) caps the calls of this agent's service by every
+        worker process together, kept in ``rate_slots()`` (Redis or the state store; by default
+        this process's): each call waits for its slot, or its step is deferred
+        (:mod:`sas_app.agents.rate_limit`); with ``rate_limit_key(call)`` each key (a tenant, say)
+        has that limit of its own. Concurrency is the ``-c`` of the workers consuming
+        ``sas.agent.<name>``.
 
         With ``replies`` the agent hands its reply to the Scheduler's handler in its own process
         (the same transaction and fencing as on the Scheduler's queue, one message fewer per step);
@@ -207,7 +214,10 @@ class Agent:
         self.queue = agent_queue(name)
         self.retry_initial = retry_initial
         self.retry_max = retry_max
-        self.rate_limit = rate_limit
+        if rate_limit_key is not None and rate_limit is None:
+            raise WorkflowDefinitionError(f"agent {name!r}: rate_limit_key needs a rate_limit")
+        self.rate_limit = (RateLimit(name, rate_limit, rate_slots or LocalSlots, key=rate_limit_key)
+                           if rate_limit is not None else None)
         self.breaker = (
             Breaker(name, breaker_fail_max, breaker_reset, breaker_state or LocalState, counts=is_transient,
                     fresh=breaker_fresh)
@@ -276,7 +286,6 @@ class Agent:
         @self.celery.task(
             name=agent_task_name(self.name, action.name),
             shared=False,
-            rate_limit=self.rate_limit,
             acks_late=True,
             reject_on_worker_lost=True,
             ignore_result=True,
@@ -299,7 +308,8 @@ class Agent:
             # (dropping it would spend an attempt on the store's outage).
             log.warning("%s: the database's clock cannot be read; not run, back to the queue", where)
             self._back_to_the_queue(where)
-        if call.budget < timeout_of(message) / 2 and not self._taken_in_time(call, timeout_of(message), where):
+        timeout = timeout_of(message)
+        if call.budget < timeout / 2 and not self._taken_in_time(call, timeout, where):
             return
         faults = FaultLog()
         if self.inputs is not None:
@@ -327,6 +337,10 @@ class Agent:
             if exc.fault is not None:  # this call's failure opened it
                 faults.add(exc.fault)
             log.warning("%s: %s; deferring the step", where, exc)
+            self._reply(STEP_DEFERRED, call, faults, delay=exc.delay, reason=str(exc))
+            return
+        except RateLimited as exc:
+            log.info("%s: %s; deferring the step", where, exc)
             self._reply(STEP_DEFERRED, call, faults, delay=exc.delay, reason=str(exc))
             return
         except NotYet as exc:
@@ -409,6 +423,10 @@ class Agent:
                 call.try_number = attempt.retry_state.attempt_number
                 if call.remaining() <= 0:
                     raise StepExpired(call.step)
+                if self.rate_limit is not None:
+                    self.sleep(self.rate_limit.wait(call, call.remaining()))
+                    if call.remaining() <= 0:
+                        raise StepExpired(call.step)
                 fault_points.hit("agent.before_call", call.step)
                 try:
                     if self.breaker is None:

@@ -13,8 +13,8 @@ notifications each writes.
 Outside a transaction: ``tables`` the schema; ``rows`` the rows handed out; ``connection`` the
 connection and the database's clock; ``prepared`` and ``recordset`` statements prepared once and
 rows sent as one parameter; ``queries``, ``observe`` and ``diagnosis`` (what ``sas doctor``
-checks) the read-only ones; ``retention`` deleting old finished runs; ``breakers`` agents' circuit
-breakers; ``migrate`` the schema's migrations. Nothing here sends a message.
+checks) the read-only ones; ``retention`` deleting old finished runs; ``breakers`` and ``rate_limits`` agents'
+circuit breakers and rate limits; ``migrate`` the schema's migrations. Nothing here sends a message.
 """
 
 from sas_app.store.connection import db_now, make_engine

@@ -27,6 +27,7 @@ from sas_app.store.fan_out import FanOutTx
 from sas_app.store.hot_path import HotPathTx
 from sas_app.store.operations import OperationsTx
 from sas_app.store.queries import Queries
+from sas_app.store.rate_limits import StoreSlots
 from sas_app.store.reruns import RerunTx
 from sas_app.store.retention import RetentionQueries
 from sas_app.store.retries import RetryTx
@@ -168,6 +169,10 @@ class Store(Queries, Diagnosis, RetentionQueries, TokenQueries, AuditQueries):
     def breaker_state(self) -> StoreState:
         """Agents' circuit breakers kept here (when no Redis keeps them)."""
         return StoreState(self.engine)
+
+    def rate_slots(self) -> StoreSlots:
+        """Agents' rate limits kept here (when no Redis keeps them)."""
+        return StoreSlots(self.engine)
 
     @contextmanager
     def begin(self) -> Iterator[Tx]:

@@ -51,4 +51,14 @@ breakers = Table(
     Column("expires_at", Double),
 )
 
-__all__ = ["breakers", "looks", "schedules", "supervisors"]
+#: Agents' rate limits shared by the fleet, when no Redis holds them (see
+#: sas_app.agents.rate_limit): one row per limit (per agent, or per agent and key), when its next
+#: free slot starts (the database's clock).
+rate_limits = Table(
+    "rate_limits",
+    metadata,
+    Column("key", String(200), primary_key=True),
+    Column("next_at", Double, nullable=False),
+)
+
+__all__ = ["breakers", "looks", "rate_limits", "schedules", "supervisors"]

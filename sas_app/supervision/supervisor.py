@@ -158,13 +158,11 @@ class Supervisor:
         raised: list[Alert | None] = []
         with self.store.begin() as tx:
             found = tx.sweep.expired_steps(s.sweep_batch)
-            queued = self._still_queued(tx, found, depths)
+            queued, just = self._still_queued(tx, found, depths)
             tx.sweep.leave_queued(queued, max(s.supervisor_interval, min((q.timeout for q in queued), default=0.0)),
                                   self.instance_id)
-            left = {step.id for step in queued}
-            just = [step for step in self._just_expired(tx, found) if step.id not in left]
             tx.sweep.leave_queued(just, TAKE_GRACE, self.instance_id, note=False)
-            left |= {step.id for step in just}
+            left = {step.id for step in [*queued, *just]}
             expired = [step for step in found if step.id not in left]
             # a depth that could not be read counts as empty: those steps keep their back-off alone
             paced = self.forecast.paced(tx, expired, {agent: depth or 0 for agent, depth in depths.items()})
@@ -217,20 +215,29 @@ class Supervisor:
         report.queued += len(queued)
         return len(found)
 
-    def _still_queued(self, tx: Tx, expired: list[StepRow], depths: dict[str, int | None]) -> list[StepRow]:
-        """The expired steps whose messages still wait in their agent's queue, untaken — among the
-        last its depth counts — for at most SAS_QUEUE_WAIT_MAX past their complete-by: no worker
-        has failed them, so none counts a failure, and the agent that takes one late starts it
-        then. While an agent's queue cannot be read (the broker just back, or down: no message
-        moves), its steps are left alone too, for :data:`UNREAD_GRACE`: there is nothing to judge
-        them by. An undo (sent
-        ahead of the queue) and a step whose agent's queue is empty, or that newer dispatches
-        have pushed out of what its depth counts, are judged as before: its message was lost, or
-        its worker took it and went quiet. Without replies handled in the agents' processes, an
-        agent cannot start a late message (it has no store): every expired step is judged as before."""
+    def _still_queued(self, tx: Tx, expired: list[StepRow], depths: dict[str, int | None]
+                      ) -> tuple[list[StepRow], list[StepRow]]:
+        """The expired steps to leave alone for now: those whose messages still wait in their
+        agent's queue, and those that expired a moment ago.
+
+        The first: untaken — among the last its depth counts — for at most SAS_QUEUE_WAIT_MAX
+        past their complete-by. No worker has failed them, so none counts a failure, and the
+        agent that takes one late starts it then. While an agent's queue cannot be read (the
+        broker just back, or down: no message moves), its steps are left alone too, for
+        :data:`UNREAD_GRACE`: there is nothing to judge them by.
+
+        The second: the rest whose complete-by passed less than :data:`TAKE_GRACE` ago, judged at
+        a later look: an agent that took the message just then may still be claiming it
+        (``StepTx.start_late``), a moment behind the depth this sweep read.
+
+        An undo (sent ahead of the queue) and a step whose agent's queue is empty, or that newer
+        dispatches have pushed out of what its depth counts, are judged as before: its message was
+        lost, or its worker took it and went quiet. Without replies handled in the agents'
+        processes, an agent cannot start a late message (it has no store): every expired step is
+        judged as before."""
         s = self.settings
         if s.queue_wait_max <= 0 or not s.inline_replies:
-            return []
+            return [], []
         now = tx.now()
         waiting: set[int] = set()
         for agent in {step.agent for step in expired if not step.is_undo}:
@@ -242,15 +249,10 @@ class Supervisor:
                             and now - (step.complete_by or now) < UNREAD_GRACE}
             elif depth:
                 waiting |= {step.id for step in queued_steps(tx, agent, depth)[0]}
-        return [step for step in expired if step.id in waiting and now - (step.complete_by or now) <= s.queue_wait_max]
-
-    def _just_expired(self, tx: Tx, expired: list[StepRow]) -> list[StepRow]:
-        """The expired steps whose complete-by passed less than :data:`TAKE_GRACE` ago, judged
-        at a later look: an agent that took the message just then may still be claiming it
-        (``StepTx.start_late``), a moment behind the depth this sweep read."""
-        s = self.settings
-        if s.queue_wait_max <= 0 or not s.inline_replies:
-            return []
-        now = tx.now()
-        return [step for step in expired if not step.is_undo and now - (step.complete_by or now) < TAKE_GRACE]
+        queued = [step for step in expired
+                  if step.id in waiting and now - (step.complete_by or now) <= s.queue_wait_max]
+        left = {step.id for step in queued}
+        just = [step for step in expired if step.id not in left and not step.is_undo
+                and now - (step.complete_by or now) < TAKE_GRACE]
+        return queued, just
 

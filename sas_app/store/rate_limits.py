@@ -1,0 +1,32 @@
+"""Agents' rate limits in the state store (:class:`sas_app.agents.rate_limit.Slots`), for a
+deployment whose broker is not Redis: one row per limit holding when its next free slot starts
+(the database's clock). A reservation is one UPSERT that moves it on by one slot only when that
+slot starts soon enough; a refused one reads where the schedule ends with a second statement."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from sas_app.store.connection import db_now
+from sas_app.store.service_tables import rate_limits
+
+
+class StoreSlots:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        postgres = engine.dialect.name == "postgresql"
+        self._insert = postgresql.insert if postgres else sqlite.insert
+        self._greatest = func.greatest if postgres else func.max
+
+    def reserve(self, key: str, interval: float, horizon: float) -> tuple[bool, float]:
+        free = self._greatest(rate_limits.c.next_at, db_now())
+        upsert = self._insert(rate_limits).values(key=key, next_at=db_now() + interval)
+        upsert = upsert.on_conflict_do_update(index_elements=["key"], set_={"next_at": free + interval},
+                                              where=free - db_now() <= horizon)
+        with self.engine.begin() as conn:
+            reserved = conn.execute(upsert.returning(rate_limits.c.next_at - interval - db_now())).scalar()
+            if reserved is not None:
+                return True, max(float(reserved), 0.0)
+            later = conn.execute(select(rate_limits.c.next_at - db_now()).where(rate_limits.c.key == key)).scalar()
+            return False, max(float(later or 0.0), 0.0)
