@@ -40,7 +40,7 @@ from sas_app.messaging.routing import (
 )
 from sas_app.settings import Settings, instance_id
 from sas_app.states import LIVE_RUN_STATES, Cause, EventKind, RunState, SignalStatus, StepState
-from sas_app.store import RunRow, StepRow, Store, Tx
+from sas_app.store import NewRun, RunRow, StepRow, Store, Tx
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -172,6 +172,18 @@ class Scheduler:
             log.info("advance: run %s is %s; nothing to do", run_id, run.process_state)
             return Moves()
         return self.planner.dispatch(tx, run, first, {}) if first is not None else self.planner.next(tx, run)
+
+    def submitted(self, tx: Tx, new: NewRun) -> tuple[RunRow, bool, Moves] | None:
+        """A submission's run written already started, where the store can (on PostgreSQL, a
+        straight line: :meth:`SubmissionTx.insert_started_run`): ``(run, created, what to send once
+        tx has committed)``. None: write it with ``insert_run`` and :meth:`moves`."""
+        written = tx.submission.insert_started_run(new, self.instance_id)
+        if written is None:
+            return None
+        run, first, created = written
+        if not created:
+            return run, False, Moves()
+        return run, True, self.planner.dispatch(tx, run, first, {}) if first is not None else self.planner.next(tx, run)
 
     def step_done(
         self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any] | None = None,

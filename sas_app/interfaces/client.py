@@ -258,11 +258,15 @@ class Client:
         moves = Moves()
         try:
             with self.store.begin() as tx:
-                run, created = tx.submission.insert_run(new, self.settings.pickup_timeout)
-                if created:
-                    if wf.on_submit is not None:
-                        wf.on_submit(tx.conn, run)
-                    moves = self.first_move(tx, run.id)
+                started = self.scheduler.submitted(tx, new) if self.scheduler and wf.on_submit is None else None
+                if started is not None:  # written already started, in one statement
+                    run, created, moves = started
+                else:
+                    run, created = tx.submission.insert_run(new, self.settings.pickup_timeout)
+                    if created:
+                        if wf.on_submit is not None:
+                            wf.on_submit(tx.conn, run)
+                        moves = self.first_move(tx, run.id)
         except DBAPIError:
             schema_not_ready(self.store)
             raise

@@ -35,16 +35,21 @@ def _sql_type(column_type: TypeEngine[Any]) -> str:
     raise TypeError(f"no JSON recordset type for {column_type!r}")
 
 
+def recordset(table: Table, columns: Sequence[str]) -> str:
+    """The SQL ``FROM`` items reading each element of the JSON array parameter :data:`ROWS` as a
+    row ``r`` of ``columns`` (typed as ``table``'s), numbered ``e.n`` in the array's order."""
+    typed = ", ".join(f"{name} {_sql_type(table.c[name].type)}" for name in columns)
+    return f"jsonb_array_elements(:{ROWS}) WITH ORDINALITY AS e(doc, n), jsonb_to_record(e.doc) AS r({typed})"
+
+
 def insert_from_json(table: Table, columns: Sequence[str], computed: Mapping[str, str] | None = None) -> TextClause:
     """``INSERT INTO table`` of ``columns`` read from each element of the JSON array parameter
     :data:`ROWS`, plus ``computed`` columns given as SQL (the database's clock, say)."""
     computed = dict(computed or {})
-    typed = ", ".join(f"{name} {_sql_type(table.c[name].type)}" for name in columns)
     return text(
         f"INSERT INTO {table.name} ({', '.join([*columns, *computed])}) "
         f"SELECT {', '.join([*(f'r.{name}' for name in columns), *computed.values()])} "
-        f"FROM jsonb_array_elements(:{ROWS}) WITH ORDINALITY AS e(doc, n), "
-        f"jsonb_to_record(e.doc) AS r({typed}) ORDER BY e.n"
+        f"FROM {recordset(table, columns)} ORDER BY e.n"
     ).bindparams(bindparam(ROWS, type_=JSONB)).execution_options(**PREPARED)
 
 

@@ -212,3 +212,59 @@ def test_a_step_in_a_graph_costs_one_statement_more_than_on_a_straight_line(db_u
         assert reply_cost() == (2, 1)  # a branch completes and ship[2] starts
     finally:
         app.store.dispose()
+
+
+def test_a_straight_line_submitted_where_it_is_started_is_written_started_in_one_statement(db_url, tmp_path):
+    """With the Scheduler in the submitting process (SAS_INLINE_REPLIES), PostgreSQL writes a
+    straight line already started — the run claimed, its first step running, three events — in
+    one statement, where SQLite writes it and then claims it: the same rows and events after, and
+    a business key submitted again writes nothing on either."""
+    results = {}
+    for name, url in (("sqlite", f"sqlite:///{tmp_path / 'parity.db'}"), ("postgresql", db_url)):
+        app = SasApp(Settings(database_url=url, broker_url="memory://localhost/", home=tmp_path / name,
+                              pickup_timeout=30, task_events=False, inline_replies=True))
+        install_test_workflows(app, timeout=30)
+        app.migrate()
+        statements: list[str] = []
+        listener = lambda conn, cursor, sent, *args: statements.append(built(sent))  # noqa: E731
+        event.listen(app.store.engine, "before_cursor_execute", listener)
+        try:
+            pump = Pump(app)
+            pump.purge()
+            keys = {"happy": "three", "undone": "saga", "graph": "diamond"}
+            payloads = {"undone": {"script": {"third": ["permanent"]}}}
+            cost = {}
+            for key, workflow in keys.items():
+                statements.clear()
+                app.submit(workflow, payloads.get(key, {}), business_key=key)
+                cost[key] = [s.split("(", 1)[0].split()[:4] for s in statements]
+            statements.clear()
+            again = app.submit("three", {}, business_key="happy")
+            cost["again"] = len(statements)
+            assert not again.created
+            pump.run()
+            event.remove(app.store.engine, "before_cursor_execute", listener)
+            state: dict[str, Any] = {"cost": cost}
+            for key, workflow in keys.items():
+                run = app.store.find_run(workflow, key)
+                assert run is not None
+                state[key] = _scrub({
+                    "run": (run.process_state, run.failure_count, run.error, run.paused_by, run.locked_by is None,
+                            run.complete_by, run.deadline),
+                    "steps": [_step(s) for s in app.store.get_steps(run.id)],
+                    "events": [(e.position, e.kind, e.from_state, e.to_state, e.attempt, e.actor is None,
+                                _detail(e.detail)) for e in app.store.get_events(run.id)],
+                })
+            results[name] = state
+        finally:
+            app.store.dispose()
+
+    sqlite, postgresql = results["sqlite"], results["postgresql"]
+    assert sqlite["happy"]["run"][0] == "processed" and sqlite["undone"]["run"][0] == "compensated"
+    assert sqlite["graph"]["run"][0] == "processed"
+    sqlite_cost, postgresql_cost = sqlite.pop("cost"), postgresql.pop("cost")
+    assert postgresql_cost["happy"] == postgresql_cost["undone"] == [["WITH", "run", "AS"]], postgresql_cost
+    assert len(sqlite_cost["happy"]) >= 4 and len(postgresql_cost["graph"]) >= 4  # written, then claimed
+    assert postgresql_cost["again"] == 2  # the taken key: the statement wrote nothing, the run read back
+    for key in sqlite:
+        assert postgresql[key] == sqlite[key], key
