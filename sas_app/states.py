@@ -69,6 +69,11 @@ class EventKind(Word):
     #: (detail: depth), or taken late by its agent, which started its complete-by again (detail:
     #: waited); no failure counted either way
     QUEUED = "queued"
+    #: its agent took the attempt and stopped it at complete-by without an answer (the service
+    #: hung, or kept failing): when the Supervisor recovers it, a failure is counted. An attempt
+    #: that expires without this word (its message lost, its worker gone whole) counts none, up to
+    #: ``max_failures`` times (``silent``)
+    GAVE_UP = "gave_up"
 
 
 class Cause(Word):
@@ -77,6 +82,9 @@ class Cause(Word):
     EXPIRED = "expired"  # its complete-by passed (found by the Supervisor)
     WORKER_LOST = "worker_lost"  # its worker process died (reported by the worker's main process)
     DEFERRED = "deferred"  # its agent did not call the service (its breaker open): no failure counted
+    #: its complete-by passed and its agent never said it took it (a message lost with the broker, a
+    #: worker killed whole): no failure counted, up to the step's ``max_failures`` such times
+    SILENT = "silent"
 
 
 class SignalStatus(Word):

@@ -84,7 +84,8 @@ class Replies(Protocol):
     def step_not_yet(self, run_id: str, position: int, attempt: int, after: float | None = None, detail: str = "",
                      faults: dict[str, Any] | None = None) -> None: ...
 
-    def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any]) -> None: ...
+    def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any] | None = None,
+                    gave_up: bool = False) -> None: ...
 
     def start_late(self, run_id: str, position: int, attempt: int) -> float | None:
         """A message taken late (it waited in the queue): when its attempt now ends (the
@@ -327,7 +328,7 @@ class Agent:
             json.dumps(result, allow_nan=False)
         except (StepExpired, SoftTimeLimitExceeded):
             log.warning("%s: complete-by passed; stopping without a reply", where)
-            self._keep_faults(call, faults)
+            self._gave_up(call, faults)
             return
         except StaleAttempt as exc:
             log.warning("%s: superseded (%s); stopping without a reply", where, exc)
@@ -346,7 +347,7 @@ class Agent:
         except NotYet as exc:
             if call.remaining() <= 0:
                 log.warning("%s: 'not yet' came after complete-by; not replying", where)
-                self._keep_faults(call, faults)
+                self._gave_up(call, faults)
                 return
             log.info("%s: not yet (poll %d)%s", where, call.poll + 1, f": {exc.detail}" if exc.detail else "")
             self._reply(STEP_NOT_YET, call, faults, after=exc.after, detail=exc.detail[:200])
@@ -358,7 +359,7 @@ class Agent:
         except Exception as exc:
             if is_transient(exc):
                 log.warning("%s: still failing when complete-by came (%s); no reply", where, describe(exc))
-                self._keep_faults(call, faults)
+                self._gave_up(call, faults)
                 return
             log.exception("%s: unexpected error, reported as a permanent failure", where)
             self._reply(STEP_FAILED, call, faults, error=describe(exc))
@@ -366,7 +367,7 @@ class Agent:
         fault_points.hit("agent.after_call")
         if call.remaining() <= 0:
             log.warning("%s: result came after complete-by; not replying", where)
-            self._keep_faults(call, faults)
+            self._gave_up(call, faults)
             return
         self._reply(STEP_DONE, call, faults, result=result)
 
@@ -447,10 +448,17 @@ class Agent:
         return run_bounded(result, max(call.remaining(), 0.0), call.step) if inspect.isawaitable(result) else result
 
     def _keep_faults(self, call: AgentCall, faults: FaultLog) -> None:
-        """An attempt that ends without a reply (its complete-by passed, or it was superseded)
-        still has its faults written to its history."""
+        """An attempt superseded while it ran ends without a reply: its faults are still written to
+        its history."""
         if faults.count:
             self._reply(STEP_FAULTS, call, faults)
+
+    def _gave_up(self, call: AgentCall, faults: FaultLog) -> None:
+        """An attempt this agent took and stopped at its complete-by, without an answer: it says so
+        (with its faults, if any), so that the Supervisor counts it a failed attempt. One that
+        passes its complete-by in silence — its message lost, its worker gone whole — counts none,
+        up to a limit: no worker tried it."""
+        self._reply(STEP_FAULTS, call, faults, gave_up=True)
 
     def _reply(self, task: str, call: AgentCall, faults: FaultLog, **outcome: Any) -> None:
         """To the Scheduler's handler in this process, or failing that to its queue."""

@@ -5,6 +5,10 @@ for good, and which steps of a run get undone.
   step's ``max_failures`` it goes back to pending after a back-off that doubles with each failure
   (``SAS_RETRY_BACKOFF``, capped at ``SAS_RETRY_BACKOFF_MAX``) — or longer, when the Supervisor
   paces it because its agent's queue is too deep to take it in time; at the threshold it fails.
+* An attempt that passed its complete-by in silence — no agent said it took it: its message was
+  lost with the broker, or its worker was killed whole — counts none: nothing tried it. It goes
+  back to pending after the first back-off, up to ``max_failures`` times a step; past that, each
+  counts as above (a step that makes its whole worker die each time still ends).
 * A step that failed for good raises one alert and the run is undone — its steps whose effect may
   have happened, last first — or goes to ``error`` when there is nothing to undo. An undo that
   fails for good (its service refused it, or it lost its worker at every attempt) sends the run to
@@ -22,7 +26,7 @@ Supervisor (an expired attempt) and the operators (cancel, compensate) all decid
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,8 +137,8 @@ def recover_step(tx: Tx, alerts: Alerts, settings: Settings, step: StepRow, why:
 
 
 def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[StepRow], why: Cause,
-                  detail: str = "", *, actor: str, paced: Mapping[int, float] | None = None
-                  ) -> list[tuple[StepRow, Recovery]]:
+                  detail: str = "", *, actor: str, paced: Mapping[int, float] | None = None,
+                  silent: Collection[int] = ()) -> list[tuple[StepRow, Recovery]]:
     """:func:`recover_step` for a batch of attempts (their rows locked by the caller), set-based
     where the numbers are: those that go back to pending move together, one fenced statement per
     back-off however many they are; those at their threshold (escalated, or failed and undone)
@@ -144,22 +148,26 @@ def recover_steps(tx: Tx, alerts: Alerts, settings: Settings, batch: Sequence[St
     Supervisor's pacing) when that is longer than its back-off, rounded up to half a second so that
     a batch still moves in a few statements. A wait of more than :data:`PACED_IN_STORE_AFTER`
     seconds is kept in the store — the step's complete-by is the end of its wait, the sweep wakes it
-    then — rather than held as a message's countdown."""
+    then — rather than held as a message's countdown.
+
+    ``silent`` holds the ids of expired attempts no agent said it took, under their step's limit of
+    such: they go back to pending with no failure counted, after the first back-off."""
     paced = paced or {}
-    retrying: dict[tuple[float, bool], list[StepRow]] = {}
+    retrying: dict[tuple[float, bool, bool], list[StepRow]] = {}
     at_threshold = []
     for step in batch:
-        if _goes_on(tx, step, why):
-            wait, held = backoff(settings, step.failure_count + 1), paced.get(step.id, 0.0)
+        counted = step.id not in silent
+        if not counted or _goes_on(tx, step, why):
+            wait, held = backoff(settings, step.failure_count + 1 if counted else 1), paced.get(step.id, 0.0)
             if held > wait:
                 wait = math.ceil(held * 2) / 2
-            retrying.setdefault((wait, held > PACED_IN_STORE_AFTER), []).append(step)
+            retrying.setdefault((wait, held > PACED_IN_STORE_AFTER, counted), []).append(step)
         else:
             at_threshold.append(step)
     outcomes = []
-    for (wait, held), group in retrying.items():
+    for (wait, held, counted), group in retrying.items():
         moved = {s.id for s in tx.steps.retry_steps(group, wait, 0.0 if held else settings.pickup_timeout, actor,
-                                                    reason=str(why))}
+                                                    reason=str(why if counted else Cause.SILENT), counted=counted)}
         outcomes += [(s, Recovery(retried=s.id in moved, failed=False, backoff=wait, paced=held,
                                   alert=_stuck(tx, alerts, s, actor) if s.id in moved else None))
                      for s in group]

@@ -122,10 +122,11 @@ class Scheduler:
                 self.step_not_yet(run_id, position, attempt, after, str(detail)[:200], fault_summary(faults))
 
         @self.celery.task(name=STEP_FAULTS, **options)
-        def step_faults(run_id: str, position: int, attempt: int, faults: Any = None, **newer: Any) -> None:
+        def step_faults(run_id: str, position: int, attempt: int, faults: Any = None, gave_up: Any = False,
+                        **newer: Any) -> None:
             summary = fault_summary(faults)
-            if well_formed("step_faults", run_id, position, attempt) and summary is not None:
-                self.step_faults(run_id, position, attempt, summary)
+            if well_formed("step_faults", run_id, position, attempt) and (summary is not None or gave_up is True):
+                self.step_faults(run_id, position, attempt, summary, gave_up=gave_up is True)
 
         @self.celery.task(name=STEP_LOST, **options)
         def step_lost(run_id: str, position: int, attempt: int, reason: str = "", **newer: Any) -> None:
@@ -315,11 +316,16 @@ class Scheduler:
         with self.store.begin() as tx:
             return tx.steps.start_late(run_id, position, attempt, self.settings.queue_wait_max, self.instance_id)
 
-    def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any]) -> None:
-        """The transient faults of an attempt that ended without a reply: written to the run's
-        history (the step itself is the Supervisor's, at its complete-by)."""
+    def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any] | None = None,
+                    gave_up: bool = False) -> None:
+        """An attempt that ended without a reply: its transient faults written to the run's history
+        and, when its agent ``gave_up`` at complete-by, a ``gave_up`` event that makes it a failed
+        attempt (the step itself is the Supervisor's, at its complete-by)."""
         with self.store.begin() as tx:
-            self._faults(tx, tx.runs.lock_run(run_id), position, attempt, faults)
+            run = tx.runs.lock_run(run_id)
+            self._faults(tx, run, position, attempt, faults)
+            if gave_up and run is not None:
+                tx.event(run.id, position, EventKind.GAVE_UP, None, None, attempt=attempt, actor=self.instance_id)
 
     def signal(self, run_id: str, event: str, payload: Any, by: str) -> str:
         """Record a signal for the run's wait for ``event`` and, if the run is waiting there, end

@@ -121,11 +121,11 @@ class StepTx(Part):
         return won
 
     def retry_steps(self, batch: Sequence[StepRow], backoff: float, pickup_timeout: float, actor: str,
-                    reason: str) -> list[StepRow]:
+                    reason: str, counted: bool = True) -> list[StepRow]:
         """Each of ``batch`` (running: expired, or its worker died) → pending, in one statement
-        fenced on each step's attempt: one more failure, LockedBy cleared, a back-off before the
-        Scheduler may dispatch it again and a new complete-by for that pick-up. Returns the steps
-        moved (a step that moved on meanwhile is left alone)."""
+        fenced on each step's attempt: one more failure (unless not ``counted``), LockedBy cleared,
+        a back-off before the Scheduler may dispatch it again and a new complete-by for that
+        pick-up. Returns the steps moved (a step that moved on meanwhile is left alone)."""
         if not batch:
             return []
         now = db_now()
@@ -133,11 +133,13 @@ class StepTx(Part):
             update(steps)
             .where(tuple_(steps.c.id, steps.c.attempt).in_([(s.id, s.attempt) for s in batch]),
                    steps.c.state == StepState.RUNNING.value)
-            .values(state=StepState.PENDING.value, updated_at=now, failure_count=steps.c.failure_count + 1,
+            .values(state=StepState.PENDING.value, updated_at=now,
+                    failure_count=steps.c.failure_count + (1 if counted else 0),
                     locked_by=None, not_before=now + backoff, complete_by=now + backoff + pickup_timeout)
             .returning(*steps.c)
         )]
-        per_run = Counter(step.run_id for step in moved)  # parallel steps of one run: a failure each
+        # parallel steps of one run: a failure each
+        per_run = Counter(step.run_id for step in moved) if counted else Counter()
         for failures in set(per_run.values()):
             self.conn.execute(update(runs).where(runs.c.id.in_([r for r, n in per_run.items() if n == failures]))
                               .values(failure_count=runs.c.failure_count + failures))

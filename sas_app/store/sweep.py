@@ -8,14 +8,15 @@ size of the table.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections import Counter
+from collections.abc import Collection, Sequence
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, tuple_, update
 
-from sas_app.states import LIVE_RUN_STATES, EventKind, RunState, StepState
+from sas_app.states import LIVE_RUN_STATES, Cause, EventKind, RunState, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, StepRow, as_row
-from sas_app.store.tables import DUE_RUN_STATES, alerts, runs, steps
+from sas_app.store.tables import DUE_RUN_STATES, alerts, events, runs, steps
 from sas_app.store.transitions import Part, run_in
 
 _LIVE = run_in(*LIVE_RUN_STATES)  # through the run's primary key: see run_in
@@ -38,6 +39,30 @@ class SweepTx(Part):
             .with_for_update(skip_locked=True, of=[steps, runs])
         )
         return [as_row(StepRow, r) for r in self.conn.execute(query)]
+
+    def agents_word(self, expired: Sequence[StepRow]) -> tuple[set[int], Counter[int]]:
+        """For attempts past their complete-by: the ids of the steps whose agent said it took this
+        attempt and gave up on it (a ``gave_up`` event), and how many earlier attempts of each
+        passed their complete-by in silence (running → pending for :attr:`Cause.SILENT`)."""
+        if not expired:
+            return set(), Counter()
+        by_place = {(s.run_id, s.position): s for s in expired}
+        found = self.conn.execute(
+            select(events.c.run_id, events.c.position, events.c.kind, events.c.attempt, events.c.detail)
+            .where(tuple_(events.c.run_id, events.c.position).in_(list(by_place)),
+                   or_(events.c.kind == EventKind.GAVE_UP.value,
+                       and_(events.c.kind == EventKind.TRANSITION.value,
+                            events.c.from_state == StepState.RUNNING.value,
+                            events.c.to_state == StepState.PENDING.value))))
+        gave_up: set[int] = set()
+        silent: Counter[int] = Counter()
+        for row in found:
+            step = by_place[(row.run_id, row.position)]
+            if row.kind == EventKind.GAVE_UP.value and row.attempt == step.attempt:
+                gave_up.add(step.id)
+            elif row.kind == EventKind.TRANSITION.value and (row.detail or {}).get("reason") == Cause.SILENT.value:
+                silent[step.id] += 1
+        return gave_up, silent
 
     def leave_queued(self, queued: Collection[StepRow], look_again: float, actor: str, note: bool = True) -> None:
         """Steps past their complete-by whose messages still wait in their agent's queue, read and

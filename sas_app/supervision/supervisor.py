@@ -158,7 +158,7 @@ class Supervisor:
         raised: list[Alert | None] = []
         with self.store.begin() as tx:
             found = tx.sweep.expired_steps(s.sweep_batch)
-            queued, just = self._still_queued(tx, found, depths)
+            queued, just, outwaited = self._still_queued(tx, found, depths)
             tx.sweep.leave_queued(queued, max(s.supervisor_interval, min((q.timeout for q in queued), default=0.0)),
                                   self.instance_id)
             tx.sweep.leave_queued(just, TAKE_GRACE, self.instance_id, note=False)
@@ -167,7 +167,7 @@ class Supervisor:
             # a depth that could not be read counts as empty: those steps keep their back-off alone
             paced = self.forecast.paced(tx, expired, {agent: depth or 0 for agent, depth in depths.items()})
             for step, outcome in recover_steps(tx, self.alerts, s, expired, Cause.EXPIRED, actor=self.instance_id,
-                                               paced=paced):
+                                               paced=paced, silent=self._silent(tx, expired, outwaited)):
                 # a failure, an escalation (the sweep asks again once its wait is over), an undo
                 # retried past its threshold
                 raised.append(outcome.alert)
@@ -215,10 +215,22 @@ class Supervisor:
         report.queued += len(queued)
         return len(found)
 
+    @staticmethod
+    def _silent(tx: Tx, expired: list[StepRow], outwaited: set[int]) -> set[int]:
+        """The expired attempts no agent said it took (no ``gave_up``: its message was lost, its
+        worker killed whole) whose step has not yet had ``max_failures`` such: retried with no
+        failure counted. Not those ``outwaited``, still in their queue past SAS_QUEUE_WAIT_MAX (no
+        worker consumes it: that counts), nor an undo (an expired undo goes on regardless)."""
+        steps = [step for step in expired if not step.is_undo and step.id not in outwaited]
+        gave_up, silent_before = tx.sweep.agents_word(steps)
+        return {step.id for step in steps
+                if step.id not in gave_up and silent_before[step.id] < step.max_failures}
+
     def _still_queued(self, tx: Tx, expired: list[StepRow], depths: dict[str, int | None]
-                      ) -> tuple[list[StepRow], list[StepRow]]:
+                      ) -> tuple[list[StepRow], list[StepRow], set[int]]:
         """The expired steps to leave alone for now: those whose messages still wait in their
-        agent's queue, and those that expired a moment ago.
+        agent's queue, and those that expired a moment ago; and the ids of those still waiting
+        there past SAS_QUEUE_WAIT_MAX, judged now.
 
         The first: untaken — among the last its depth counts — for at most SAS_QUEUE_WAIT_MAX
         past their complete-by. No worker has failed them, so none counts a failure, and the
@@ -237,7 +249,7 @@ class Supervisor:
         judged as before."""
         s = self.settings
         if s.queue_wait_max <= 0 or not s.inline_replies:
-            return [], []
+            return [], [], set()
         now = tx.now()
         waiting: set[int] = set()
         for agent in {step.agent for step in expired if not step.is_undo}:
@@ -254,5 +266,5 @@ class Supervisor:
         left = {step.id for step in queued}
         just = [step for step in expired if step.id not in left and not step.is_undo
                 and now - (step.complete_by or now) < TAKE_GRACE]
-        return queued, just
+        return queued, just, waiting - left
 

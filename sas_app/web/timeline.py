@@ -77,6 +77,11 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
             segment.outcome = "recovered"
             segment.label = (f"attempt {segment.attempt} passed its complete-by: Supervisor recovery, "
                              f"retry after {detail.get('backoff', 0):.1f}s")
+        elif e.to_state == StepState.PENDING and detail.get("reason") == Cause.SILENT:
+            segment.outcome = "recovered"
+            segment.label = (f"attempt {segment.attempt} passed its complete-by with no word from its agent "
+                             f"(its message lost?): sent again after {detail.get('backoff', 0):.1f}s, "
+                             "no failure counted")
         elif e.to_state == StepState.PENDING and detail.get("reason") == Cause.WORKER_LOST:
             segment.outcome = "lost"
             segment.label = f"attempt {segment.attempt}: its worker died; retry after {detail.get('backoff', 0):.1f}s"
@@ -85,7 +90,8 @@ def timeline(view: RunView, now: float, width: float = 600.0) -> tuple[list[Lane
             segment.label = (f"attempt {segment.attempt} at its failure threshold: escalated, retry after "
                              f"waiting {detail.get('wait', 0):g} s")
         elif e.to_state == StepState.PENDING:
-            segment.outcome, segment.label = "deferred", f"attempt {segment.attempt} deferred (breaker open)"
+            segment.outcome = "deferred"
+            segment.label = f"attempt {segment.attempt} deferred (breaker open, or at its rate limit)"
         elif e.to_state == StepState.FAILED:
             segment.outcome, segment.label = "failed", f"attempt {segment.attempt} failed: {detail.get('error', '')}"
         else:

@@ -226,7 +226,10 @@ def test_a_straight_line_submitted_where_it_is_started_is_written_started_in_one
         install_test_workflows(app, timeout=30)
         app.migrate()
         statements: list[str] = []
-        listener = lambda conn, cursor, sent, *args: statements.append(built(sent))  # noqa: E731
+
+        def listener(conn: Any, cursor: Any, sent: str, *args: Any, seen: list[str] = statements) -> None:
+            seen.append(built(sent))
+
         event.listen(app.store.engine, "before_cursor_execute", listener)
         try:
             pump = Pump(app)

@@ -111,8 +111,12 @@ def test_past_complete_by_the_agent_stops_with_no_reply_but_its_faults(sas, agen
 
 
 def test_a_result_that_comes_after_complete_by_is_not_sent(sas, agent, pump):
+    """Not the result — the step is the Supervisor's by then — but word that this agent took the
+    attempt and gave up on it, so that the Supervisor counts it a failed attempt."""
     run(sas, agent, lambda call: sas.test_clock.advance(0.25) or {"late": True}, budget=0.2)
-    assert pump.take("sas.scheduler") == []
+    [word] = pump.take("sas.scheduler")
+    assert word.task == "sas.scheduler.step_faults" and word.kwargs["gave_up"] is True
+    assert "result" not in word.kwargs and "faults" not in word.kwargs
 
 
 def test_a_result_in_time_is_sent_however_long_the_worker_took_to_get_to_it(sas, agent, pump):

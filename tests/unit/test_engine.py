@@ -267,7 +267,49 @@ def test_a_lost_agent_message_is_recovered_once_complete_by_passes(sas, pump):
 
     view = handle.status()
     assert view.process_state == "processed"
+    # no worker tried the lost attempt: it is sent again with no failure counted
+    assert [(s.attempt, s.failure_count) for s in view.steps] == [(1, 0), (2, 0), (1, 0)]
+    [retry] = [e for e in view.events if e.from_state == "running" and e.to_state == "pending"]
+    assert (retry.position, retry.detail["reason"]) == (1, "silent")
+
+
+@pytest.mark.both_stores
+def test_an_attempt_its_agent_gave_up_on_counts_a_failure_and_a_silent_one_does_not(sas, pump):
+    """An attempt the agent took and stopped at complete-by (the service hung) is a failed
+    attempt; one that passed its complete-by with no word from any agent (its message lost, its
+    worker killed whole) is sent again with no failure counted — up to max_failures such times a
+    step, after which each counts, so a step that kills its whole worker every time still ends."""
+    hung = sas.submit("three", {"script": {"second": ["hang", "ok"]}}, business_key="hung")
+    pump.run(SCHEDULER)
+    pump.run(AGENT)
+    pump.run(SCHEDULER)
+    pump.run(AGENT)  # the second step: the agent gives up at complete-by and says so
+    pump.run(SCHEDULER)
+    expire(sas, hung.id)
+    sas.supervisor.sweep()
+    backoff_over(sas, hung.id)
+    pump.run()
+    view = hung.status()
+    assert view.process_state == "processed"
     assert [(s.attempt, s.failure_count) for s in view.steps] == [(1, 0), (2, 1), (1, 0)]
+    assert [e.attempt for e in view.events if e.kind == "gave_up"] == [1]
+
+    lost = sas.submit("three", {}, business_key="always-lost")
+    pump.run(SCHEDULER)
+    counted = []
+    for _ in range(20):
+        pump.take("sas.agent.svc")  # this attempt's message is lost
+        expire(sas, lost.id)
+        sas.supervisor.sweep()
+        first = sas.store.get_steps(lost.id)[0]
+        counted.append(first.failure_count)
+        if first.state == "failed":
+            break
+        backoff_over(sas, lost.id)
+        pump.run(SCHEDULER)  # sent again
+    limit = first.max_failures
+    assert counted == [0] * limit + list(range(1, limit + 1)), counted
+    assert lost.status().process_state == "error"
 
 
 def test_messages_for_unknown_runs_or_finished_runs_change_nothing(sas, pump):

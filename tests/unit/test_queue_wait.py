@@ -102,7 +102,7 @@ def test_a_step_waiting_longer_than_queue_wait_max_counts_a_failure_and_its_old_
     assert [c.attempt for c in env.calls("svc.work") if c.step == "first"] == [2]  # attempt 1 never called
 
 
-def test_a_lost_message_is_recovered_as_before_though_a_queue_is_backed_up(env):
+def test_a_lost_message_is_recovered_though_a_queue_is_backed_up_with_no_failure_counted(env):
     sas = env.app
     lost = sas.submit("three", {}, business_key="lost").id
     env.pump.run(["sas.scheduler"])
@@ -115,7 +115,10 @@ def test_a_lost_message_is_recovered_as_before_though_a_queue_is_backed_up(env):
 
     report = sas.supervisor.sweep()
     assert report.queued == 1 and [run_id for run_id, _, _ in report.retried] == [lost]
-    assert [sas.store.get_steps(r)[0].failure_count for r in (lost, waiting)] == [1, 0]
+    # no agent took the lost attempt: it is sent again, and no failure is counted for it
+    assert [sas.store.get_steps(r)[0].failure_count for r in (lost, waiting)] == [0, 0]
+    [retry] = [e for e in sas.store.get_events(lost) if e.from_state == "running" and e.to_state == "pending"]
+    assert retry.detail["reason"] == "silent"
 
 
 def test_sas_queue_wait_max_is_a_number_of_seconds_or_zero():
