@@ -152,20 +152,23 @@ class SweepTx(Part):
         the ``depth`` dispatched last (by ``read_at``, when the depth was read, if given; a queue is
         first in, first out; a step's complete-by is its dispatch plus its timeout), at most
         ``limit`` of them from the head. Undos are left out: sent at the most urgent priority, they
-        are taken before the rest."""
+        are taken before the rest. The ``depth`` newest are found on their ids and send times only
+        (a top-N sort), and only the ``limit`` read whole: a deep backlog costs a sort of two
+        numbers a step, not of every column."""
         dispatched = steps.c.complete_by - steps.c.timeout
         sent = [] if read_at is None else [dispatched <= read_at]
         newest = (
-            select(steps, func.row_number().over(order_by=(dispatched.desc(), steps.c.id.desc())).label("from_tail"))
+            select(steps.c.id, dispatched.label("sent_at"))
             .join(runs, runs.c.id == steps.c.run_id)
             .where(steps.c.agent == agent, steps.c.state == StepState.RUNNING.value,
                    steps.c.complete_by.is_not(None), steps.c.compensates.is_(None), _LIVE, *sent)
+            .order_by(dispatched.desc(), steps.c.id.desc())
+            .limit(depth)
             .subquery()
         )
         rows = self.conn.execute(
-            select(*(newest.c[c.name] for c in steps.c))
-            .where(newest.c.from_tail <= depth)
-            .order_by(newest.c.from_tail.desc())
+            select(steps).join(newest, newest.c.id == steps.c.id)
+            .order_by(newest.c.sent_at, steps.c.id)
             .limit(limit)
         )
         return [as_row(StepRow, r) for r in rows]
