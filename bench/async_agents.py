@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import date
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,11 +37,14 @@ from bench.throughput import REPO, fresh_database, machine, record, rss_mb, serv
 from sas_app.testing.processes import CELERY_READY, Processes, stopped_by_signals
 
 
-def slow_service(delay: float) -> ThreadingHTTPServer:
-    """A remote service on a free loopback port that answers every request after ``delay`` s."""
+def slow_service(delay: float, seen: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
+    """A remote service on a free loopback port that answers every request after ``delay`` s;
+    ``seen(path)`` is told of each request as it arrives."""
 
     class Slow(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if seen is not None:
+                seen(self.path)
             time.sleep(delay)
             body = b'{"ok": true}'
             self.send_response(200)

@@ -24,42 +24,30 @@ import os
 import threading
 import time
 from datetime import date
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 
+from bench.async_agents import slow_service
 from bench.throughput import REPO, bench_stack, machine, record, service_arguments
 from sas_app import Submission
 from sas_app.testing.processes import Processes, stopped_by_signals
 
 
 def recording_service(delay: float) -> tuple[ThreadingHTTPServer, list[float]]:
-    """A service on a free loopback port that notes each request's arrival, then answers after ``delay``."""
+    """A service on a free loopback port that notes each request's arrival, then answers after
+    ``delay`` (a pool process's warm-up request, to ``/warm``, is not noted)."""
     arrivals: list[float] = []
     lock = threading.Lock()
 
-    class Recording(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if not self.path.endswith("warm"):  # a pool process's connection, opened as it starts
-                with lock:
-                    arrivals.append(time.time())
-            time.sleep(delay)
-            body = b'{"ok": true}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def seen(path: str) -> None:
+        if not path.endswith("warm"):
+            with lock:
+                arrivals.append(time.time())
 
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Recording)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, arrivals
+    return slow_service(delay, seen), arrivals
 
 
 def judge(arrivals: list[float], limit: float) -> dict[str, Any]:
