@@ -127,3 +127,12 @@ def test_api_bench_times_submit_and_get_run_over_http_beside_python(tmp_path):
     for name in ("python_submit", "api_submit", "python_get_run", "api_get_run"):
         assert 0 < result[name]["p50_ms"] <= result[name]["p99_ms"], result
     assert result["api_submit_at_once_per_s"] > 0 and result["python_submit_at_once_per_s"] > 0
+
+
+@one_bench("rate_limit")
+def test_rate_limit_bench_counts_what_the_service_saw_from_every_worker(tmp_path):
+    result = run_bench("bench.rate_limit", "--runs", "30", "--limit", "15", "--workers", "2", "--concurrency", "2",
+                       "--brokers", "redis", tmp_path=tmp_path)
+    seen = result["redis"]
+    assert seen["calls"] == 30 and sum(seen["per_second"]) == 30, seen
+    assert {"rate", "steady_rate", "most_in_any_second", "longest_over_limit_s", "deferred"} <= set(seen)
