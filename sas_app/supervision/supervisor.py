@@ -243,10 +243,10 @@ class Supervisor:
         (``StepTx.start_late``), a moment behind the depth this sweep read.
 
         An undo (sent ahead of the queue) and a step whose agent's queue is empty, or that newer
-        dispatches have pushed out of what its depth counts, are judged as before: its message was
-        lost, or its worker took it and went quiet. Without replies handled in the agents'
-        processes, an agent cannot start a late message (it has no store): every expired step is
-        judged as before."""
+        dispatches have pushed out of what its depth counts, are recovered: its message was lost,
+        or its worker took it and went quiet (:meth:`_silent` tells which). Without replies
+        handled in the agents' processes, an agent cannot start a late message (it has no store):
+        every expired step is recovered."""
         s = self.settings
         if s.queue_wait_max <= 0 or not s.inline_replies:
             return [], [], set()
