@@ -17,6 +17,15 @@ from urllib.parse import urlsplit
 from celery.utils.time import rate as celery_rate
 
 
+def calls_per_second(limit: str) -> float:
+    """A rate limit as Celery writes them — ``"20/s"``, ``"100/m"``, ``"5/h"``, or ``"20"`` a
+    second — in calls a second; 0 when it is not a positive rate."""
+    try:
+        return max(float(celery_rate(limit.strip())), 0.0)
+    except (ValueError, KeyError, AttributeError):
+        return 0.0
+
+
 def _home(env: Mapping[str, str]) -> Path:
     return Path(env.get("SAS_HOME", ".sas")).resolve()
 
@@ -192,28 +201,28 @@ class Settings:
                              "32 characters)")
         if self.queue_wait_max < 0:
             raise ValueError(f"setting queue_wait_max must be 0 (off) or more seconds, got {self.queue_wait_max!r}")
-        for item in filter(None, (part.strip() for part in self.agent_rate_limits.split(","))):
-            limit = item.partition("=")[2].strip()
-            try:
-                per_second = float(celery_rate(limit)) if limit else 0.0
-            except (ValueError, KeyError):
-                per_second = 0.0
-            if per_second <= 0:
-                raise ValueError(f"SAS_AGENT_RATE_LIMITS: {item!r} is not agent=limit with a positive limit "
-                                 "(e.g. payment=20/s, warehouse=100/m)")
+        self.rate_limits()
         for name in ("sweep_batch", "max_branches", "max_child_depth"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive, got {getattr(self, name)!r}")
 
-    def rate_limit(self, agent: str) -> str | None:
-        """The rate limit SAS_AGENT_RATE_LIMITS sets for ``agent``, if any."""
+    def rate_limits(self) -> dict[str, str]:
+        """SAS_AGENT_RATE_LIMITS by agent (the first item naming an agent wins); ValueError naming
+        an item that is not ``agent=limit`` with a positive limit."""
+        limits: dict[str, str] = {}
         for item in filter(None, (part.strip() for part in self.agent_rate_limits.split(","))):
             name, sep, limit = item.partition("=")
             if not sep or not name.strip() or not limit.strip():
                 raise ValueError(f"SAS_AGENT_RATE_LIMITS: {item!r} is not agent=limit (e.g. payment=20/s)")
-            if name.strip() == agent:
-                return limit.strip()
-        return None
+            if calls_per_second(limit) <= 0:
+                raise ValueError(f"SAS_AGENT_RATE_LIMITS: {item!r} is not agent=limit with a positive limit "
+                                 "(e.g. payment=20/s, warehouse=100/m)")
+            limits.setdefault(name.strip(), limit.strip())
+        return limits
+
+    def rate_limit(self, agent: str) -> str | None:
+        """The rate limit SAS_AGENT_RATE_LIMITS sets for ``agent``, if any."""
+        return self.rate_limits().get(agent)
 
     @property
     def amqp_broker(self) -> bool:

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis
-from celery.utils.time import rate as celery_rate
 
 from sas_app.errors import WorkflowDefinitionError
+from sas_app.settings import calls_per_second
 
 #: the longest a call sleeps in its worker for its slot; past it the step is deferred
 MAX_WAIT = 5.0
@@ -40,10 +40,7 @@ MAX_WAIT = 5.0
 def per_second(limit: str) -> float:
     """``"20/s"``, ``"100/m"``, ``"5/h"`` or ``"20"`` (per second) as calls per second, as Celery
     writes rate limits; a limit that is not one of those, or not above zero, is refused."""
-    try:
-        value = float(celery_rate(limit.strip()))
-    except (ValueError, KeyError, AttributeError):
-        value = 0.0
+    value = calls_per_second(limit)
     if value <= 0:
         raise WorkflowDefinitionError(
             f"rate limit {limit!r} is not a positive rate: write it as calls per second, minute or hour, "

@@ -172,6 +172,11 @@ class Scheduler:
         if run.process_state not in LIVE_RUN_STATES:
             log.info("advance: run %s is %s; nothing to do", run_id, run.process_state)
             return Moves()
+        return self._first_moves(tx, run, first)
+
+    def _first_moves(self, tx: Tx, run: RunRow, first: StepRow | None) -> Moves:
+        """A run just claimed: the first step the store marked running dispatched, or, when it
+        marked none (a graph, a paused run), what the planner starts."""
         return self.planner.dispatch(tx, run, first, {}) if first is not None else self.planner.next(tx, run)
 
     def submitted(self, tx: Tx, new: NewRun) -> tuple[RunRow, bool, Moves] | None:
@@ -184,7 +189,7 @@ class Scheduler:
         run, first, created = written
         if not created:
             return run, False, Moves()
-        return run, True, self.planner.dispatch(tx, run, first, {}) if first is not None else self.planner.next(tx, run)
+        return run, True, self._first_moves(tx, run, first)
 
     def step_done(
         self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any] | None = None,

@@ -149,10 +149,7 @@ class SubmissionTx(Part):
         and that run is returned."""
         found = rows(self.conn, _INSERT_RUN[self.conn.dialect.name], _run_values(new, pickup_timeout))
         if not found:
-            existing = self.conn.execute(
-                select(runs).where(runs.c.workflow == new.workflow, runs.c.business_key == new.business_key)
-            ).one()
-            return as_row(RunRow, existing), False
+            return self._existing(new), False
         self._written([new])
         return as_row(RunRow, found[0]), True
 
@@ -173,12 +170,16 @@ class SubmissionTx(Part):
             **rows_parameter([_step_values(new.run_id, position, s) for position, s in enumerate(new.steps)]),
         })
         if not found:
-            existing = self.conn.execute(
-                select(runs).where(runs.c.workflow == new.workflow, runs.c.business_key == new.business_key)
-            ).one()
-            return as_row(RunRow, existing), None, False
+            return self._existing(new), None, False
         first = None if found[0]["n_id"] is None else prefixed(StepRow, found[0], "n_")
         return prefixed(RunRow, found[0], "r_"), first, True
+
+    def _existing(self, new: NewRun) -> RunRow:
+        """The run that already holds ``new``'s workflow and business key."""
+        existing = self.conn.execute(
+            select(runs).where(runs.c.workflow == new.workflow, runs.c.business_key == new.business_key)
+        ).one()
+        return as_row(RunRow, existing)
 
     def insert_runs(self, news: Sequence[NewRun], pickup_timeout: float) -> dict[tuple[str, str], tuple[RunRow, bool]]:
         """:meth:`insert_run` for many runs (of distinct workflow and business key) in a few
