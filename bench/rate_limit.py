@@ -23,6 +23,7 @@ import json
 import os
 import threading
 import time
+from bisect import bisect_left
 from datetime import date
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -63,7 +64,7 @@ def judge(arrivals: list[float], limit: float) -> dict[str, Any]:
     for count in per_second:
         run = run + 1 if count > limit else 0
         longest = max(longest, run)
-    window = max(sum(1 for u in times[i:i + int(limit * 3)] if u < t + 1) for i, t in enumerate(times))
+    window = max(bisect_left(times, t + 1) - i for i, t in enumerate(times))
     return {
         "calls": len(times), "span_s": round(last - first, 2),
         "rate": round((len(times) - 1) / (last - first), 2),
