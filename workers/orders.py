@@ -28,6 +28,7 @@ import threading
 from typing import Any
 
 import httpx
+from celery.signals import worker_process_init
 from sqlalchemy import Column, Connection, Double, MetaData, String, Table, insert, update
 
 from sas_app import (
@@ -77,6 +78,14 @@ def _http() -> httpx.Client:
     if client is None:
         client = _local.client = httpx.Client()
     return client
+
+
+@worker_process_init.connect
+def _open_client(**_: Any) -> None:
+    """A pool process opens its client as it starts, not at its first call: building one takes
+    long enough that a first call made with it reaches the service late, bunched with the next
+    process's on-time one — past a rate limit, for the service."""
+    _http()
 
 
 def call_service(service: str, verb: str, action: str, call: AgentCall) -> dict[str, Any]:
