@@ -73,7 +73,8 @@ class Replies(Protocol):
     Scheduler's queue instead."""
 
     def step_done(self, run_id: str, position: int, attempt: int, result: Any = None,
-                  results: dict[str, Any] | None = None, faults: dict[str, Any] | None = None) -> None: ...
+                  results: dict[str, Any] | None = None, faults: dict[str, Any] | None = None,
+                  workflow: str | None = None) -> None: ...
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str,
                     faults: dict[str, Any] | None = None) -> None: ...
@@ -464,7 +465,7 @@ class Agent:
         """To the Scheduler's handler in this process, or failing that to its queue."""
         reply = {"run_id": call.run_id, "position": call.position, "attempt": call.attempt, **outcome}
         if task == STEP_DONE:
-            reply["results"] = call.results
+            reply["results"], reply["workflow"] = call.results, call.workflow
         summary = faults.summary()
         if summary is not None:  # only then: the reply of a step that went smoothly is unchanged
             reply["faults"] = summary

@@ -40,7 +40,7 @@ from sas_app.messaging.routing import (
 )
 from sas_app.settings import Settings, instance_id
 from sas_app.states import LIVE_RUN_STATES, Cause, EventKind, RunState, SignalStatus, StepState
-from sas_app.store import NewRun, RunRow, StepRow, Store, Tx
+from sas_app.store import Completion, NewRun, RunRow, StepRow, Store, Tx, starts_in_one_statement
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -98,9 +98,11 @@ class Scheduler:
 
         @self.celery.task(name=STEP_DONE, **options)
         def step_done(run_id: str, position: int, attempt: int, result: Any = None,
-                      results: dict[str, Any] | None = None, faults: Any = None, **newer: Any) -> None:
+                      results: dict[str, Any] | None = None, faults: Any = None, workflow: Any = None,
+                      **newer: Any) -> None:
             if well_formed("step_done", run_id, position, attempt) and (results is None or isinstance(results, dict)):
-                self.step_done(run_id, position, attempt, result, results, fault_summary(faults))
+                self.step_done(run_id, position, attempt, result, results, fault_summary(faults),
+                               workflow if isinstance(workflow, str) else None)
 
         @self.celery.task(name=STEP_FAILED, **options)
         def step_failed(run_id: str, position: int, attempt: int, error: str = "", faults: Any = None,
@@ -179,28 +181,63 @@ class Scheduler:
         marked none (a graph, a paused run), what the planner starts."""
         return self.planner.dispatch(tx, run, first, {}) if first is not None else self.planner.next(tx, run)
 
-    def submitted(self, tx: Tx, new: NewRun) -> tuple[RunRow, bool, Moves] | None:
-        """A submission's run written already started, where the store can (on PostgreSQL, a
-        straight line: :meth:`SubmissionTx.insert_started_run`): ``(run, created, what to send once
-        tx has committed)``. None: write it with ``insert_run`` and :meth:`moves`."""
-        written = tx.submission.insert_started_run(new, self.instance_id)
-        if written is None:
+    def submitted(self, new: NewRun) -> tuple[RunRow, bool, Tx, Moves] | None:
+        """A submission's run written already started, where the store can in one statement that
+        is its own transaction (on PostgreSQL, a straight line:
+        :meth:`SubmissionTx.insert_started_run` in :meth:`Store.alone`): ``(run, created, the
+        transaction, what to send now it has committed)``. None: write it in a transaction, with
+        ``insert_run`` and :meth:`moves`."""
+        if not (self.store.is_postgresql and starts_in_one_statement(new)):
             return None
+        with self.store.alone() as tx:
+            written = tx.submission.insert_started_run(new, self.instance_id)
+        assert written is not None
         run, first, created = written
         if not created:
-            return run, False, Moves()
-        return run, True, self._first_moves(tx, run, first)
+            return run, False, tx, Moves()
+        if first is None:  # nothing the statement could start (a first step not due yet)
+            self.advance(run.id)
+            return run, True, tx, Moves()
+        return run, True, tx, self._started_alone(run, [first], {})
+
+    def _started_alone(self, run: RunRow, started: list[StepRow], results: dict[str, Any]) -> Moves:
+        """The messages of steps a statement of its own has started and committed; one whose
+        action has left the deployed code fails instead (and the run is undone), in a transaction
+        of its own, as :meth:`Planner.dispatch` would have in the statement's."""
+        moves = Moves()
+        for step in started:
+            if self.planner.refusal(step) is None:
+                moves.messages.append(Dispatch(run, step, results))
+                continue
+            with self.store.begin() as tx:
+                locked = tx.runs.lock_run(run.id)
+                refused = self.planner.dispatch(tx, locked, step, results) if locked is not None else Moves()
+            self.after_commit(tx, refused)
+        return moves
 
     def step_done(
         self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any] | None = None,
-        faults: dict[str, Any] | None = None,
+        faults: dict[str, Any] | None = None, workflow: str | None = None,
     ) -> None:
         """An agent's success reply: record it if that attempt still runs, then go on.
 
         The store completes the step and starts what follows on the hot path in one call
-        (:meth:`HotPathTx.complete_and_advance`: on PostgreSQL one statement); ``results`` (the earlier
-        steps' results, as the agent received them) then let the next step be dispatched without
-        reading the run's steps."""
+        (:meth:`HotPathTx.complete_and_advance`: on PostgreSQL one statement). When the run's
+        ``workflow`` (as the agent received it) is a straight line here and the reply carries no
+        faults, that statement is tried as a transaction of its own first
+        (:meth:`HotPathTx.complete_alone`), which it is unless the completion writes more.
+        ``results`` (the earlier steps' results, as the agent received them) then let the next
+        step be dispatched without reading the run's steps."""
+        if faults is None and self.store.is_postgresql and self._straight_line(workflow):
+            with self.store.alone() as tx:
+                done = tx.hot_path.complete_alone(run_id, position, attempt, result, self.instance_id)
+                earlier = {} if done is None else self._earlier(tx, done, results, result)
+            if done is not None and done.run is not None:
+                moves = self._started_alone(done.run, done.started, earlier)
+                if done.finished:
+                    log.info("run %s (%s %s) processed", run_id, done.run.workflow, done.run.business_key)
+                self.after_commit(tx, moves)
+                return
         with self.store.begin() as tx:
             done = tx.hot_path.complete_and_advance(run_id, position, attempt, result, self.instance_id)
             self._faults(tx, done.run, position, attempt, faults)
@@ -213,16 +250,30 @@ class Scheduler:
             else:
                 moves = Moves()
                 if done.started:
-                    earlier = done.results
-                    if earlier is None:
-                        earlier = (Graph(tx.steps.steps_of(run_id)).results() if results is None
-                                   else {**results, done.step: result})
+                    earlier = self._earlier(tx, done, results, result)
                     moves.messages += [Dispatch(done.run, step, earlier) for step in done.started]
                 if done.finished:
                     log.info("run %s (%s %s) processed", run_id, done.run.workflow, done.run.business_key)
                 elif done.plan:  # the run row is as locked: completing a step changed only steps
                     moves.extend(self.planner.next(tx, done.run))
         self.after_commit(tx, moves)
+
+    def _straight_line(self, workflow: str | None) -> bool:
+        known = self.planner.workflows
+        return workflow is not None and known is not None and workflow in known and known[workflow].is_linear
+
+    @staticmethod
+    def _earlier(tx: Tx, done: Completion, results: dict[str, Any] | None, result: Any) -> dict[str, Any]:
+        """The results the steps ``done`` started are told: the store's, the agent's (``results``,
+        as it received them) with the step's own, or else read from the run's steps."""
+        if not done.started:
+            return {}
+        if done.results is not None:
+            return done.results
+        assert done.step is not None
+        if results is None:
+            return Graph(tx.steps.steps_of(done.started[0].run_id)).results()
+        return {**results, done.step: result}
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str,
                     faults: dict[str, Any] | None = None) -> None:

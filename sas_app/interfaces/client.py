@@ -257,11 +257,11 @@ class Client:
         new = wf.new_run(run_id, business_key, payload, reply_to=reply_to, priority=priority)
         moves = Moves()
         try:
-            with self.store.begin() as tx:
-                started = self.scheduler.submitted(tx, new) if self.scheduler and wf.on_submit is None else None
-                if started is not None:  # written already started, in one statement
-                    run, created, moves = started
-                else:
+            started = self.scheduler.submitted(new) if self.scheduler and wf.on_submit is None else None
+            if started is not None:  # written already started, in one statement
+                run, created, tx, moves = started
+            else:
+                with self.store.begin() as tx:
                     run, created = tx.submission.insert_run(new, self.settings.pickup_timeout)
                     if created:
                         if wf.on_submit is not None:

@@ -21,7 +21,7 @@ from sas_app.store.connection import db_now, make_engine
 from sas_app.store.database import Store, Tx, dumps_payload, stored_object
 from sas_app.store.hot_path import Completion
 from sas_app.store.rows import EventRow, NewStep, RunRow, SignalRow, StepRow
-from sas_app.store.submission import NewRun
+from sas_app.store.submission import NewRun, starts_in_one_statement
 from sas_app.store.transitions import RUN_DONE_CHANNEL
 
 __all__ = [
@@ -38,5 +38,6 @@ __all__ = [
     "db_now",
     "dumps_payload",
     "make_engine",
+    "starts_in_one_statement",
     "stored_object",
 ]

@@ -183,6 +183,21 @@ class Store(Queries, Diagnosis, RetentionQueries, TokenQueries, AuditQueries):
             tx.flush_events()
 
     @contextmanager
+    def alone(self) -> Iterator[Tx]:
+        """A :class:`Tx` on PostgreSQL whose every statement is a transaction of its own
+        (autocommit), for a caller that writes in one statement: psycopg2 sends no ``BEGIN`` and
+        no ``COMMIT``, two round trips fewer than the same statement in :meth:`begin`. Events and
+        notifications written apart from a transition's statement are refused."""
+        if not self.is_postgresql:
+            raise RuntimeError("Store.alone() is for PostgreSQL, whose statements commit on their own")
+        with self.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            tx = Tx(conn)
+            tx.alone = True
+            yield tx
+            conn.commit()  # nothing is sent: each statement has committed
+
+    @contextmanager
     def listen_for_finished_runs(self) -> Iterator[Callable[[float], set[str]] | None]:
         """On PostgreSQL, yield ``wait(seconds) -> run ids`` that blocks until runs reach a terminal
         state (LISTEN/NOTIFY, on a connection of its own); elsewhere yield None."""

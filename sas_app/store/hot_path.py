@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import Integer, String, bindparam, column, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 
+from sas_app.messaging.routing import Notification
 from sas_app.states import LIVE_RUN_STATES, EventKind, RunState, StepState
 from sas_app.store.compensation import CompensationTx
 from sas_app.store.connection import PG_NOW
@@ -37,11 +38,25 @@ _RUNNING, _COMPLETED = StepState.RUNNING.value, StepState.COMPLETED.value
 _PROCESSING, _PROCESSED = RunState.PROCESSING.value, RunState.PROCESSED.value
 _TRANSITION = EventKind.TRANSITION.value
 
-# Every sub-statement sees one snapshot and each update is fenced, so these are the same
-# transitions as the step-by-step path below, in one round trip. Every sub-statement finds its
-# steps by the bound run id, never through the join with ``run``: a prepared statement keeps the
-# plan it got on a young, small table, where the join was planned as a scan of all of steps.
-COMPLETE_AND_ADVANCE = text(f"""
+
+def _next_due(s: str) -> str:
+    """The step (``s``) at the run's next position, if the statement can start it now."""
+    return f"""{s}.run_id = :b_run_id AND {s}.position = :b_position + 1 AND {s}.compensates IS NULL
+      AND {s}.state IN ('{StepState.NOT_STARTED}', '{StepState.PENDING}')
+      AND ({s}.not_before IS NULL OR {s}.not_before <= {PG_NOW})"""
+
+
+# What makes the completion whole in itself, for COMPLETE_ALONE: nothing left for the planner —
+# the next step starts now, or there is none.
+_WHOLE = f"""
+      AND (EXISTS (SELECT 1 FROM steps n WHERE {_next_due("n")})
+           OR NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = :b_run_id AND s.position > :b_position
+                          AND s.compensates IS NULL))"""
+
+
+def _complete_and_advance(whole: str) -> str:
+    """The statement's text; ``whole`` narrows the step it completes."""
+    return f"""
 WITH run AS (
     SELECT * FROM runs WHERE id = :b_run_id FOR UPDATE
 ), done AS (
@@ -50,14 +65,12 @@ WITH run AS (
     FROM run
     WHERE steps.run_id = :b_run_id AND run.process_state = '{_PROCESSING}' AND run.paused_by IS NULL AND run.linear
       AND steps.position = :b_position AND steps.state = '{_RUNNING}' AND steps.attempt = :b_attempt
-      AND steps.compensates IS NULL
+      AND steps.compensates IS NULL{whole}
     RETURNING steps.position, steps.attempt, steps.name
 ), nxt AS (
     UPDATE steps SET state = '{_RUNNING}', attempt = steps.attempt + 1, locked_by = :b_locked_by,
                      complete_by = {PG_NOW} + steps.timeout, not_before = NULL, updated_at = {PG_NOW}
-    WHERE steps.run_id = :b_run_id AND steps.position = :b_position + 1 AND steps.compensates IS NULL
-      AND steps.state IN ('{StepState.NOT_STARTED}', '{StepState.PENDING}')
-      AND (steps.not_before IS NULL OR steps.not_before <= {PG_NOW})
+    WHERE {_next_due("steps")}
       AND EXISTS (SELECT 1 FROM done)
     RETURNING steps.*
 ), fin AS (
@@ -79,17 +92,48 @@ WITH run AS (
     UNION ALL
     SELECT :b_run_id, NULL, '{_TRANSITION}', '{_PROCESSING}', '{_PROCESSED}', NULL, :b_locked_by, {PG_NOW}, NULL
     FROM fin
+), note AS (
+    INSERT INTO outbox (run_id, reply_to, body, created_at)
+    SELECT :b_run_id, r.reply_to, b.body, {PG_NOW}
+    FROM run r, (
+        SELECT 1 AS o, jsonb_build_object('run_id', :b_run_id, 'business_key', r.business_key,
+                                          'workflow', r.workflow, 'kind', 'step_completed', 'step', d.name,
+                                          'position', d.position, 'attempt', d.attempt) AS body
+        FROM done d, run r
+        UNION ALL
+        SELECT 2, jsonb_build_object('run_id', :b_run_id, 'business_key', r.business_key, 'workflow', r.workflow,
+                                     'kind', '{_PROCESSED}', 'state', '{_PROCESSED}')
+        FROM fin, run r
+    ) b
+    WHERE r.reply_to IS NOT NULL
+    ORDER BY b.o
+    RETURNING outbox.id, outbox.body
 ), announce AS (
     SELECT pg_notify('{RUN_DONE_CHANNEL}', id) FROM fin
 )
 SELECT (SELECT name FROM done) AS done_name, (SELECT count(*) FROM announce) AS finished,
+       (SELECT jsonb_agg(jsonb_build_object('id', id, 'body', body) ORDER BY id) FROM note) AS notes,
        {", ".join(f"r.{c} AS r_{c}" for c in _RUN_COLUMNS)},
        {", ".join(f"n.{c} AS n_{c}" for c in _STEP_COLUMNS)}
 FROM run r LEFT JOIN nxt n ON true
-""").bindparams(bindparam("b_result", type_=JSONB)).columns(
-    column("done_name", String()), column("finished", Integer()),
-    *prefixed_columns(runs, "r_", _RUN_COLUMNS), *prefixed_columns(steps, "n_", _STEP_COLUMNS),
-).execution_options(**PREPARED)
+"""
+
+
+def _statement(sql: str) -> Any:
+    return text(sql).bindparams(bindparam("b_result", type_=JSONB)).columns(
+        column("done_name", String()), column("finished", Integer()), column("notes", JSONB()),
+        *prefixed_columns(runs, "r_", _RUN_COLUMNS), *prefixed_columns(steps, "n_", _STEP_COLUMNS),
+    ).execution_options(**PREPARED)
+
+
+# Every sub-statement sees one snapshot and each update is fenced, so these are the same
+# transitions as the step-by-step path below, in one round trip. Every sub-statement finds its
+# steps by the bound run id, never through the join with ``run``: a prepared statement keeps the
+# plan it got on a young, small table, where the join was planned as a scan of all of steps.
+COMPLETE_AND_ADVANCE = _statement(_complete_and_advance(""))
+#: COMPLETE_AND_ADVANCE for a statement that is its own transaction: it completes the step only
+#: when that completion needs nothing more written (see ``_WHOLE``), and otherwise changes nothing
+COMPLETE_ALONE = _statement(_complete_and_advance(_WHOLE))
 
 
 # A new run claimed (pending → processing, locked) and, on a straight line, its first step
@@ -180,17 +224,37 @@ class HotPathTx(Part):
             row = found[0]
             run = prefixed(RunRow, row, "r_")  # locked now, whatever the statement did
             if row["done_name"] is not None:
-                return self._completed_in_line(run, row, position, attempt)
+                return self._completed_in_line(run, row)
             if run.process_state == _PROCESSING and run.paused_by is None and not run.linear:
                 return self._completed_in_graph(run, position, attempt, result, locked_by)
         return self._step_by_step(run_id, position, attempt, result, locked_by, run)
 
-    def _completed_in_line(self, run: RunRow, row: dict[str, Any], position: int, attempt: int) -> Completion:
+    def complete_alone(self, run_id: str, position: int, attempt: int, result: Any,
+                       locked_by: str) -> Completion | None:
+        """:meth:`complete_and_advance` in one statement that is its own transaction (on
+        PostgreSQL, in :meth:`Store.alone <sas_app.store.database.Store.alone>`), where that is all
+        the completion writes: a straight line's run whose next step starts now or which has none
+        left. None, with nothing changed, for any other reply (stale, a graph, a paused run, a
+        back-off not over…): the caller takes it in a transaction."""
+        found = rows(self.conn, COMPLETE_ALONE, {
+            "b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result,
+            "b_locked_by": locked_by,
+        })
+        if not found or found[0]["done_name"] is None:
+            return None
+        row = found[0]
+        return self._completed_in_line(prefixed(RunRow, row, "r_"), row)
+
+    def _completed_in_line(self, run: RunRow, row: dict[str, Any]) -> Completion:
+        """What the one statement did: the notifications it wrote, to relay once committed, and
+        the run's ending, if it ended it."""
         following = [] if row["n_id"] is None else [prefixed(StepRow, row, "n_")]
         finished = bool(row["finished"])
-        self._notify_completed(run, row["done_name"], position, attempt, undo=False)
+        for note in row["notes"] or ():
+            note_id = int(note["id"])
+            self.tx.outbox.append(Notification(note_id, str(run.reply_to), {"id": note_id, **note["body"]}))
         if finished:
-            self._announce_processed(run)
+            self.runs.ended(run.id, run.workflow, run.parent_run_id, run.slot)
         return Completion(run, row["done_name"], following, finished, plan=not following and not finished)
 
     def _completed_in_graph(self, run: RunRow, position: int, attempt: int, result: Any,

@@ -142,6 +142,13 @@ class NewRun:
     rerun_from: str | None = None
 
 
+def starts_in_one_statement(new: NewRun) -> bool:
+    """Whether PostgreSQL writes ``new`` already started in one statement
+    (:meth:`SubmissionTx.insert_started_run`): a straight line with no concurrency key, reply
+    queue or parent, whose statement writes all there is to write."""
+    return bool(new.linear and new.steps and new.slot is None and new.reply_to is None and new.parent_run_id is None)
+
+
 class SubmissionTx(Part):
     def insert_run(self, new: NewRun, pickup_timeout: float) -> tuple[RunRow, bool]:
         """Write ``new`` pending, to be picked up within ``pickup_timeout``. Returns ``(run,
@@ -160,8 +167,7 @@ class SubmissionTx(Part):
         no step. None when ``new`` is not a straight line the statement starts the way the
         Scheduler would — a concurrency key, a reply queue, a child run, a step-by-step store — and
         :meth:`insert_run` must write it."""
-        if not (self.tx.is_postgresql and new.linear and new.steps and new.slot is None and new.reply_to is None
-                and new.parent_run_id is None):
+        if not (self.tx.is_postgresql and starts_in_one_statement(new)):
             return None
         received: dict[str, Any] = {"business_key": new.business_key}
         found = rows(self.conn, INSERT_STARTED_RUN, {

@@ -55,6 +55,9 @@ class TxBase:
         #: that ended here, a child run being cancelled with its parent
         self.follow_ups: list[Advance] = []
         self._events: list[dict[str, Any]] = []
+        #: each statement commits on its own (:meth:`Store.alone`): events and notifications,
+        #: which must commit with the transition that writes them, are refused
+        self.alone = False
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -79,6 +82,7 @@ class TxBase:
               detail: Any = None) -> None:
         """Append to the run's history; written with the transaction's other events, in one
         statement, just before it commits."""
+        self._refuse_alone("an event")
         self._events.append(dict(zip(_EVENT_COLUMNS, (
             run_id, position, str(kind), plain(from_state), plain(to_state), attempt, actor, detail), strict=True)))
 
@@ -86,6 +90,11 @@ class TxBase:
                    attempt: int | None = None, actor: str | None = None, detail: Any = None) -> None:
         self.event(run_id, position, EventKind.TRANSITION, from_state, to_state, attempt=attempt, actor=actor,
                    detail=detail)
+
+    def _refuse_alone(self, what: str) -> None:
+        if self.alone:
+            raise RuntimeError(f"{what} written where each statement commits on its own (Store.alone): "
+                               "it must commit with its transition, in Store.begin")
 
     def flush_events(self) -> None:
         if self._events:
@@ -102,6 +111,7 @@ class TxBase:
     def notify(self, run_id: str, reply_to: str, business_key: str, workflow: str, kind: str,
                **detail: Any) -> Notification:
         """Write a progress notification in this transaction (relayed after the commit)."""
+        self._refuse_alone("a notification")
         body = {"run_id": run_id, "business_key": business_key, "workflow": workflow, "kind": str(kind),
                 **{key: plain(value) for key, value in detail.items()}}
         notification_id = self.conn.execute(

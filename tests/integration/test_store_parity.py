@@ -155,8 +155,9 @@ def test_the_same_sequences_leave_the_same_rows_events_and_notifications_on_both
     # On PostgreSQL every success reply tries the one statement first (it also takes the run's lock):
     # 14 on straight lines (3 + 3 and a duplicate + 3 + 2 and 2 undos), then 18 in graphs and 5 in
     # the runs with a child; the duplicate, the reply to the paused run and the undos then go step by
-    # step, as on SQLite...
-    assert (sqlite.pop("completions in one statement"), postgresql.pop("completions in one statement")) == (0, 37)
+    # step, as on SQLite. A straight line's reply tries it as a transaction of its own, where the
+    # duplicate and the undos change nothing and are tried again in a transaction: 3 more...
+    assert (sqlite.pop("completions in one statement"), postgresql.pop("completions in one statement")) == (0, 40)
     # ... and a graph's completions take one statement more: diamond 4, fanout 1 + 3 + 1, over a result
     # 1 + 2, and 2 where a branch fails (prepare, ship[0]; ship[2]'s late reply and the 3 undos are not),
     # and 2 + 1 in the parents of child runs (the children are straight lines)
@@ -174,28 +175,31 @@ def test_the_same_sequences_leave_the_same_rows_events_and_notifications_on_both
 
 def test_a_step_in_a_graph_costs_one_statement_more_than_on_a_straight_line(db_url, tmp_path):
     """On PostgreSQL a reply completing a step on a straight line is one statement (the next step
-    started in it); a branch's, which starts the next branch, is two (the run's lock, then the
-    graph's statement). Each is one commit."""
+    started in it) that is its own transaction: psycopg2 sends it with no BEGIN and no COMMIT. A
+    branch's, which starts the next branch, is two statements (the run's lock, then the graph's)
+    in one transaction."""
     app = SasApp(Settings(database_url=db_url, broker_url="memory://localhost/", home=tmp_path / "home",
                           pickup_timeout=30, task_events=False, inline_replies=False))
     install_test_workflows(app, timeout=30)
     app.migrate()
     pump = Pump(app)
     pump.purge()
-    statements: list[str] = []
+    statements: list[bool] = []  # each statement: was it its own transaction (autocommit)?
     commits: list[int] = []
-    event.listen(app.store.engine, "before_cursor_execute", lambda c, cur, statement, *a: statements.append(statement))
+    event.listen(app.store.engine, "before_cursor_execute",
+                 lambda c, *a: statements.append(c.connection.dbapi_connection.autocommit))
     event.listen(app.store.engine, "commit", lambda conn: commits.append(1))
 
-    def reply_cost() -> tuple[int, int]:
+    def reply_cost() -> tuple[int, int, bool]:
         """Run the agents' calls waiting now, then count what handling the first reply costs
-        the Scheduler (the other replies are handled after it)."""
+        the Scheduler (the other replies are handled after it): statements, commits, and whether
+        each statement was a transaction of its own."""
         pump.run(["sas.agent.svc"])
         first, *others = pump.take("sas.scheduler")
         statements.clear()
         commits.clear()
         pump.execute(first)
-        cost = len(statements), len(commits)
+        cost = len(statements), len(commits), all(statements)
         for reply in others:
             pump.execute(reply)
         return cost
@@ -203,13 +207,13 @@ def test_a_step_in_a_graph_costs_one_statement_more_than_on_a_straight_line(db_u
     try:
         app.submit("three", {}, business_key="line")
         pump.run(["sas.scheduler"])
-        assert reply_cost() == (1, 1)  # "first" completes and "second" starts
+        assert reply_cost() == (1, 1, True)  # "first" completes and "second" starts
         pump.run()
         app.submit("fanout", {"items": [1, 2, 3]}, business_key="fan")  # two branches at a time
         pump.run(["sas.scheduler"])
         pump.run(["sas.agent.svc"])
         pump.run(["sas.scheduler"])  # "prepare" completes; the fan-out starts ship[0] and ship[1]
-        assert reply_cost() == (2, 1)  # a branch completes and ship[2] starts
+        assert reply_cost() == (2, 1, False)  # a branch completes and ship[2] starts
     finally:
         app.store.dispose()
 
@@ -228,7 +232,8 @@ def test_a_straight_line_submitted_where_it_is_started_is_written_started_in_one
         statements: list[str] = []
 
         def listener(conn: Any, cursor: Any, sent: str, *args: Any, seen: list[str] = statements) -> None:
-            seen.append(built(sent))
+            alone = getattr(conn.connection.dbapi_connection, "autocommit", False)  # psycopg2's; sqlite3's: None
+            seen.append(("alone " if alone is True else "") + built(sent))
 
         event.listen(app.store.engine, "before_cursor_execute", listener)
         try:
@@ -266,7 +271,8 @@ def test_a_straight_line_submitted_where_it_is_started_is_written_started_in_one
     assert sqlite["happy"]["run"][0] == "processed" and sqlite["undone"]["run"][0] == "compensated"
     assert sqlite["graph"]["run"][0] == "processed"
     sqlite_cost, postgresql_cost = sqlite.pop("cost"), postgresql.pop("cost")
-    assert postgresql_cost["happy"] == postgresql_cost["undone"] == [["WITH", "run", "AS"]], postgresql_cost
+    # one statement that is its own transaction: no BEGIN, no COMMIT
+    assert postgresql_cost["happy"] == postgresql_cost["undone"] == [["alone", "WITH", "run", "AS"]], postgresql_cost
     assert len(sqlite_cost["happy"]) >= 4 and len(postgresql_cost["graph"]) >= 4  # written, then claimed
     assert postgresql_cost["again"] == 2  # the taken key: the statement wrote nothing, the run read back
     for key in sqlite:

@@ -49,7 +49,7 @@ def test_transient_faults_are_retried_with_the_same_key_and_token(sas, agent, pu
     [reply] = pump.take("sas.scheduler")
     assert (reply.task, reply.kwargs) == ("sas.scheduler.step_done",
                                           {"run_id": "r1", "position": 0, "attempt": 4, "result": {"ok": 3},
-                                           "results": {},
+                                           "results": {}, "workflow": "wf",
                                            "faults": {"count": 2, "first": "busy",
                                                       "last": ["ConnectError: refused"]}})
 
