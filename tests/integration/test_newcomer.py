@@ -135,10 +135,12 @@ def _answers(url: str) -> bool:
 
 
 @pytest.mark.both_brokers
-def test_demo_on_the_production_stack_twice_loses_nothing_and_counts_its_own_orders(stack_env, tmp_path):
+def test_demo_on_the_production_stack_twice_loses_nothing_and_counts_its_own_orders(stack_env, tmp_path, broker):
     env = {**os.environ, **{k: stack_env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL")},
            "SAS_HOME": str(tmp_path / "demo")}
-    for _ in range(2):  # the second against the same database and broker, and the same SAS_HOME
+    # the second against the same database and broker, and the same SAS_HOME (what the broker
+    # does not change: once on RabbitMQ)
+    for _ in range(2 if broker == "redis" else 1):
         done = subprocess.run([SAS, "demo", "--orders", "20", "--json"], env=env, capture_output=True, text=True,
                               timeout=240, cwd=tmp_path)
 
