@@ -14,7 +14,8 @@ with min-max, the ratios sas/celery and sas/dbos, the machine and the versions, 
 went per step for sas_app and the chain (:mod:`bench.cpu`: each worker's main process and pool,
 beat, PostgreSQL, the broker, the submitting process). Usage:
 
-    python -m bench.throughput [--runs 2000] [--repeat 3] [--concurrency 4] [--task-events] [--bulk N] [--pgbouncer]
+    python -m bench.throughput [--runs 2000] [--repeat 3] [--concurrency 4] [--task-events] [--bulk N]
+        [--pgbouncer] [--db-latency MS]
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from typing import Any
 
 import redis
 from sqlalchemy import create_engine, func, select, text
+from sqlalchemy.engine import make_url
 
 from bench.cpu import CpuMeter, Pids, children, named, worker
+from bench.slow_link import slow_link
 from harness.pgbouncer import pgbouncer, through
 from sas_app import Submission
 from sas_app.testing.processes import CELERY_READY, Processes, stopped_by_signals
@@ -316,6 +319,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="sas_app submits its runs N at a time with submit_many (default: one by one)")
     parser.add_argument("--pgbouncer", action="store_true",
                         help="sas_app reaches PostgreSQL through PgBouncer (transaction mode), prepared statements off")
+    parser.add_argument("--db-latency", type=float, default=0.0, metavar="MS",
+                        help="sas_app reaches PostgreSQL through a relay adding MS to each round trip (at least 2)")
     args = parser.parse_args(argv)
     logs = Path(os.environ.get("BENCH_LOGS", "/tmp/sas-bench"))
     redis.Redis.from_url(args.redis).flushdb()
@@ -331,6 +336,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sas_db = fresh_database(args.postgres, "sas_bench")
         if args.pgbouncer:
             sas_db = through(sas_db, stacks.enter_context(pgbouncer(args.postgres)))
+        if args.db_latency:
+            server = make_url(sas_db)
+            sas_db = through(sas_db, stacks.enter_context(slow_link(server.host or "127.0.0.1", server.port or 5432,
+                                                                    args.db_latency)))
         sas_rep = stacks.enter_context(sas_contender(args, sas_db, args.redis, logs / "sas"))
         celery_rep = stacks.enter_context(celery_contender(args, args.redis, logs / "celery"))
         for rep in range(args.repeat):
@@ -342,6 +351,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "date": date.today().isoformat(), "runs": args.runs, "repeat": args.repeat, "workflow": args.workflow,
         "task_events": args.task_events, "bulk": args.bulk, "pgbouncer": args.pgbouncer,
+        "db_latency_ms": args.db_latency,
         "workers": {"processes": 2, "concurrency_each": args.concurrency, "pool": args.pool}, "machine": machine(),
         "sas_app": summarise(sas_reps), "celery_chain": summarise(celery_reps),
         "dbos": summarise(dbos_reps) if dbos_reps else None,
@@ -356,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["paired_sas_over_dbos"] = paired(sas_reps, dbos_reps)
     print_table(result)
     name = ("throughput" + ("-events" if args.task_events else "") + (f"-bulk{args.bulk}" if args.bulk else "")
-            + ("-pgbouncer" if args.pgbouncer else ""))
+            + ("-pgbouncer" if args.pgbouncer else "") + (f"-db{args.db_latency:g}ms" if args.db_latency else ""))
     record(args.out, name if args.workflow == "noop3" else f"{name}-{args.workflow}", result)
     return result
 

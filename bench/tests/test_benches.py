@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,24 @@ def test_rate_limit_bench_counts_what_the_service_saw_from_every_worker(tmp_path
     seen = result["redis"]
     assert seen["calls"] == 30 and sum(seen["per_second"]) == 30, seen
     assert {"rate", "steady_rate", "most_in_any_second", "longest_over_limit_s", "deferred"} <= set(seen)
+
+
+def test_the_slow_link_holds_each_round_trip_and_passes_what_is_said():
+    # --db-latency's relay: a query through it answers as PostgreSQL does, a round trip later
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    from bench.slow_link import slow_link
+
+    server = make_url(os.environ["SAS_TEST_POSTGRES"])
+    with slow_link(server.host or "127.0.0.1", server.port or 5432, 40) as port:
+        engine = create_engine(server.set(host="127.0.0.1", port=port), poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                started = time.perf_counter()
+                assert conn.execute(text("SELECT 'through'")).scalar_one() == "through"
+                took = time.perf_counter() - started
+        finally:
+            engine.dispose()
+    assert took >= 0.04
