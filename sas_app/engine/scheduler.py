@@ -195,25 +195,47 @@ class Scheduler:
         run, first, created = written
         if not created:
             return run, False, tx, Moves()
-        if first is None:  # nothing the statement could start (a first step not due yet)
-            self.advance(run.id)
-            return run, True, tx, Moves()
-        return run, True, tx, self._started_alone(run, [first], {})
+        moves, refused = self._started_alone(run, [] if first is None else [first], {})
+        self._refuse_started(run.id, refused, {})
+        if first is None:  # not as the statement is written (it starts every run it writes): the planner's
+            self._look_again(run.id)
+        return run, True, tx, moves
 
-    def _started_alone(self, run: RunRow, started: list[StepRow], results: dict[str, Any]) -> Moves:
-        """The messages of steps a statement of its own has started and committed; one whose
-        action has left the deployed code fails instead (and the run is undone), in a transaction
-        of its own, as :meth:`Planner.dispatch` would have in the statement's."""
-        moves = Moves()
+    def _started_alone(self, run: RunRow, started: list[StepRow],
+                       results: dict[str, Any]) -> tuple[Moves, list[StepRow]]:
+        """Of the steps a statement of its own has started and committed: the messages of those
+        this deployment can run, and those whose actions have left its code."""
+        moves, refused = Moves(), []
         for step in started:
             if self.planner.refusal(step) is None:
                 moves.messages.append(Dispatch(run, step, results))
-                continue
-            with self.store.begin() as tx:
-                locked = tx.runs.lock_run(run.id)
-                refused = self.planner.dispatch(tx, locked, step, results) if locked is not None else Moves()
-            self.after_commit(tx, refused)
-        return moves
+            else:
+                refused.append(step)
+        return moves, refused
+
+    def _refuse_started(self, run_id: str, refused: list[StepRow], results: dict[str, Any]) -> None:
+        """Steps a statement of its own started whose actions have left the deployed code: each
+        fails (and the run is undone) in a transaction of its own, as :meth:`Planner.dispatch`
+        would have in the statement's. Should that fail, the step stays running with no message:
+        the Supervisor finds it at its complete-by, and the planner refuses it then."""
+        for step in refused:
+            try:
+                with self.store.begin() as tx:
+                    run = tx.runs.lock_run(run_id)
+                    moves = (self.planner.dispatch(tx, run, step, results)
+                             if run is not None and run.process_state in LIVE_RUN_STATES else Moves())
+                self.after_commit(tx, moves)
+            except Exception:
+                log.exception("run %s: refusing step %s failed; the Supervisor finds it at its complete-by",
+                              run_id, step.name)
+
+    def _look_again(self, run_id: str) -> None:
+        """:meth:`advance` after a statement of its own committed what the planner must follow up.
+        Should that fail, the Supervisor asks about the run again."""
+        try:
+            self.advance(run_id)
+        except Exception:
+            log.exception("advance: run %s", run_id)
 
     def step_done(
         self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any] | None = None,
@@ -223,20 +245,23 @@ class Scheduler:
 
         The store completes the step and starts what follows on the hot path in one call
         (:meth:`HotPathTx.complete_and_advance`: on PostgreSQL one statement). When the run's
-        ``workflow`` (as the agent received it) is a straight line here and the reply carries no
-        faults, that statement is tried as a transaction of its own first
+        ``workflow`` (as the agent received it) is a straight line here and the reply carries the
+        earlier results and no faults, that statement is tried as a transaction of its own first
         (:meth:`HotPathTx.complete_alone`), which it is unless the completion writes more.
         ``results`` (the earlier steps' results, as the agent received them) then let the next
         step be dispatched without reading the run's steps."""
-        if faults is None and self.store.is_postgresql and self._straight_line(workflow):
+        if faults is None and results is not None and self.store.is_postgresql and self._straight_line(workflow):
             with self.store.alone() as tx:
                 done = tx.hot_path.complete_alone(run_id, position, attempt, result, self.instance_id)
-                earlier = {} if done is None else self._earlier(tx, done, results, result)
             if done is not None and done.run is not None:
-                moves = self._started_alone(done.run, done.started, earlier)
+                earlier = self._earlier(tx, done, results, result)
+                moves, refused = self._started_alone(done.run, done.started, earlier)
                 if done.finished:
                     log.info("run %s (%s %s) processed", run_id, done.run.workflow, done.run.business_key)
-                self.after_commit(tx, moves)
+                self.after_commit(tx, moves)  # the completion's notifications, then the next step's message
+                self._refuse_started(run_id, refused, earlier)
+                if done.plan:  # the next step changed between the statement's snapshot and its lock
+                    self._look_again(run_id)
                 return
         with self.store.begin() as tx:
             done = tx.hot_path.complete_and_advance(run_id, position, attempt, result, self.instance_id)
@@ -244,9 +269,9 @@ class Scheduler:
             if done.step is None or done.run is None:
                 self._stale(tx, done.run, position, attempt, "step_done")
                 return
-            refused = next((s for s in done.started if self.planner.refusal(s)), None)
-            if refused is not None:  # its action left the deployed code: it fails, and the run is undone
-                moves = self.planner.dispatch(tx, done.run, refused, {})
+            gone = next((s for s in done.started if self.planner.refusal(s)), None)
+            if gone is not None:  # its action left the deployed code: it fails, and the run is undone
+                moves = self.planner.dispatch(tx, done.run, gone, {})
             else:
                 moves = Moves()
                 if done.started:
@@ -265,7 +290,7 @@ class Scheduler:
     @staticmethod
     def _earlier(tx: Tx, done: Completion, results: dict[str, Any] | None, result: Any) -> dict[str, Any]:
         """The results the steps ``done`` started are told: the store's, the agent's (``results``,
-        as it received them) with the step's own, or else read from the run's steps."""
+        as it received them) with the step's own, or else read from the run's steps (in ``tx``)."""
         if not done.started:
             return {}
         if done.results is not None:

@@ -47,11 +47,13 @@ def _next_due(s: str) -> str:
 
 
 # What makes the completion whole in itself, for COMPLETE_ALONE: nothing left for the planner —
-# the next step starts now, or there is none.
+# the next step starts now, or there is none — and nothing to read once it has committed (a run
+# with a concurrency key ends in a transaction, which finds the next run waiting for its key).
 _WHOLE = f"""
       AND (EXISTS (SELECT 1 FROM steps n WHERE {_next_due("n")})
-           OR NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = :b_run_id AND s.position > :b_position
-                          AND s.compensates IS NULL))"""
+           OR (run.slot IS NULL
+               AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = :b_run_id AND s.position > :b_position
+                               AND s.compensates IS NULL)))"""
 
 
 def _complete_and_advance(whole: str) -> str:
@@ -233,9 +235,9 @@ class HotPathTx(Part):
                        locked_by: str) -> Completion | None:
         """:meth:`complete_and_advance` in one statement that is its own transaction (on
         PostgreSQL, in :meth:`Store.alone <sas_app.store.database.Store.alone>`), where that is all
-        the completion writes: a straight line's run whose next step starts now or which has none
-        left. None, with nothing changed, for any other reply (stale, a graph, a paused run, a
-        back-off not over…): the caller takes it in a transaction."""
+        the completion writes: a straight line's run whose next step starts now, or which has none
+        left and no concurrency key. None, with nothing changed, for any other reply (stale, a
+        graph, a paused run, a back-off not over…): the caller takes it in a transaction."""
         found = rows(self.conn, COMPLETE_ALONE, {
             "b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result,
             "b_locked_by": locked_by,

@@ -288,13 +288,14 @@ def test_a_fan_out_refused_for_its_list_is_resubmitted_with_an_edited_input(sas,
     assert [r["item"] for r in view.step("ship").result] == ["a", "b"]
 
 
-def test_a_straight_line_whose_next_action_was_removed_fails_that_step_once_the_one_before_completes(sas, pump):
+def test_a_straight_line_whose_next_action_was_removed_fails_that_step_once_the_one_before_completes(
+        sas, pump, env):
     # On PostgreSQL the reply completes "a" and starts "b" in one statement that commits on its
     # own; "b"'s action is then found gone, and "b" fails in a transaction of its own.
     sas.agent("svc").action(scripted, name="gone")
     sas.workflow("moved", [Step("a", "svc.work", timeout=0.3, compensate="svc.undo"),
                            Step("b", "svc.gone", timeout=0.3)])
-    handle = sas.submit("moved", {}, business_key="m1")
+    handle = sas.submit("moved", {}, business_key="m1", reply_to="shop")
     [a] = dispatched(pump)
 
     new = SasApp(sas.settings, clock=sas.test_clock)  # the next deployment: svc.gone is gone
@@ -312,3 +313,7 @@ def test_a_straight_line_whose_next_action_was_removed_fails_that_step_once_the_
     assert view.step("a").state == "compensated" and view.process_state == "compensated"
     assert len(CALLS[view.step("a").idempotency_key + ":undo"]) == 1  # "a" undone, once
     assert sas.store.count_events("alert", handle.id) == 1
+    # the submitter hears it in the order it happened: "a" completed, then the run is undone
+    told = [(note["kind"], note.get("step")) for note in env.notifications("shop")]
+    assert told == [("received", None), ("processing", None), ("step_completed", "a"), ("compensating", None),
+                    ("step_undone", "undo:a"), ("compensated", None)], told
