@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+    """Copy ``reader`` to ``writer``, each chunk held ``delay`` seconds; close ``writer`` at the end."""
     try:
         while data := await reader.read(1 << 16):
             await asyncio.sleep(delay)
             writer.write(data)
             await writer.drain()
-    except (ConnectionError, asyncio.CancelledError):
+    except ConnectionError:
         pass
     finally:
         writer.close()
@@ -29,26 +30,39 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 @contextmanager
 def slow_link(host: str, port: int, round_trip_ms: float) -> Iterator[int]:
     """Relay 127.0.0.1:<a free port> to ``host:port``, each direction held ``round_trip_ms / 2``;
-    yield the port, and stop relaying on leaving."""
+    yield the port. On leaving, every connection still open is closed and the relay stops."""
     delay = round_trip_ms / 2000
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     listening: list[int] = []
 
     async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers = [writer]
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(host, port)
+            writers.append(upstream_writer)
+            await asyncio.gather(_pipe(reader, upstream_writer, delay), _pipe(upstream_reader, writer, delay))
         except OSError:
-            writer.close()
-            return
-        await asyncio.gather(_pipe(reader, upstream_writer, delay), _pipe(upstream_reader, writer, delay))
+            pass
+        finally:
+            for each in writers:
+                each.close()
+                with suppress(OSError, asyncio.CancelledError):
+                    await each.wait_closed()
 
     async def serve() -> None:
         server = await asyncio.start_server(relay, "127.0.0.1", 0)
         listening.append(server.sockets[0].getsockname()[1])
         ready.set()
-        async with server:
-            await server.serve_forever()
+        try:
+            async with server:
+                await server.serve_forever()
+        finally:  # stopped: end every connection's relay, and let their transports close
+            relays = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in relays:
+                task.cancel()
+            await asyncio.gather(*relays, return_exceptions=True)
+            await asyncio.sleep(0)
 
     serving = loop.create_task(serve())
 

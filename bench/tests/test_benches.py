@@ -3,6 +3,7 @@ themselves are not asserted here: they belong to bench/results."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -141,6 +142,7 @@ def test_rate_limit_bench_counts_what_the_service_saw_from_every_worker(tmp_path
 
 def test_the_slow_link_holds_each_round_trip_and_passes_what_is_said():
     # --db-latency's relay: a query through it answers as PostgreSQL does, a round trip later
+    import psycopg2
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
     from sqlalchemy.pool import NullPool
@@ -150,6 +152,7 @@ def test_the_slow_link_holds_each_round_trip_and_passes_what_is_said():
     server = make_url(os.environ["SAS_TEST_POSTGRES"])
     with slow_link(server.host or "127.0.0.1", server.port or 5432, 40) as port:
         engine = create_engine(server.set(host="127.0.0.1", port=port), poolclass=NullPool)
+        left_open = engine.raw_connection()  # the relay closes it when it stops
         try:
             with engine.connect() as conn:
                 started = time.perf_counter()
@@ -158,3 +161,7 @@ def test_the_slow_link_holds_each_round_trip_and_passes_what_is_said():
         finally:
             engine.dispose()
     assert took >= 0.04
+    with pytest.raises(psycopg2.Error):
+        left_open.cursor().execute("SELECT 1")
+    left_open.invalidate()
+    gc.collect()  # nothing of the relay left to finalise later, in another test
