@@ -158,10 +158,7 @@ class Scheduler:
         done = {run.id for run, _, _ in restarted}
         for run_id in dict.fromkeys(run_ids):
             if run_id not in done:
-                try:
-                    self.advance(run_id)
-                except Exception:  # the others still go on; this one the Supervisor asks about again
-                    log.exception("advance: run %s", run_id)
+                self._advance_or_log(run_id)  # the others still go on
 
     def moves(self, tx: Tx, run_id: str) -> Moves:
         """:meth:`advance` inside the caller's transaction (a submission's, which so starts its run
@@ -195,10 +192,9 @@ class Scheduler:
         run, first, created = written
         if not created:
             return run, False, tx, Moves()
-        moves, refused = self._started_alone(run, [] if first is None else [first], {})
+        assert first is not None  # the statement starts the first step of every run it writes
+        moves, refused = self._started_alone(run, [first], {})
         self._refuse_started(run.id, refused, {})
-        if first is None:  # not as the statement is written (it starts every run it writes): the planner's
-            self._look_again(run.id)
         return run, True, tx, moves
 
     def _started_alone(self, run: RunRow, started: list[StepRow],
@@ -229,9 +225,9 @@ class Scheduler:
                 log.exception("run %s: refusing step %s failed; the Supervisor finds it at its complete-by",
                               run_id, step.name)
 
-    def _look_again(self, run_id: str) -> None:
-        """:meth:`advance` after a statement of its own committed what the planner must follow up.
-        Should that fail, the Supervisor asks about the run again."""
+    def _advance_or_log(self, run_id: str) -> None:
+        """:meth:`advance`, where what asked for it has committed already: a failure is logged, and
+        the Supervisor asks about the run again."""
         try:
             self.advance(run_id)
         except Exception:
@@ -261,7 +257,7 @@ class Scheduler:
                 self.after_commit(tx, moves)  # the completion's notifications, then the next step's message
                 self._refuse_started(run_id, refused, earlier)
                 if done.plan:  # the next step changed between the statement's snapshot and its lock
-                    self._look_again(run_id)
+                    self._advance_or_log(run_id)
                 return
         with self.store.begin() as tx:
             done = tx.hot_path.complete_and_advance(run_id, position, attempt, result, self.instance_id)
