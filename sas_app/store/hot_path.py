@@ -46,14 +46,17 @@ def _next_due(s: str) -> str:
       AND ({s}.not_before IS NULL OR {s}.not_before <= {PG_NOW})"""
 
 
+# The run has no workflow step after the one completed.
+_NONE_LATER = """NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = :b_run_id AND s.position > :b_position
+                               AND s.compensates IS NULL)"""
+
+
 # What makes the completion whole in itself, for COMPLETE_ALONE: nothing left for the planner —
 # the next step starts now, or there is none — and nothing to read once it has committed (a run
 # with a concurrency key ends in a transaction, which finds the next run waiting for its key).
 _WHOLE = f"""
       AND (EXISTS (SELECT 1 FROM steps n WHERE {_next_due("n")})
-           OR (run.slot IS NULL
-               AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = :b_run_id AND s.position > :b_position
-                               AND s.compensates IS NULL)))"""
+           OR (run.slot IS NULL AND {_NONE_LATER}))"""
 
 
 def _complete_and_advance(whole: str) -> str:
@@ -77,9 +80,7 @@ WITH run AS (
     RETURNING steps.*
 ), fin AS (
     UPDATE runs SET process_state = '{_PROCESSED}', locked_by = NULL, complete_by = NULL, updated_at = {PG_NOW}
-    WHERE runs.id = :b_run_id AND EXISTS (SELECT 1 FROM done)
-      AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = :b_run_id AND s.position > :b_position
-                      AND s.compensates IS NULL)
+    WHERE runs.id = :b_run_id AND EXISTS (SELECT 1 FROM done) AND {_NONE_LATER}
     RETURNING runs.id
 ), ev AS (
     INSERT INTO events (run_id, position, kind, from_state, to_state, attempt, actor, at, detail)
