@@ -113,7 +113,7 @@ def fresh_database(admin_url: str, name: str) -> str:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     engine.dispose()
-    return admin_url.rsplit("/", 1)[0] + f"/{name}"
+    return make_url(admin_url).set(database=name).render_as_string(hide_password=False)
 
 
 def bench_stack(args: argparse.Namespace, name: str, logs: Path) -> dict[str, str]:

@@ -191,11 +191,18 @@ class Store(Queries, Diagnosis, RetentionQueries, TokenQueries, AuditQueries):
         if not self.is_postgresql:
             raise RuntimeError("Store.alone() is for PostgreSQL, whose statements commit on their own")
         with self.engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-            tx = Tx(conn)
-            tx.alone = True
-            yield tx
-            conn.commit()  # nothing is sent: each statement has committed
+            # psycopg2's own switch, which sends nothing. SQLAlchemy's isolation_level="AUTOCOMMIT"
+            # would send a SET default_transaction_isolation on every use of the pooled connection.
+            driver: Any = conn.connection.driver_connection
+            driver.autocommit = True
+            try:
+                tx = Tx(conn)
+                tx.alone = True
+                yield tx
+                conn.commit()  # nothing is sent: each statement has committed
+            finally:
+                if not driver.closed:
+                    driver.autocommit = False
 
     @contextmanager
     def listen_for_finished_runs(self) -> Iterator[Callable[[float], set[str]] | None]:

@@ -9,7 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import create_engine, event, select, text
+from sqlalchemy.pool import NullPool
 
 from sas_app import SasApp, Settings
 from sas_app.store.prepared import built
@@ -186,8 +187,20 @@ def test_a_step_in_a_graph_costs_one_statement_more_than_on_a_straight_line(db_u
     pump.purge()
     statements: list[bool] = []  # each statement: was it its own transaction (autocommit)?
     commits: list[int] = []
-    event.listen(app.store.engine, "before_cursor_execute",
-                 lambda c, *a: statements.append(c.connection.dbapi_connection.autocommit))
+    backends: set[int] = set()  # the server processes of the statements' connections
+    watcher = create_engine(db_url, poolclass=NullPool)
+
+    def sent(conn: Any, *args: Any) -> None:
+        statements.append(conn.connection.dbapi_connection.autocommit)
+        backends.add(conn.connection.dbapi_connection.get_backend_pid())
+
+    def last_sent() -> list[str]:
+        """What each of those connections sent the server last."""
+        with watcher.connect() as watch:
+            return list(watch.execute(text("SELECT query FROM pg_stat_activity WHERE pid = ANY(:pids)"),
+                                      {"pids": list(backends)}).scalars())
+
+    event.listen(app.store.engine, "before_cursor_execute", sent)
     event.listen(app.store.engine, "commit", lambda conn: commits.append(1))
 
     def reply_cost() -> tuple[int, int, bool]:
@@ -198,8 +211,12 @@ def test_a_step_in_a_graph_costs_one_statement_more_than_on_a_straight_line(db_u
         first, *others = pump.take("sas.scheduler")
         statements.clear()
         commits.clear()
+        backends.clear()
         pump.execute(first)
         cost = len(statements), len(commits), all(statements)
+        # and nothing more reached the server: SQLAlchemy, switching a pooled psycopg2 connection
+        # back from autocommit, would send a SET of the session's isolation level on its return
+        assert not [q for q in last_sent() if q.lstrip().upper().startswith("SET ")]
         for reply in others:
             pump.execute(reply)
         return cost
@@ -208,6 +225,7 @@ def test_a_step_in_a_graph_costs_one_statement_more_than_on_a_straight_line(db_u
         app.submit("three", {}, business_key="line")
         pump.run(["sas.scheduler"])
         assert reply_cost() == (1, 1, True)  # "first" completes and "second" starts
+        assert reply_cost() == (1, 1, True)  # again, on the same pooled connection
         pump.run()
         app.submit("fanout", {"items": [1, 2, 3]}, business_key="fan")  # two branches at a time
         pump.run(["sas.scheduler"])
@@ -216,6 +234,7 @@ def test_a_step_in_a_graph_costs_one_statement_more_than_on_a_straight_line(db_u
         assert reply_cost() == (2, 1, False)  # a branch completes and ship[2] starts
     finally:
         app.store.dispose()
+        watcher.dispose()
 
 
 def test_a_straight_line_submitted_where_it_is_started_is_written_started_in_one_statement(db_url, tmp_path):
