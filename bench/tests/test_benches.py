@@ -72,6 +72,15 @@ def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and
     assert sas["submit_per_s"]["median"] > 0
 
 
+@one_bench("hot_path")
+def test_hot_path_bench_measures_postgresql_a_step_at_each_number_of_clients(tmp_path):
+    result = run_bench("bench.hot_path", "--clients", "1,2", "--runs", "20", "--repeat", "1", tmp_path=tmp_path,
+                       redis=False)
+    assert [row["clients"] for row in result["levels"]] == [1, 2]
+    assert all(row["postgres_ms_per_step"] > 0 and row["client_ms_per_step"] > 0 and row["steps_per_s"] > 0
+               for row in result["levels"])
+
+
 @one_bench("sweep")
 def test_sweep_bench_measures_cost_and_recovery(tmp_path):
     result = run_bench("bench.sweep", "--sizes", "2000,4000", "--waiting", "2000", "--samples", "1",
