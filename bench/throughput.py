@@ -322,6 +322,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--db-latency", type=float, default=0.0, metavar="MS",
                         help="sas_app reaches PostgreSQL through a relay adding MS to each round trip (at least 2)")
     args = parser.parse_args(argv)
+    for option, value in (("--runs", args.runs), ("--repeat", args.repeat), ("--idle-runs", args.idle_runs),
+                          ("--concurrency", args.concurrency)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1 (got {value})")
     logs = Path(os.environ.get("BENCH_LOGS", "/tmp/sas-bench"))
     redis.Redis.from_url(args.redis).flushdb()
 

@@ -72,6 +72,13 @@ def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and
     assert sas["submit_per_s"]["median"] > 0
 
 
+def test_throughput_bench_refuses_a_count_below_one_before_it_starts_anything():
+    done = subprocess.run([sys.executable, "-m", "bench.throughput", "--idle-runs", "0"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--idle-runs must be at least 1 (got 0)" in done.stderr
+
+
 @one_bench("hot_path")
 def test_hot_path_bench_measures_postgresql_a_step_at_each_number_of_clients(tmp_path):
     result = run_bench("bench.hot_path", "--clients", "1,2", "--runs", "20", "--repeat", "1", tmp_path=tmp_path,
