@@ -28,7 +28,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from bench.cpu import cpu_seconds, named
+from bench.cpu import CpuMeter, cpu_seconds, named
 from bench.throughput import REPO, RESULTS, fresh_database, machine, record
 from sas_app.store.migrate import migrate
 
@@ -51,11 +51,11 @@ def _client(index: int, runs: int, go: Any, done: Any, finish: Any) -> None:
                 results[name] = {}
 
     run(WARM_RUNS, "warm")
-    done.put(("warm", 0.0))
+    done.put(0.0)
     go.wait()
     before = cpu_seconds(os.getpid())
     run(runs, "load")
-    done.put(("load", cpu_seconds(os.getpid()) - before))
+    done.put(cpu_seconds(os.getpid()) - before)
     finish.wait()
     sas.store.dispose()
 
@@ -70,26 +70,26 @@ def level(clients: int, runs: int, admin_url: str) -> dict[str, float]:
     go, finish, done = context.Event(), context.Event(), context.Queue()
     share = max(runs // clients, 1)
     procs = [context.Process(target=_client, args=(i, share, go, done, finish)) for i in range(clients)]
-    postgres = named("postgres")
+    steps = share * clients * len(WORKFLOW[1])
+    postgres = CpuMeter({"postgres": named("postgres")})
     for proc in procs:
         proc.start()
     try:
         for _ in procs:
             done.get(timeout=120)
-        before = sum(cpu_seconds(pid) for pid in postgres())
+        postgres.start()
         started = time.perf_counter()
         go.set()
-        client_cpu = sum(done.get(timeout=600)[1] for _ in procs)
+        client_cpu = sum(done.get(timeout=600) for _ in procs)
         elapsed = time.perf_counter() - started
-        spent = sum(cpu_seconds(pid) for pid in postgres()) - before  # before the clients' backends end
+        spent_ms = postgres.per_step(steps)["cpu_postgres_ms"]  # before the clients' backends end
     finally:
         finish.set()
         for proc in procs:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    steps = share * clients * len(WORKFLOW[1])
-    return {"postgres_ms_per_step": 1000 * spent / steps, "client_ms_per_step": 1000 * client_cpu / steps,
+    return {"postgres_ms_per_step": spent_ms, "client_ms_per_step": 1000 * client_cpu / steps,
             "steps_per_s": steps / elapsed}
 
 
