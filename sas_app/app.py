@@ -187,6 +187,7 @@ class SasApp:
                                     "rate_slots": (lambda: RateSlots(redis_url, **tls)) if redis_url else
                                     self.store.rate_slots,
                                     "queue_wait_max": s.queue_wait_max,
+                                    "eager_steps": s.eager_steps,
                                     "inputs": self._input_of}
         agent = Agent(self.celery, name, **{**defaults, **options})
         self.agents[name] = agent

@@ -136,6 +136,10 @@ class Settings:
     #: sending the reply through the Scheduler's queue: one message per step instead of two.
     #: Agents then need the state store's URL. Default on.
     inline_replies: bool = True
+    #: SAS_EAGER_STEPS — with inline replies, the steps an agent worker runs in a row itself when
+    #: each one's next step is the same agent's (no message for them); 0 sends every step through
+    #: the broker. Default 8.
+    eager_steps: int = 8
     #: SAS_PREPARED_STATEMENTS — on PostgreSQL (psycopg2), the hot path's statements are prepared
     #: once per connection, so PostgreSQL plans them once instead of on every step. Turn it off
     #: behind a connection pooler in transaction mode (PgBouncer), which does not keep a session's
@@ -201,6 +205,8 @@ class Settings:
                              "32 characters)")
         if self.queue_wait_max < 0:
             raise ValueError(f"setting queue_wait_max must be 0 (off) or more seconds, got {self.queue_wait_max!r}")
+        if self.eager_steps < 0:
+            raise ValueError(f"setting eager_steps must be 0 (off) or more steps, got {self.eager_steps!r}")
         self.rate_limits()
         for name in ("sweep_batch", "max_branches", "max_child_depth"):
             if getattr(self, name) <= 0:

@@ -68,7 +68,9 @@ def test_throughput_bench_submits_in_bulk_with_task_events_through_pgbouncer_and
     assert (result["bulk"], result["task_events"], result["pgbouncer"]) == (3, True, True)
     sas = result["sas_app"]
     assert "cpu_pooler_ms" in sas
-    assert sas["messages_per_step"]["median"] >= 1 and sas["commits_per_step"]["median"] >= 1
+    # a run's first step is published; the two after it run on the worker that completed the one
+    # before (the same agent's: no message)
+    assert sas["messages_per_step"]["median"] >= 1 / 3 and sas["commits_per_step"]["median"] >= 1
     assert sas["submit_per_s"]["median"] > 0
 
 

@@ -29,9 +29,10 @@ from celery.worker.request import Request
 from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
-from sas_app import fault_points
+from sas_app import fault_points, tracing
 from sas_app.agents.breaker import Breaker, BreakerOpen, LocalState, SharedState
 from sas_app.agents.coroutines import run_bounded
+from sas_app.agents.handover import Handover
 from sas_app.agents.rate_limit import LocalSlots, RateLimit, RateLimited, Slots
 from sas_app.definitions.actions import AgentAction, AgentCall, R, UndoAction, UndoCall
 from sas_app.errors import (
@@ -55,6 +56,7 @@ from sas_app.messaging.routing import (
     agent_queue,
     agent_task_name,
     confirm_options,
+    keeping,
 )
 
 if TYPE_CHECKING:
@@ -179,6 +181,7 @@ class Agent:
         db_clock: Callable[[], float | None] | None = None,
         inputs: Callable[[str, Any], Any] | None = None,
         queue_wait_max: float = 0.0,
+        eager_steps: int = 0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -229,6 +232,7 @@ class Agent:
         self.db_clock = db_clock
         self.inputs = inputs
         self.queue_wait_max = queue_wait_max
+        self.eager_steps = eager_steps if replies is not None else 0
         self.clock = clock
         self.sleep = sleep
         self.actions: dict[str, AgentAction[Any] | UndoAction[Any]] = {}
@@ -292,11 +296,22 @@ class Agent:
             reject_on_worker_lost=True,
             ignore_result=True,
             Request=AgentRequest,
+            bind=True,
         )
-        def run_action(**message: Any) -> None:
-            self.execute(action, message)
+        def run_action(task: Any, **message: Any) -> None:
+            soft = (task.request.timelimit or (None, None))[1] or task.soft_time_limit
+            handover = Handover(self.name, self.actions, self.clock, None if not soft else self.clock() + soft,
+                                self.eager_steps)
+            self.execute(action, message, handover)
+            while (taken := handover.next()) is not None:
+                # the message's arguments as the broker would have delivered them (JSON), under a
+                # span of its own: there is no task of its own for Celery's instrumentation to trace
+                with tracing.span("sas.eager_step", run_id=taken.run_id, position=taken.position,
+                                  attempt=taken.attempt):
+                    self.execute(self.actions[taken.action], json.loads(json.dumps(taken.kwargs)), handover)
 
-    def execute(self, action: AgentAction[Any] | UndoAction[Any], message: dict[str, Any]) -> None:
+    def execute(self, action: AgentAction[Any] | UndoAction[Any], message: dict[str, Any],
+                handover: Handover | None = None) -> None:
         db_now = self.db_clock() if self.db_clock else None
         try:
             call = AgentCall.from_message(message, db_now, self.clock)
@@ -370,7 +385,8 @@ class Agent:
             log.warning("%s: result came after complete-by; not replying", where)
             self._gave_up(call, faults)
             return
-        self._reply(STEP_DONE, call, faults, result=result)
+        with keeping(handover):
+            self._reply(STEP_DONE, call, faults, result=result)
 
     def _taken_in_time(self, call: AgentCall, timeout: float, where: str) -> bool:
         """Whether to run a message that waited in the queue: taken with less than half its step's

@@ -11,7 +11,9 @@ Supervisor — never report a committed change as failed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -174,6 +176,21 @@ class AgentMessage:
 Message = Advance | AdvanceEach | AgentMessage
 
 
+#: what takes this thread's next dispatch instead of the broker, while :func:`keeping` says so
+_KEEPER: ContextVar[Callable[[AgentMessage], bool] | None] = ContextVar("sas_keeper", default=None)
+
+
+@contextmanager
+def keeping(keeper: Callable[[AgentMessage], bool] | None) -> Iterator[None]:
+    """While inside, every step this thread dispatches is offered to ``keeper`` first: one it
+    takes (True) is not published — the keeper runs it (see :mod:`sas_app.agents.handover`)."""
+    token = _KEEPER.set(keeper)
+    try:
+        yield
+    finally:
+        _KEEPER.reset(token)
+
+
 def confirm_options(celery: Celery) -> dict[str, Any]:
     """Options for a publish: with publisher confirms (RabbitMQ) wait at most CONFIRM_TIMEOUT for
     one, then the publish is retried (a message twice is harmless; one never sent is what the
@@ -216,6 +233,9 @@ class Router:
                                       argsrepr=f"[{len(message.run_ids)} runs]", headers=headers(message.why),
                                       **self.confirm)
             else:
+                keeper = _KEEPER.get()
+                if keeper is not None and keeper(message):
+                    return True
                 self.celery.send_task(
                     agent_task_name(message.agent, message.action),
                     task_id=dispatch_task_id(message.run_id, message.position, message.attempt),

@@ -8,6 +8,7 @@ reach the barrier before any returns, so they finish at the same moment on diffe
 ``payload["hang_first"]``: the item whose first attempt hangs (long enough for a test to kill its
 worker). With ``GRAPH_APP_SCHEDULE`` set (a cron expression), the schedule ``ticking`` starts a
 run of ``ticked`` at each tick. ``payload["overrun"]``: ``{step: n}``, its first n attempts outlast their complete-by.
+``line``: three steps of one agent in a row; each call records the Celery task it ran under.
 ``fixable``'s ``charge`` fails for good until ``$SAS_HOME/fixed`` exists (the fix, deployed).
 ``render`` polls a job kept in ``$SAS_HOME/jobs``: it is done at the call after ``payload["polls"]``
 "not yet" answers, each asking again in ``payload["every"]`` seconds.
@@ -22,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from celery import current_task
 
 from sas_app import (
     AgentCall,
@@ -44,8 +47,9 @@ def home() -> Path:
 
 
 def record(call: AgentCall, what: str) -> None:
+    task = current_task.request.id if current_task else None  # the Celery task (message) it runs under
     line = json.dumps({"key": call.idempotency_key, "attempt": call.attempt, "pid": os.getpid(), "what": what,
-                       "poll": call.poll})
+                       "poll": call.poll, "task": task})
     with (home() / "calls.jsonl").open("a") as out:
         out.write(line + "\n")
 
@@ -142,6 +146,9 @@ def install(sas: SasApp) -> None:
         Step("flaky", "work.step", timeout=1, max_failures=1, on_exhausted=Escalate(wait=2, retries=1)),
     ]))
     sas.register(Workflow("ticked", [Step("a", "work.step", timeout=10)]))
+    sas.register(Workflow("line", [Step(name, "work.step", timeout=3) for name in ("a", "b", "c")]))
+    # ``b``'s timeout would end after the soft time limit of ``a``'s message
+    sas.register(Workflow("line_longer", [Step("a", "work.step", timeout=3), Step("b", "work.step", timeout=6)]))
     cron = os.environ.get("GRAPH_APP_SCHEDULE")  # only the schedule tests' processes start runs on their own
     if cron:
         sas.schedule("ticking", workflow="ticked", cron=cron, overlap="allow", catch_up=60)
