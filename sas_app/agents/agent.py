@@ -94,6 +94,9 @@ class Replies(Protocol):
         """A message taken late (it waited in the queue): when its attempt now ends (the
         database's clock, a whole timeout from now) if the store still wants that attempt, or None."""
 
+    def still_running(self, run_id: str, position: int, attempt: int) -> bool:
+        """Whether the store still waits for this attempt: a message delivered a second time."""
+
 
 def is_transient(exc: BaseException) -> bool:
     """The retry policy: :class:`TransientError`, and the network's own transient faults
@@ -302,7 +305,8 @@ class Agent:
             soft = (task.request.timelimit or (None, None))[1] or task.soft_time_limit
             handover = Handover(self.name, self.actions, self.clock, None if not soft else self.clock() + soft,
                                 self.eager_steps)
-            self.execute(action, message, handover)
+            redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
+            self.execute(action, message, handover, redelivered=redelivered)
             while (taken := handover.next()) is not None:
                 # the message's arguments as the broker would have delivered them (JSON), under a
                 # span of its own: there is no task of its own for Celery's instrumentation to trace
@@ -311,7 +315,7 @@ class Agent:
                     self.execute(self.actions[taken.action], json.loads(json.dumps(taken.kwargs)), handover)
 
     def execute(self, action: AgentAction[Any] | UndoAction[Any], message: dict[str, Any],
-                handover: Handover | None = None) -> None:
+                handover: Handover | None = None, *, redelivered: bool = False) -> None:
         db_now = self.db_clock() if self.db_clock else None
         try:
             call = AgentCall.from_message(message, db_now, self.clock)
@@ -326,7 +330,10 @@ class Agent:
             log.warning("%s: the database's clock cannot be read; not run, back to the queue", where)
             self._back_to_the_queue(where)
         timeout = timeout_of(message)
-        if call.budget < timeout / 2 and not self._taken_in_time(call, timeout, where):
+        if call.budget < timeout / 2:
+            if not self._taken_in_time(call, timeout, where):
+                return
+        elif redelivered and not self._still_running(call, where):
             return
         faults = FaultLog()
         if self.inputs is not None:
@@ -415,6 +422,24 @@ class Agent:
                  timeout - call.budget)
         call.budget = restarted - now
         return call.budget > 0
+
+    def _still_running(self, call: AgentCall, where: str) -> bool:
+        """Whether to run a message the broker delivered a second time: its worker died after
+        taking it — perhaps after the step completed (its acknowledgement comes when the task
+        returns, which, with the steps a worker runs after it, can be much later). With the store
+        in this process it is asked, and an attempt it no longer waits for is dropped unrun;
+        otherwise, or while the store cannot be asked, the message runs (a completed attempt's
+        reply is fenced out, and the service sees the same idempotency key)."""
+        if self.replies is None:
+            return True
+        try:
+            running = self.replies.still_running(call.run_id, call.position, call.attempt)
+        except Exception as exc:
+            log.warning("%s: delivered again, and the store cannot be asked (%s); run", where, describe(exc))
+            return True
+        if not running:
+            log.warning("%s: delivered again after its attempt ended; dropped unrun", where)
+        return running
 
     def _back_to_the_queue(self, where: str) -> NoReturn:
         """Hand the message back to its queue, unrun, a moment from now (Celery's ``Reject``,

@@ -393,6 +393,11 @@ class Scheduler:
         with self.store.begin() as tx:
             return tx.steps.start_late(run_id, position, attempt, self.settings.queue_wait_max, self.instance_id)
 
+    def still_running(self, run_id: str, position: int, attempt: int) -> bool:
+        """Whether the store still waits for this attempt (an agent got its message a second time)."""
+        with self.store.begin() as tx:
+            return tx.steps.attempt_running(run_id, position, attempt)
+
     def step_faults(self, run_id: str, position: int, attempt: int, faults: dict[str, Any] | None = None,
                     gave_up: bool = False) -> None:
         """An attempt that ended without a reply: its transient faults written to the run's history

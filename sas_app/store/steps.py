@@ -187,6 +187,16 @@ class StepTx(Part):
                       detail={"started_late": True})
         return float(late[0])
 
+    def attempt_running(self, run_id: str, position: int, attempt: int) -> bool:
+        """Whether the store still waits for this attempt: the step running at ``attempt`` in a
+        live run (what a message delivered a second time is checked against)."""
+        live = select(runs.c.id).where(runs.c.id == run_id, run_in(*LIVE_RUN_STATES))
+        return self.conn.execute(
+            select(steps.c.id).where(steps.c.run_id == run_id, steps.c.position == position,
+                                     steps.c.attempt == attempt, steps.c.state == StepState.RUNNING.value,
+                                     steps.c.run_id.in_(live.scalar_subquery()))
+        ).first() is not None
+
     def defer_step(self, run_id: str, position: int, attempt: int, delay: float, pickup_timeout: float,
                    reason: str, actor: str) -> bool:
         """running → pending for ``delay`` seconds, its failure count untouched (the agent did not

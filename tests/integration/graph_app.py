@@ -147,6 +147,9 @@ def install(sas: SasApp) -> None:
     ]))
     sas.register(Workflow("ticked", [Step("a", "work.step", timeout=10)]))
     sas.register(Workflow("line", [Step(name, "work.step", timeout=3) for name in ("a", "b", "c")]))
+    # ``a``'s message outlives the short steps its worker runs after it
+    sas.register(Workflow("line_long_first", [Step("a", "work.step", timeout=60), Step("b", "work.step", timeout=3),
+                                              Step("c", "work.step", timeout=3)]))
     # ``b``'s timeout would end after the soft time limit of ``a``'s message
     sas.register(Workflow("line_longer", [Step("a", "work.step", timeout=3), Step("b", "work.step", timeout=6)]))
     cron = os.environ.get("GRAPH_APP_SCHEDULE")  # only the schedule tests' processes start runs on their own

@@ -2,17 +2,22 @@
 before it: no message for it, the same transitions in the store, each step once — and, where its
 timeout would outlast the message it would run under, or with ``SAS_EAGER_STEPS=0``, through the
 broker as before. A worker that dies in a step it took this way leaves no message to redeliver:
-the Supervisor finds the step at its complete-by and it runs again, the steps before it not."""
+the Supervisor finds the step at its complete-by and it runs again, the steps before it not — and
+the first step's message, unacknowledged until the whole sequence returns and so delivered again,
+is dropped unrun."""
 
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
 
+import signal
+
 import pytest
 
 from sas_app.messaging.routing import dispatch_task_id
 from tests.integration.graph_app import calls
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +84,24 @@ def test_a_worker_killed_in_a_step_it_took_itself_is_recovered_and_only_that_ste
                                                               "c": retry}
     retried = [e for e in view.events if e.position == 1 and e.from_state == "running" and e.to_state == "pending"]
     assert len(retried) == 1
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)  # which hands a dead consumer's messages on at once
+def test_the_first_step_s_message_delivered_again_after_its_worker_died_later_in_the_sequence_is_not_run(
+        stack, app, stack_env):
+    home = Path(stack_env["SAS_HOME"])
+    stack.worker("scheduler", "sas.scheduler,sas.supervisor", env=APP, wait=False)
+    stack.worker("old", "sas.agent.work", 1, env={**APP, "SAS_FAULTS": "agent.before_call.b=sleep:60@once"},
+                 wait=False)
+    stack.beat(env=APP, wait=False)
+    stack.wait_ready()
+    handle = app.submit("line_long_first", {}, business_key="line-redelivered")
+    # a completed; b taken by the same worker and stalled there, a's message not yet acknowledged
+    wait_for(lambda: any(c["key"] == f"{handle.id}:a" for c in calls(home)), 30, "step a to be called")
+    wait_for(lambda: handle.status().step("b").state == "running", 10, "step b to start")
+    stack.worker("new", "sas.agent.work", 1, env=APP)
+    stack.signal("old", signal.SIGKILL)  # the whole worker: RabbitMQ delivers a's message again, to the new one
+    view = handle.wait(60)
+    assert view.process_state == "processed"
+    assert [c["key"] for c in calls(home)] == [f"{handle.id}:{n}" for n in "abc"]  # a not called twice
+    assert [(n, view.step(n).attempt) for n in "abc"] == [("a", 1), ("b", 2), ("c", 1)]
