@@ -213,7 +213,9 @@ class Agent:
         workflow's input model, parsed); a payload it refuses fails the step. With
         ``queue_wait_max`` (SAS_QUEUE_WAIT_MAX) and ``replies``, a message that waited in the
         queue until less than half its time was left starts again with its whole timeout, if the
-        store still wants its attempt (:meth:`Replies.start_late`).
+        store still wants its attempt (:meth:`Replies.start_late`). With ``replies``, a step the
+        reply starts that is this agent's own runs in this worker, without a message, up to
+        ``eager_steps`` in a row (:mod:`sas_app.agents.handover`).
         ``clock`` measures the time a step has taken (this process's monotonic clock; the app's
         injected clock in tests), and ``sleep`` is what an in-process retry waits with (a virtual
         clock's in tests: time moves on, none passes)."""
