@@ -8,10 +8,9 @@ is dropped unrun."""
 
 from __future__ import annotations
 
+import signal
 from collections import Counter
 from pathlib import Path
-
-import signal
 
 import pytest
 
