@@ -15,11 +15,19 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from celery import Celery
-from celery.signals import beat_init, celeryd_after_setup, worker_process_init, worker_ready, worker_shutting_down
+from celery.signals import (
+    beat_init,
+    celeryd_after_setup,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+    worker_shutting_down,
+)
 from sqlalchemy import MetaData
 from sqlalchemy.exc import SQLAlchemyError
 
 from sas_app import fault_points, tracing
+from sas_app.agents import handover
 from sas_app.agents.agent import Agent
 from sas_app.agents.breaker import STORE_FRESH, RedisState
 from sas_app.agents.rate_limit import RedisSlots as RateSlots
@@ -113,11 +121,16 @@ class SasApp:
         self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
         self.retention = Retention(self.store, self.settings, self.celery)
         self.doctor = Doctor(self.store, self.celery, self.settings, lambda: [a.queue for a in self.agents.values()])
+        worker_init.connect(self._worker_init, weak=True)
         worker_process_init.connect(self._after_fork, weak=True)
         worker_ready.connect(self._worker_ready, weak=True)
         worker_shutting_down.connect(self._worker_shutting_down, weak=True)
         celeryd_after_setup.connect(self._check_schema, weak=True)
         beat_init.connect(self._ready, weak=True)
+
+    def _worker_init(self, sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is self.celery:
+            handover.watch_for_drain()  # before the pool's processes are forked: they share it
 
     def _after_fork(self, **_: Any) -> None:
         # A forked worker child must not share its parent's database connections.
@@ -164,6 +177,7 @@ class SasApp:
 
     def _worker_shutting_down(self, **_: Any) -> None:
         self.supervisor.forecast.stop()
+        handover.drain()
 
     # -- declaring ----------------------------------------------------------------------------
 

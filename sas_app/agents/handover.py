@@ -8,17 +8,37 @@ complete-by before it runs, as for a message. Temporal calls this eager executio
 
 The step runs under the Celery task of the message that began the sequence, so it is only taken
 while its whole timeout ends before that message's soft time limit (and so before the hard limit
-and a drain's grace period), and at most ``SAS_EAGER_STEPS`` in a row. Should the worker die while
+and a drain's grace period), at most ``SAS_EAGER_STEPS`` in a row, and never once its worker has
+begun to shut down (a scale-down's SIGTERM: :func:`drain`). Should the worker die while
 it runs one, there is no message to redeliver: the Supervisor finds the step at its complete-by,
 as it finds a lost message, and the next attempt runs without a failure counted.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable, Container
 from dataclasses import dataclass
+from multiprocessing.synchronize import Event
 
 from sas_app.messaging.routing import AgentMessage
+
+#: set once the worker shuts down; made in its main process before the pool processes are forked,
+#: so that they see it too (None outside a worker: nothing to drain)
+_draining: Event | None = None
+
+
+def watch_for_drain() -> None:
+    """In a worker's main process, before its pool starts: the flag :func:`drain` sets."""
+    global _draining
+    _draining = multiprocessing.Event()
+
+
+def drain() -> None:
+    """The worker has begun to shut down: its processes finish the steps they hold and take no
+    more of their own replies' steps (those are published, for the workers that stay)."""
+    if _draining is not None:
+        _draining.set()
 
 
 @dataclass
@@ -39,10 +59,10 @@ class Handover:
     taken: AgentMessage | None = None
 
     def __call__(self, message: AgentMessage) -> bool:
-        """Take ``message`` (True) if it is this agent's, none is taken yet, and its whole timeout
-        fits before the soft time limit."""
+        """Take ``message`` (True) if it is this agent's, none is taken yet, the worker is not
+        shutting down, and its whole timeout fits before the soft time limit."""
         if (self.taken is not None or self.left <= 0 or message.agent != self.agent
-                or message.action not in self.actions):
+                or message.action not in self.actions or (_draining is not None and _draining.is_set())):
             return False
         if self.ends is not None and self.clock() + message.timeout >= self.ends:
             return False

@@ -104,3 +104,26 @@ def test_the_first_step_s_message_delivered_again_after_its_worker_died_later_in
     assert view.process_state == "processed"
     assert [c["key"] for c in calls(home)] == [f"{handle.id}:{n}" for n in "abc"]  # a not called twice
     assert [(n, view.step(n).attempt) for n in "abc"] == [("a", 1), ("b", 2), ("c", 1)]
+
+
+def test_a_worker_sent_sigterm_finishes_its_step_and_leaves_the_next_to_the_workers_that_stay(
+        stack, app, stack_env):
+    home = Path(stack_env["SAS_HOME"])
+    stack.worker("scheduler", "sas.scheduler,sas.supervisor", env=APP, wait=False)
+    stack.worker("old", "sas.agent.work", 1, env=APP, wait=False)
+    stack.beat(env=APP, wait=False)
+    stack.wait_ready()
+    # each step takes a second: b (3 s) would fit in a's message (60 s), were its worker staying
+    handle = app.submit("line_long_first", {"sleep": 1}, business_key="line-drained")
+    wait_for(lambda: any(c["key"] == f"{handle.id}:a" for c in calls(home)), 30, "step a to be called")
+    stack.signal("old", signal.SIGTERM, group=False)  # the kubelet's SIGTERM: to the main process only
+    stack.worker("new", "sas.agent.work", 1, env=APP)
+    view = handle.wait(30)
+    assert view.process_state == "processed"
+    assert [(n, view.step(n).attempt) for n in "abc"] == [("a", 1), ("b", 1), ("c", 1)]  # nothing retried
+    ran = {c["key"].split(":")[1]: c for c in calls(home) if c["key"].startswith(f"{handle.id}:")}
+    # a finished where it ran; b went through the broker, to the worker that stays
+    assert [ran[n]["task"] for n in "ab"] == [dispatch_task_id(handle.id, p, 1) for p in (0, 1)]
+    assert ran["a"]["pid"] != ran["b"]["pid"]
+    wait_for(lambda: stack.procs["old"].poll() is not None, 10, "the draining worker to exit")
+    assert stack.procs["old"].returncode == 0
