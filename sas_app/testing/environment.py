@@ -315,10 +315,11 @@ class Environment:
 def _test_settings(settings: Settings, home: Path, database_url: str, broker: str) -> Settings:
     """``settings`` on the environment's own store and broker (``broker``: its virtual host on the
     in-memory one), with nothing that reaches outside it (hooks, webhooks, faults, tracing, a
-    breaker's Redis)."""
+    breaker's Redis), and every step sent as a message of its own (no eager steps), so that a
+    stubbed worker's death is reported for the step it ran, as it is for a step's own message."""
     overrides: Mapping[str, Any] = {
         "database_url": database_url, "broker_url": f"memory://localhost/{broker}", "home": home,
         "alert_hook": "", "alert_webhook": "", "faults": "", "tracing": "", "debug_logs": "", "breaker_url": "",
-        "ready_file": "", "task_events": False, "retention": "",
+        "ready_file": "", "task_events": False, "retention": "", "eager_steps": 0,
     }
     return replace(settings, **overrides)

@@ -69,6 +69,7 @@ def sas(tmp_path) -> SasApp:
              on_exhausted=Escalate(wait=timedelta(hours=1), retries=1, then=Then.COMPENSATE)),
     ]))
     app.register(Workflow("charge_only", [charging]))
+    app.register(Workflow("hold_then_charge", [Step("hold", charge, timeout=10), Step("charge", charge, timeout=10)]))
     return app
 
 
@@ -128,6 +129,17 @@ def test_a_worker_that_dies_mid_step_costs_the_step_one_attempt(sas, sas_env):
     assert view.state is RunState.PROCESSED
     assert view.step("charge").attempt == 2
     assert any((e.detail or {}).get("reason") == "worker_lost" for e in view.events)
+
+
+def test_a_worker_that_dies_in_a_step_after_one_of_the_same_agent_costs_that_step_one_attempt(sas, sas_env):
+    env = sas_env(sas)
+    env.stub("billing.charge", sequence=[{"held": 2.0}, WORKER_LOST, {"charged": 2.0}])
+
+    view = env.run("hold_then_charge", {"amount": 2.0})
+
+    assert view.state is RunState.PROCESSED
+    assert [(s.name, s.attempt) for s in view.steps] == [("hold", 1), ("charge", 2)]
+    assert [e.position for e in view.events if (e.detail or {}).get("reason") == "worker_lost"] == [1]
 
 
 def test_a_permanent_fault_undoes_what_was_done(sas, sas_env):
