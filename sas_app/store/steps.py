@@ -17,6 +17,15 @@ from sas_app.store.rows import StepRow, as_row
 from sas_app.store.tables import events, runs, steps
 from sas_app.store.transitions import Part, run_in
 
+
+def _running_in_a_live_run(run_id: str, position: int, attempt: int) -> tuple[Any, ...]:
+    """The step at ``position`` running at ``attempt`` in a live run: an attempt the store still
+    waits for (what a message taken late, or delivered a second time, is checked against)."""
+    live = select(runs.c.id).where(runs.c.id == run_id, run_in(*LIVE_RUN_STATES))
+    return (steps.c.run_id == run_id, steps.c.position == position, steps.c.attempt == attempt,
+            steps.c.state == StepState.RUNNING.value, steps.c.run_id.in_(live.scalar_subquery()))
+
+
 # The hot path's statements, built once and executed with fresh parameters (prepared on
 # PostgreSQL: sas_app.store.prepared).
 COMPLETE_STEP = (
@@ -172,12 +181,9 @@ class StepTx(Part):
         is how the Supervisor tells the messages still queued from those taken (the last ones
         sent, as many as the queue holds)."""
         now = db_now()
-        live = select(runs.c.id).where(runs.c.id == run_id, run_in(*LIVE_RUN_STATES))
         late = self.conn.execute(
             update(steps)
-            .where(steps.c.run_id == run_id, steps.c.position == position, steps.c.attempt == attempt,
-                   steps.c.state == StepState.RUNNING.value, steps.c.complete_by >= now - waited_at_most,
-                   steps.c.run_id.in_(live.scalar_subquery()))
+            .where(*_running_in_a_live_run(run_id, position, attempt), steps.c.complete_by >= now - waited_at_most)
             .values(not_before=now + steps.c.timeout, updated_at=now)
             .returning(steps.c.not_before)
         ).first()
@@ -190,11 +196,8 @@ class StepTx(Part):
     def attempt_running(self, run_id: str, position: int, attempt: int) -> bool:
         """Whether the store still waits for this attempt: the step running at ``attempt`` in a
         live run (what a message delivered a second time is checked against)."""
-        live = select(runs.c.id).where(runs.c.id == run_id, run_in(*LIVE_RUN_STATES))
         return self.conn.execute(
-            select(steps.c.id).where(steps.c.run_id == run_id, steps.c.position == position,
-                                     steps.c.attempt == attempt, steps.c.state == StepState.RUNNING.value,
-                                     steps.c.run_id.in_(live.scalar_subquery()))
+            select(steps.c.id).where(*_running_in_a_live_run(run_id, position, attempt))
         ).first() is not None
 
     def defer_step(self, run_id: str, position: int, attempt: int, delay: float, pickup_timeout: float,
