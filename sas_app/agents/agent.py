@@ -23,9 +23,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, overload
 
 import httpx
-from billiard.exceptions import WorkerLostError
 from celery.exceptions import Reject, SoftTimeLimitExceeded
-from celery.worker.request import Request
 from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
@@ -34,6 +32,7 @@ from sas_app.agents.breaker import Breaker, BreakerOpen, LocalState, SharedState
 from sas_app.agents.coroutines import run_bounded
 from sas_app.agents.handover import Handover
 from sas_app.agents.rate_limit import LocalSlots, RateLimit, RateLimited, Slots
+from sas_app.agents.worker_lost import AgentRequest
 from sas_app.definitions.actions import AgentAction, AgentCall, R, UndoAction, UndoCall
 from sas_app.errors import (
     NotYet,
@@ -51,7 +50,6 @@ from sas_app.messaging.routing import (
     STEP_DONE,
     STEP_FAILED,
     STEP_FAULTS,
-    STEP_LOST,
     STEP_NOT_YET,
     agent_queue,
     agent_task_name,
@@ -110,52 +108,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     return isinstance(exc, (TransientError, httpx.TransportError, ConnectionError, TimeoutError, OperationalError))
-
-
-class AgentRequest(Request):  # type: ignore[misc]
-    """How an agent worker's main process handles one step's message.
-
-    Celery's ``reject_on_worker_lost`` puts the message of a pool process that died back on the
-    queue, where the same attempt runs again at once: a step that kills its worker every time (a
-    poison step) would then kill workers in a loop until its message expires. Instead, the main
-    process reports the lost attempt to the Scheduler (``sas.scheduler.step_lost``), which counts
-    it as a failure and retries it after a back-off, as a new attempt, or fails the step at its
-    threshold; the message is then dropped. Only if that report cannot be sent does the message
-    go back to the queue (and the Supervisor recovers the step at its complete-by either way)."""
-
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
-        exc = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback
-        lost = isinstance(exc, WorkerLostError) or (
-            isinstance(exc, (SystemExit, KeyboardInterrupt))
-            and not (self._already_cancelled or self._already_revoked)
-        )
-        self.lost_reported = lost and self._report_lost(str(exc))
-        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
-
-    def reject(self, requeue: bool = False) -> None:
-        super().reject(requeue=requeue and not getattr(self, "lost_reported", False))
-
-    def _report_lost(self, reason: str) -> bool:
-        return report_lost(self.task.app, self.kwargs if isinstance(self.kwargs, dict) else {}, reason)
-
-
-def report_lost(celery: Celery, message: dict[str, Any], reason: str) -> bool:
-    """Tell the Scheduler that the worker process running the step of ``message`` (an agent
-    message's arguments) died (``sas.scheduler.step_lost``). False if the step cannot be named
-    or the report cannot be sent: the message then goes back to its queue, as Celery would do."""
-    try:
-        report = {"run_id": str(message["run_id"]), "position": int(message["position"]),
-                  "attempt": int(message["attempt"]), "reason": reason[:200]}
-    except (KeyError, TypeError, ValueError):
-        return False  # not a step we can name; Celery's default applies
-    try:
-        celery.send_task(STEP_LOST, kwargs=report, queue=SCHEDULER_QUEUE, headers=headers(Publish.STEP_LOST),
-                         **confirm_options(celery))
-    except Exception:
-        log.exception("could not report the lost worker of %s; the message goes back to the queue", report)
-        return False
-    log.warning("worker lost while running %s (%s); reported to the Scheduler", report, reason)
-    return True
 
 
 def timeout_of(message: dict[str, Any]) -> float:

@@ -46,7 +46,7 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         # A pool process that died is declared lost after this long (Celery waits 10 s by default
         # for a result it might still have sent; ours go to the state store, never that pipe), so
-        # its step is reported to the Scheduler at once (see sas_app.agents.agent.AgentRequest).
+        # its step is reported to the Scheduler at once (see sas_app.agents.worker_lost).
         "worker_lost_wait": 1.0,
         "task_acks_on_failure_or_timeout": True,
         "task_default_queue": SCHEDULER_QUEUE,

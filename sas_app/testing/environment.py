@@ -32,7 +32,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-from sas_app.agents.agent import report_lost
+from sas_app.agents.worker_lost import report_lost
 from sas_app.app import SasApp
 from sas_app.definitions.actions import ActionName, UndoAction
 from sas_app.definitions.steps import seconds_of

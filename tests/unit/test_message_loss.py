@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sas_app import Escalate, SasApp, Sleep, Step, WaitFor, Workflow
-from sas_app.agents.agent import report_lost
+from sas_app.agents.worker_lost import report_lost
 from sas_app.messaging.publishes import Publish
 from sas_app.testing import Environment
 from tests.support import Pump, pass_time
