@@ -17,12 +17,12 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, overload
 
-import httpx
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 from sqlalchemy.exc import DBAPIError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
@@ -107,7 +107,12 @@ def is_transient(exc: BaseException) -> bool:
     in the action and is replied as an error, so an operator sees it instead of a silent loop."""
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
-    return isinstance(exc, (TransientError, httpx.TransportError, ConnectionError, TimeoutError, OperationalError))
+    # httpx's faults are looked for only once something has imported it (an action that raised
+    # one has): a worker whose actions call their services otherwise does not load it.
+    httpx = sys.modules.get("httpx")
+    if httpx is not None and isinstance(exc, httpx.TransportError):
+        return True
+    return isinstance(exc, (TransientError, ConnectionError, TimeoutError, OperationalError))
 
 
 def timeout_of(message: dict[str, Any]) -> float:

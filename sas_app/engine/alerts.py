@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-import httpx
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from sas_app.settings import redact_url
@@ -124,6 +123,8 @@ class WebhookSender:
             log.error("alert webhook backlog full; dropped the alert for run %s", alert.get("run_id"))
 
     def _run(self) -> None:
+        import httpx  # here, in the thread that posts: the processes without a webhook never load it
+
         backlog = self._queue
         while True:
             alert = backlog.get()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 from sas_app import SasApp, Settings, fault_points, migrate
 from sas_app.store import Store
+from sas_app.store.migrate import SCHEMA_HEAD, alembic_config, schema_problem
 from sas_app.store.schema import metadata
 
 
@@ -17,8 +19,14 @@ def test_migrations_build_exactly_the_models_schema_and_can_run_again(db_url):
     store = Store(db_url)
     with store.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    assert schema_problem(store.engine) is None  # the store at the newest migration is what this code needs
     store.dispose()
     assert diff == []
+
+
+def test_the_revision_every_process_checks_its_store_against_is_the_newest_migration():
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert SCHEMA_HEAD == head, f"a migration was added: set SCHEMA_HEAD in sas_app/store/migrate.py to {head!r}"
 
 
 def test_settings_come_from_the_environment_with_clear_errors():
