@@ -25,11 +25,10 @@ import sys
 import tempfile
 import time
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 from bench.cpu import CpuMeter, cpu_seconds, named
-from bench.throughput import REPO, RESULTS, fresh_database, machine, record
+from bench.throughput import REPO, fresh_database, machine, postgres_arguments, record
 from sas_app.store.migrate import migrate
 
 WORKFLOW = ("noop3", ("one", "two", "three"))
@@ -98,9 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--clients", default="1,2,4,8", help="numbers of clients at once, one level each")
     parser.add_argument("--runs", type=int, default=3000, help="runs a level, shared between its clients")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
-                                                             "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    postgres_arguments(parser)
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.clients.split(",")]
     with tempfile.TemporaryDirectory() as home:

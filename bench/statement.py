@@ -29,11 +29,10 @@ import sys
 import tempfile
 from collections.abc import Callable
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 from bench.cpu import CpuMeter, named
-from bench.throughput import REPO, RESULTS, fresh_database, machine, record
+from bench.throughput import REPO, fresh_database, machine, postgres_arguments, record
 
 POSITIONS = range(3)
 SCALE_TABLES = """
@@ -64,9 +63,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=300, help="runs a way and turn (three replies each)")
     parser.add_argument("--repeat", type=int, default=4)
-    parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
-                                                             "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    postgres_arguments(parser)
     args = parser.parse_args(argv)
     url = fresh_database(args.postgres, "sas_bench_statement")
     with tempfile.TemporaryDirectory() as home:

@@ -98,13 +98,19 @@ def traffic(store: Any, broker: str) -> dict[str, int]:
     return {"commits": int(writes), "messages": int(stats.get("cmdstat_lpush", {}).get("calls", 0))}
 
 
-def service_arguments(parser: argparse.ArgumentParser, redis_db: int) -> None:
-    """``--postgres`` (an admin URL: each bench makes its own database), ``--redis`` (database
-    ``redis_db`` of the test Redis) and ``--out`` (the results folder): every bench takes them."""
+def postgres_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--postgres`` (an admin URL: each bench makes its own database) and ``--out`` (the results
+    folder): every bench takes them."""
     parser.add_argument("--postgres", default=os.environ.get("SAS_TEST_POSTGRES",
                                                              "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"))
-    parser.add_argument("--redis", default=os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + f"/{redis_db}")
     parser.add_argument("--out", type=Path, default=RESULTS)
+
+
+def service_arguments(parser: argparse.ArgumentParser, redis_db: int) -> None:
+    """:func:`postgres_arguments`, and ``--redis`` (database ``redis_db`` of the test Redis), for
+    the benches that run a broker."""
+    postgres_arguments(parser)
+    parser.add_argument("--redis", default=os.environ.get("SAS_TEST_REDIS", "redis://127.0.0.1:6379") + f"/{redis_db}")
 
 
 def fresh_database(admin_url: str, name: str) -> str:
