@@ -68,7 +68,10 @@ def test_a_service_down_for_everyone_opens_the_breaker_at_its_threshold_of_calls
     assert [v.process_state for v in views] == ["processed"] * 10
     assert [v.step("reserve_stock").failure_count for v in views] == [0] * 10, "a deferral burns no budget"
     reserved_at = [e["at"] for e in stack.ledger("warehouse") if e["action"] == "reserve"]
-    assert min(reserved_at) >= opened + 3 - 0.05, "a reservation went through while the breaker was open"
+    # The first deferral is written once the call that opened the breaker has come back and its
+    # reply committed: later than the opening by that (tens of milliseconds, more on a loaded
+    # machine). A reservation let through while the breaker was open would come seconds early.
+    assert min(reserved_at) >= opened + 3 - 0.5, "a reservation went through while the breaker was open"
 
 
 @pytest.mark.both_brokers
