@@ -88,7 +88,8 @@ def _bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
     sas.migrate()
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    unflushed = Store(url + "?options=-c%20synchronous_commit%3Doff")
+    unflushed = Store(make_url(url).update_query_dict({"options": "-c synchronous_commit=off"})
+                      .render_as_string(hide_password=False))
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.exec_driver_sql(SCALE_TABLES)
@@ -99,29 +100,24 @@ def _bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
     def submitted() -> list[str]:
         return [sas.submit("noop3", {}, business_key=f"statement-{next(fresh)}").id for _ in range(args.runs)]
 
-    def through(store: Store) -> Callable[[], float]:
+    def replied(reply: Callable[[str, int], None]) -> Callable[[], float]:
+        """A way: fresh runs submitted, then each one's three replies sent with ``reply(run, position)``."""
         def way() -> float:
-            runs = submitted()
-            replies = [(run, position) for run in runs for position in POSITIONS]
-
-            def send(i: int) -> None:
-                run, position = replies[i]
-                with store.alone() as tx:
-                    assert tx.hot_path.complete_alone(run, position, 1, {}, "bench") is not None
-            return _measure(send, len(replies))
+            replies = [(run, position) for run in submitted() for position in POSITIONS]
+            return _measure(lambda i: reply(*replies[i]), len(replies))
         return way
 
-    with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as pg3:
-        def psycopg3() -> float:
-            runs = submitted()
-            replies = [(run, position) for run in runs for position in POSITIONS]
+    def through(store: Store) -> Callable[[str, int], None]:
+        def reply(run: str, position: int) -> None:
+            with store.alone() as tx:
+                assert tx.hot_path.complete_alone(run, position, 1, {}, "bench") is not None
+        return reply
 
-            def send(i: int) -> None:
-                run, position = replies[i]
-                done = pg3.execute(statement, {"b_run_id": run, "b_position": position, "b_attempt": 1,
-                                               "b_result": Jsonb({}), "b_locked_by": "bench"}, prepare=True)
-                assert done.fetchone()[0] is not None
-            return _measure(send, len(replies))
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as pg3:
+        def psycopg3(run: str, position: int) -> None:
+            done = pg3.execute(statement, {"b_run_id": run, "b_position": position, "b_attempt": 1,
+                                           "b_result": Jsonb({}), "b_locked_by": "bench"}, prepare=True)
+            assert done.fetchone()[0] is not None
 
         def scale(sql: str) -> Callable[[], float]:
             def send(i: int) -> None:
@@ -129,7 +125,8 @@ def _bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
             return lambda: _measure(send, 3 * args.runs)
 
         ways: dict[str, Callable[[], float]] = {
-            "as_sent": through(sas.store), "no_flush_wait": through(unflushed), "psycopg3": psycopg3,
+            "as_sent": replied(through(sas.store)), "no_flush_wait": replied(through(unflushed)),
+            "psycopg3": replied(psycopg3),
             "one_row_update": scale(ONE_ROW_UPDATE), "two_updates_two_inserts": scale(TWO_UPDATES_TWO_INSERTS),
         }
         for way in ways.values():  # warm: connections, prepared statements, caches
