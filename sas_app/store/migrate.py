@@ -65,12 +65,11 @@ def ensure_schema(database_url: str, home: Path) -> None:
 
 def schema_problem(engine: Engine) -> str | None:
     """Why the store's schema does not fit this version of sas_app (with what to do), or None."""
-    head = SCHEMA_HEAD
     with engine.connect() as conn:
         current = (conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
                    if inspect(conn).has_table(VERSION_TABLE) else None)
-    if current == head:
+    if current == SCHEMA_HEAD:
         return None
     if current is None:
         return "the state store has no schema yet: run `sas migrate`"
-    return f"the state store's schema is at revision {current}, this sas_app needs {head}: run `sas migrate`"
+    return f"the state store's schema is at revision {current}, this sas_app needs {SCHEMA_HEAD}: run `sas migrate`"
