@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import httpx
-
 T = TypeVar("T")
 
 #: ``python -m sas_app.cli``: the ``sas`` command of the running interpreter
@@ -128,6 +126,8 @@ def hold_lifeline(env: Mapping[str, str] = os.environ) -> None:
 
 
 def answers(url: str) -> bool:
+    import httpx  # here: every ``sas`` command imports this module (hold_lifeline), few ask a URL
+
     try:
         return httpx.get(url, timeout=1).is_success
     except httpx.HTTPError:
