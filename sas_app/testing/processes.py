@@ -110,9 +110,12 @@ def hold_lifeline(env: Mapping[str, str] = os.environ) -> None:
     message was killed by its test, and its services and beat were still running minutes later. A
     daemon thread watches this process's parent; once it is not the harness any more (the process was
     adopted), it asks this process to stop (SIGTERM: Celery's warm shutdown) and, if it has not
-    after :data:`LIFELINE_GRACE_S`, kills its process group, pool children and all."""
+    after :data:`LIFELINE_GRACE_S`, kills its process group, pool children and all. A harness
+    killed while this process was still starting is gone already: it stops at once."""
     harness = env.get(LIFELINE, "")
-    if not harness.isdigit() or os.getppid() != int(harness):  # not started by a harness (or passed on)
+    if not harness.isdigit():  # not started by a harness
+        return
+    if os.getppid() != int(harness) and _alive(int(harness)):  # passed on, by a process the harness started
         return
 
     def watch() -> None:
@@ -123,6 +126,20 @@ def hold_lifeline(env: Mapping[str, str] = os.environ) -> None:
         os.killpg(os.getpgid(0), signals.SIGKILL)
 
     threading.Thread(target=watch, name="sas-lifeline", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs: a harness killed and not yet reaped (a zombie) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc here (macOS): taken as running
+        return True
 
 
 def answers(url: str) -> bool:

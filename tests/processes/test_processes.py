@@ -3,11 +3,13 @@ whatever ends a run, it leaves no process of its own behind."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -97,6 +99,49 @@ def test_a_bench_killed_with_sigterm_stops_what_it_started_first(tmp_path):
                 driver.kill()
     assert "KeyboardInterrupt" in err  # the clean-up ran, not Python's own end on SIGTERM
     wait_for(lambda: live_processes_with(marker) == [], 10, "the bench's worker to be gone")
+
+
+#: a process that holds its lifeline, says whether it watches its harness, then stays
+HOLDS_LIFELINE = [sys.executable, "-c", textwrap.dedent("""
+    import threading, time
+    from sas_app.testing.processes import hold_lifeline
+    hold_lifeline()
+    print(any(t.name == "sas-lifeline" for t in threading.enumerate()), flush=True)
+    time.sleep(60)
+""")]
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "not_yet_reaped"])
+def test_a_process_whose_harness_was_killed_before_it_started_watching_stops_at_once(reaped):
+    # the harness (a demo restarting a worker, say) killed while this process was still importing:
+    # by the time it holds its lifeline it has been adopted, and its harness is gone — or a zombie
+    # its own parent has not reaped yet
+    gone = subprocess.Popen(SLEEPER)
+    gone.kill()
+    if reaped:
+        gone.wait()
+    else:
+        wait_for(lambda: Path(f"/proc/{gone.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 10,
+                 "the harness to be a zombie")
+    try:
+        done = subprocess.run(HOLDS_LIFELINE, env={**os.environ, "SAS_LIFELINE": str(gone.pid)},
+                              capture_output=True, text=True, timeout=30)
+    finally:
+        gone.wait()
+    assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
+
+
+def test_a_process_started_by_one_the_harness_started_leaves_the_watching_to_it():
+    with subprocess.Popen(SLEEPER) as harness:  # alive, and not the parent of the process below
+        try:
+            with subprocess.Popen(HOLDS_LIFELINE, env={**os.environ, "SAS_LIFELINE": str(harness.pid)},
+                                  stdout=subprocess.PIPE, text=True) as child:
+                try:
+                    assert child.stdout is not None and child.stdout.readline().strip() == "False"
+                finally:
+                    child.kill()
+        finally:
+            harness.kill()
 
 
 def test_a_stop_is_seen_even_when_a_library_swallowed_its_keyboard_interrupt():
