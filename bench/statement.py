@@ -6,7 +6,10 @@ submitted first, then each run's three success replies are sent as the Scheduler
 (every ``postgres`` process, read as bench.cpu reads it) is divided by the statements. The same
 replies are sent in other ways beside it, and two statements of a known size for scale:
 
-* ``as_sent``: psycopg2 with SQL ``PREPARE`` and ``EXECUTE``, what sas_app does;
+* ``as_sent``: psycopg2 with SQL ``PREPARE`` and ``EXECUTE``, what sas_app does — for these runs,
+  which have no reply queue, the narrower statements (``COMPLETE_NEXT``, then ``COMPLETE_LAST``);
+* ``with_notifications``: the same replies through the statement a run with a reply queue gets
+  (``COMPLETE_ALONE``: its notifications' part inserts nothing here);
 * ``no_flush_wait``: the same with ``synchronous_commit = off`` (the commit does not wait for the
   WAL's flush — what the commit's wait costs, not something to ship);
 * ``psycopg3``: the same statement through psycopg 3's protocol-level prepared statements;
@@ -84,7 +87,7 @@ def _bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
     from bench.app import sas  # after the environment names the database
     from sas_app.store import Store
-    from sas_app.store.hot_path import COMPLETE_ALONE
+    from sas_app.store.hot_path import COMPLETE_LAST, COMPLETE_NEXT
 
     sas.migrate()
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -94,7 +97,7 @@ def _bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
     with engine.begin() as conn:
         conn.exec_driver_sql(SCALE_TABLES)
     engine.dispose()
-    statement = str(COMPLETE_ALONE.compile(dialect=sas.store.engine.dialect))
+    middle, last = (str(s.compile(dialect=sas.store.engine.dialect)) for s in (COMPLETE_NEXT, COMPLETE_LAST))
     fresh = iter(range(10**9))
 
     def submitted() -> list[str]:
@@ -107,16 +110,19 @@ def _bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
             return _measure(lambda i: reply(*replies[i]), len(replies))
         return way
 
-    def through(store: Store) -> Callable[[str, int], None]:
+    def through(store: Store, quiet: bool = True) -> Callable[[str, int], None]:
         def reply(run: str, position: int) -> None:
             with store.alone() as tx:
-                assert tx.hot_path.complete_alone(run, position, 1, {}, "bench") is not None
+                done = tx.hot_path.complete_alone(run, position, 1, {}, "bench", quiet=quiet,
+                                                  last=position == POSITIONS[-1])
+                assert done is not None
         return reply
 
     with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as pg3:
         def psycopg3(run: str, position: int) -> None:
-            done = pg3.execute(statement, {"b_run_id": run, "b_position": position, "b_attempt": 1,
-                                           "b_result": Jsonb({}), "b_locked_by": "bench"}, prepare=True)
+            done = pg3.execute(last if position == POSITIONS[-1] else middle, {
+                "b_run_id": run, "b_position": position, "b_attempt": 1, "b_result": Jsonb({}), "b_locked_by": "bench",
+            }, prepare=True)
             assert done.fetchone()[0] is not None
 
         def scale(sql: str) -> Callable[[], float]:
@@ -125,7 +131,8 @@ def _bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
             return lambda: _measure(send, 3 * args.runs)
 
         ways: dict[str, Callable[[], float]] = {
-            "as_sent": replied(through(sas.store)), "no_flush_wait": replied(through(unflushed)),
+            "as_sent": replied(through(sas.store)), "with_notifications": replied(through(sas.store, quiet=False)),
+            "no_flush_wait": replied(through(unflushed)),
             "psycopg3": replied(psycopg3),
             "one_row_update": scale(ONE_ROW_UPDATE), "two_updates_two_inserts": scale(TWO_UPDATES_TWO_INSERTS),
         }

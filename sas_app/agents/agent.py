@@ -74,7 +74,7 @@ class Replies(Protocol):
 
     def step_done(self, run_id: str, position: int, attempt: int, result: Any = None,
                   results: dict[str, Any] | None = None, faults: dict[str, Any] | None = None,
-                  workflow: str | None = None) -> None: ...
+                  workflow: str | None = None, *, notify: bool = True) -> None: ...
 
     def step_failed(self, run_id: str, position: int, attempt: int, error: str,
                     faults: dict[str, Any] | None = None) -> None: ...
@@ -352,7 +352,9 @@ class Agent:
             self._gave_up(call, faults)
             return
         with keeping(handover):
-            self._reply(STEP_DONE, call, faults, result=result)
+            # whether the run tells its submitter of its progress, as the message said: the
+            # Scheduler then writes its notifications; otherwise it sends a narrower statement
+            self._reply(STEP_DONE, call, faults, result=result, notify=bool(message.get("notify")))
 
     def _taken_in_time(self, call: AgentCall, timeout: float, where: str) -> bool:
         """Whether to run a message that waited in the queue: taken with less than half its step's

@@ -77,6 +77,8 @@ class Dispatch:
             kwargs["item"], kwargs["index"] = self.step.item, self.step.branch
         if self.step.polls:
             kwargs["poll"] = self.step.polls
+        if self.run.reply_to is not None:  # handed back in the agent's reply (Scheduler.step_done)
+            kwargs["notify"] = True
         return kwargs
 
 

@@ -99,10 +99,10 @@ class Scheduler:
         @self.celery.task(name=STEP_DONE, **options)
         def step_done(run_id: str, position: int, attempt: int, result: Any = None,
                       results: dict[str, Any] | None = None, faults: Any = None, workflow: Any = None,
-                      **newer: Any) -> None:
+                      notify: Any = True, **newer: Any) -> None:
             if well_formed("step_done", run_id, position, attempt) and (results is None or isinstance(results, dict)):
                 self.step_done(run_id, position, attempt, result, results, fault_summary(faults),
-                               workflow if isinstance(workflow, str) else None)
+                               workflow if isinstance(workflow, str) else None, notify=notify is not False)
 
         @self.celery.task(name=STEP_FAILED, **options)
         def step_failed(run_id: str, position: int, attempt: int, error: str = "", faults: Any = None,
@@ -235,7 +235,7 @@ class Scheduler:
 
     def step_done(
         self, run_id: str, position: int, attempt: int, result: Any, results: dict[str, Any] | None = None,
-        faults: dict[str, Any] | None = None, workflow: str | None = None,
+        faults: dict[str, Any] | None = None, workflow: str | None = None, *, notify: bool = True,
     ) -> None:
         """An agent's success reply: record it if that attempt still runs, then go on.
 
@@ -243,12 +243,16 @@ class Scheduler:
         (:meth:`HotPathTx.complete_and_advance`: on PostgreSQL one statement). When the run's
         ``workflow`` (as the agent received it) is a straight line here and the reply carries the
         earlier results and no faults, that statement is tried as a transaction of its own first
-        (:meth:`HotPathTx.complete_alone`), which it is unless the completion writes more.
-        ``results`` (the earlier steps' results, as the agent received them) then let the next
-        step be dispatched without reading the run's steps."""
-        if faults is None and results is not None and self.store.is_postgresql and self._straight_line(workflow):
+        (:meth:`HotPathTx.complete_alone`), which it is unless the completion writes more: a
+        narrower one where the step's message said the run notifies no one (``notify`` false),
+        for the last step of the workflow or one before it. ``results`` (the earlier steps'
+        results, as the agent received them) then let the next step be dispatched without
+        reading the run's steps."""
+        line = self._straight_line(workflow) if self.store.is_postgresql else None
+        if faults is None and results is not None and line is not None:
             with self.store.alone() as tx:
-                done = tx.hot_path.complete_alone(run_id, position, attempt, result, self.instance_id)
+                done = tx.hot_path.complete_alone(run_id, position, attempt, result, self.instance_id,
+                                                  quiet=not notify, last=position == len(line.steps) - 1)
             if done is not None and done.run is not None:
                 earlier = self._earlier(tx, done, results, result)
                 moves, refused = self._started_alone(done.run, done.started, earlier)
@@ -279,9 +283,12 @@ class Scheduler:
                     moves.extend(self.planner.next(tx, done.run))
         self.after_commit(tx, moves)
 
-    def _straight_line(self, workflow: str | None) -> bool:
+    def _straight_line(self, workflow: str | None) -> Workflow | None:
+        """The deployed definition of ``workflow``, if it is a straight line."""
         known = self.planner.workflows
-        return workflow is not None and known is not None and workflow in known and known[workflow].is_linear
+        if workflow is None or known is None or workflow not in known or not known[workflow].is_linear:
+            return None
+        return known[workflow]
 
     @staticmethod
     def _earlier(tx: Tx, done: Completion, results: dict[str, Any] | None, result: Any) -> dict[str, Any]:

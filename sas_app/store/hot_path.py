@@ -57,10 +57,62 @@ _NONE_LATER = """NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = :b_run_id AN
 _WHOLE = f"""
       AND (EXISTS (SELECT 1 FROM steps n WHERE {_next_due("n")})
            OR (run.slot IS NULL AND {_NONE_LATER}))"""
+# The two halves of _WHOLE, each for a run with no reply queue (nothing to notify): the next step
+# starts now (COMPLETE_NEXT), or there is none and the run ends (COMPLETE_LAST).
+_QUIET_NEXT = f"""
+      AND run.reply_to IS NULL AND EXISTS (SELECT 1 FROM steps n WHERE {_next_due("n")})"""
+_QUIET_LAST = f"""
+      AND run.reply_to IS NULL AND run.slot IS NULL AND {_NONE_LATER}"""
 
 
-def _complete_and_advance(whole: str) -> str:
-    """The statement's text; ``whole`` narrows the step it completes."""
+def _complete_and_advance(whole: str, *, advance: bool = True, finish: bool = True, notes: bool = True) -> str:
+    """The statement's text; ``whole`` narrows the step it completes. A narrower form leaves out
+    what ``whole`` rules out: starting the next step (``advance``), ending the run (``finish``),
+    the notifications of a run with a reply queue (``notes``)."""
+    nxt = f"""
+), nxt AS (
+    UPDATE steps SET state = '{_RUNNING}', attempt = steps.attempt + 1, locked_by = :b_locked_by,
+                     complete_by = {PG_NOW} + steps.timeout, not_before = NULL, updated_at = {PG_NOW}
+    WHERE {_next_due("steps")}
+      AND EXISTS (SELECT 1 FROM done)
+    RETURNING steps.*"""
+    # without ``advance`` the step completed is the last (``whole`` said so): nothing to look for
+    fin = f"""
+), fin AS (
+    UPDATE runs SET process_state = '{_PROCESSED}', locked_by = NULL, complete_by = NULL, updated_at = {PG_NOW}
+    WHERE runs.id = :b_run_id AND EXISTS (SELECT 1 FROM done){f" AND {_NONE_LATER}" if advance else ""}
+    RETURNING runs.id"""
+    started = f"""
+    UNION ALL
+    SELECT :b_run_id, n.position, '{_TRANSITION}',
+           CASE WHEN n.attempt = 1 THEN '{StepState.NOT_STARTED}' ELSE '{StepState.PENDING}' END,
+           '{_RUNNING}', n.attempt, :b_locked_by, {PG_NOW}, jsonb_build_object('complete_by', n.complete_by)
+    FROM nxt n"""
+    ended = f"""
+    UNION ALL
+    SELECT :b_run_id, NULL, '{_TRANSITION}', '{_PROCESSING}', '{_PROCESSED}', NULL, :b_locked_by, {PG_NOW}, NULL
+    FROM fin"""
+    processed_note = f"""
+        UNION ALL
+        SELECT 2, jsonb_build_object('run_id', :b_run_id, 'business_key', r.business_key, 'workflow', r.workflow,
+                                     'kind', '{_PROCESSED}', 'state', '{_PROCESSED}')
+        FROM fin, run r"""
+    note = f"""
+), note AS (
+    INSERT INTO outbox (run_id, reply_to, body, created_at)
+    SELECT :b_run_id, r.reply_to, b.body, {PG_NOW}
+    FROM run r, (
+        SELECT 1 AS o, jsonb_build_object('run_id', :b_run_id, 'business_key', r.business_key,
+                                          'workflow', r.workflow, 'kind', 'step_completed', 'step', d.name,
+                                          'position', d.position, 'attempt', d.attempt) AS body
+        FROM done d, run r{processed_note if finish else ""}
+    ) b
+    WHERE r.reply_to IS NOT NULL
+    ORDER BY b.o
+    RETURNING outbox.id, outbox.body"""
+    announce = f"""
+), announce AS (
+    SELECT pg_notify('{RUN_DONE_CHANNEL}', id) FROM fin"""
     return f"""
 WITH run AS (
     SELECT * FROM runs WHERE id = :b_run_id FOR UPDATE
@@ -71,61 +123,27 @@ WITH run AS (
     WHERE steps.run_id = :b_run_id AND run.process_state = '{_PROCESSING}' AND run.paused_by IS NULL AND run.linear
       AND steps.position = :b_position AND steps.state = '{_RUNNING}' AND steps.attempt = :b_attempt
       AND steps.compensates IS NULL{whole}
-    RETURNING steps.position, steps.attempt, steps.name
-), nxt AS (
-    UPDATE steps SET state = '{_RUNNING}', attempt = steps.attempt + 1, locked_by = :b_locked_by,
-                     complete_by = {PG_NOW} + steps.timeout, not_before = NULL, updated_at = {PG_NOW}
-    WHERE {_next_due("steps")}
-      AND EXISTS (SELECT 1 FROM done)
-    RETURNING steps.*
-), fin AS (
-    UPDATE runs SET process_state = '{_PROCESSED}', locked_by = NULL, complete_by = NULL, updated_at = {PG_NOW}
-    WHERE runs.id = :b_run_id AND EXISTS (SELECT 1 FROM done) AND {_NONE_LATER}
-    RETURNING runs.id
+    RETURNING steps.position, steps.attempt, steps.name{nxt if advance else ""}{fin if finish else ""}
 ), ev AS (
     INSERT INTO events (run_id, position, kind, from_state, to_state, attempt, actor, at, detail)
     SELECT :b_run_id, d.position, '{_TRANSITION}', '{_RUNNING}', '{_COMPLETED}', d.attempt, :b_locked_by,
-           {PG_NOW}, NULL
-    FROM done d
-    UNION ALL
-    SELECT :b_run_id, n.position, '{_TRANSITION}',
-           CASE WHEN n.attempt = 1 THEN '{StepState.NOT_STARTED}' ELSE '{StepState.PENDING}' END,
-           '{_RUNNING}', n.attempt, :b_locked_by, {PG_NOW}, jsonb_build_object('complete_by', n.complete_by)
-    FROM nxt n
-    UNION ALL
-    SELECT :b_run_id, NULL, '{_TRANSITION}', '{_PROCESSING}', '{_PROCESSED}', NULL, :b_locked_by, {PG_NOW}, NULL
-    FROM fin
-), note AS (
-    INSERT INTO outbox (run_id, reply_to, body, created_at)
-    SELECT :b_run_id, r.reply_to, b.body, {PG_NOW}
-    FROM run r, (
-        SELECT 1 AS o, jsonb_build_object('run_id', :b_run_id, 'business_key', r.business_key,
-                                          'workflow', r.workflow, 'kind', 'step_completed', 'step', d.name,
-                                          'position', d.position, 'attempt', d.attempt) AS body
-        FROM done d, run r
-        UNION ALL
-        SELECT 2, jsonb_build_object('run_id', :b_run_id, 'business_key', r.business_key, 'workflow', r.workflow,
-                                     'kind', '{_PROCESSED}', 'state', '{_PROCESSED}')
-        FROM fin, run r
-    ) b
-    WHERE r.reply_to IS NOT NULL
-    ORDER BY b.o
-    RETURNING outbox.id, outbox.body
-), announce AS (
-    SELECT pg_notify('{RUN_DONE_CHANNEL}', id) FROM fin
+           {PG_NOW}, NULL::jsonb
+    FROM done d{started if advance else ""}{ended if finish else ""}{note if notes else ""}{announce if finish else ""}
 )
-SELECT (SELECT name FROM done) AS done_name, (SELECT count(*) FROM announce) AS finished,
-       (SELECT jsonb_agg(jsonb_build_object('id', id, 'body', body) ORDER BY id) FROM note) AS notes,
-       {", ".join(f"r.{c} AS r_{c}" for c in _RUN_COLUMNS)},
-       {", ".join(f"n.{c} AS n_{c}" for c in _STEP_COLUMNS)}
-FROM run r LEFT JOIN nxt n ON true
+SELECT (SELECT name FROM done) AS done_name,
+       {"(SELECT count(*) FROM announce)" if finish else "0"} AS finished,
+       {"(SELECT jsonb_agg(jsonb_build_object('id', id, 'body', body) ORDER BY id) FROM note)" if notes
+        else "NULL::jsonb"} AS notes,
+       {", ".join(f"r.{c} AS r_{c}" for c in _RUN_COLUMNS)}{"".join(f", n.{c} AS n_{c}" for c in _STEP_COLUMNS)
+                                                             if advance else ""}
+FROM run r{" LEFT JOIN nxt n ON true" if advance else ""}
 """
 
 
-def _statement(sql: str) -> Any:
+def _statement(sql: str, *, advance: bool = True) -> Any:
     return text(sql).bindparams(bindparam("b_result", type_=JSONB)).columns(
         column("done_name", String()), column("finished", Integer()), column("notes", JSONB()),
-        *prefixed_columns(runs, "r_", _RUN_COLUMNS), *prefixed_columns(steps, "n_", _STEP_COLUMNS),
+        *prefixed_columns(runs, "r_", _RUN_COLUMNS), *(prefixed_columns(steps, "n_", _STEP_COLUMNS) if advance else ()),
     ).execution_options(**PREPARED)
 
 
@@ -137,6 +155,13 @@ COMPLETE_AND_ADVANCE = _statement(_complete_and_advance(""))
 #: COMPLETE_AND_ADVANCE for a statement that is its own transaction: it completes the step only
 #: when that completion needs nothing more written (see ``_WHOLE``), and otherwise changes nothing
 COMPLETE_ALONE = _statement(_complete_and_advance(_WHOLE))
+#: COMPLETE_ALONE where the run has no reply queue and the next step starts now; otherwise it
+#: changes nothing. PostgreSQL starts every part of a statement it runs, whether it writes a row or
+#: not: a part that cannot write (the outbox's insert, the run's ending) is work it is spared.
+COMPLETE_NEXT = _statement(_complete_and_advance(_QUIET_NEXT, finish=False, notes=False))
+#: COMPLETE_ALONE where the run has no reply queue and no step after this one; otherwise it
+#: changes nothing
+COMPLETE_LAST = _statement(_complete_and_advance(_QUIET_LAST, advance=False, notes=False), advance=False)
 
 
 # A new run claimed (pending → processing, locked) and, on a straight line, its first step
@@ -232,14 +257,19 @@ class HotPathTx(Part):
                 return self._completed_in_graph(run, position, attempt, result, locked_by)
         return self._step_by_step(run_id, position, attempt, result, locked_by, run)
 
-    def complete_alone(self, run_id: str, position: int, attempt: int, result: Any,
-                       locked_by: str) -> Completion | None:
+    def complete_alone(self, run_id: str, position: int, attempt: int, result: Any, locked_by: str, *,
+                       quiet: bool = False, last: bool = False) -> Completion | None:
         """:meth:`complete_and_advance` in one statement that is its own transaction (on
         PostgreSQL, in :meth:`Store.alone <sas_app.store.database.Store.alone>`), where that is all
         the completion writes: a straight line's run whose next step starts now, or which has none
         left and no concurrency key. None, with nothing changed, for any other reply (stale, a
-        graph, a paused run, a back-off not over…): the caller takes it in a transaction."""
-        found = rows(self.conn, COMPLETE_ALONE, {
+        graph, a paused run, a back-off not over…): the caller takes it in a transaction.
+
+        ``quiet`` says the run has no reply queue, and ``last`` that the step is its workflow's
+        last, as the caller believes: a narrower statement is sent then (:data:`COMPLETE_NEXT` or
+        :data:`COMPLETE_LAST`), which checks both and changes nothing where either is wrong."""
+        statement = COMPLETE_ALONE if not quiet else COMPLETE_LAST if last else COMPLETE_NEXT
+        found = rows(self.conn, statement, {
             "b_run_id": run_id, "b_position": position, "b_attempt": attempt, "b_result": result,
             "b_locked_by": locked_by,
         })
@@ -251,7 +281,7 @@ class HotPathTx(Part):
     def _completed_in_line(self, run: RunRow, row: dict[str, Any]) -> Completion:
         """What the one statement did: the notifications it wrote, to relay once committed, and
         the run's ending, if it ended it."""
-        following = [] if row["n_id"] is None else [prefixed(StepRow, row, "n_")]
+        following = [] if row.get("n_id") is None else [prefixed(StepRow, row, "n_")]
         finished = bool(row["finished"])
         for note in row["notes"] or ():
             note_id = int(note["id"])

@@ -30,6 +30,7 @@ def sequences(app: SasApp) -> dict[str, Any]:
     pump.purge()
     keys: dict[str, str] = {}
     one_statement: list[str] = []
+    narrower: list[str] = []  # of those, the ones for a run that notifies no one
     in_graph: list[str] = []
     started: list[str] = []
 
@@ -38,14 +39,17 @@ def sequences(app: SasApp) -> dict[str, Any]:
         statement = built(sent)  # as built: on PostgreSQL, what is sent is EXECUTE of it, prepared
         if statement.lstrip().startswith("WITH run AS"):
             one_statement.append(statement)
+            if "run.reply_to IS NULL" in statement:
+                narrower.append(statement)
         if statement.lstrip().startswith("WITH done AS"):
             in_graph.append(statement)
         if statement.lstrip().startswith("WITH new_run AS"):
             started.append(statement)
 
-    def submit(workflow: str, key: str, payload: dict[str, Any] | None = None) -> str:
+    def submit(workflow: str, key: str, payload: dict[str, Any] | None = None, *, quiet: bool = False) -> str:
         keys[key] = workflow
-        return app.submit(workflow, payload or {}, business_key=key, reply_to="parity-replies").id
+        return app.submit(workflow, payload or {}, business_key=key,
+                          reply_to=None if quiet else "parity-replies").id
 
     # the happy path, to the last step (the run's processed in the same statement on PostgreSQL)
     submit("three", "happy")
@@ -87,7 +91,27 @@ def sequences(app: SasApp) -> dict[str, Any]:
     submit("parent", "child fails", {"script": {"k1": ["permanent"]}})
     pump.run()
 
+    # runs that notify no one (no reply queue): on PostgreSQL their replies take the narrower
+    # statements; the happy path, a duplicate reply, a pause, an undo
+    submit("three", "quiet", quiet=True)
+    pump.run()
+    submit("three", "quiet stale", quiet=True)
+    pump.run(["sas.scheduler"])
+    pump.run(["sas.agent.svc"])
+    replies = pump.take("sas.scheduler")
+    for message in replies + replies:
+        pump.execute(message)
+    pump.run()
+    paused = submit("three", "quiet paused", quiet=True)
+    app.pause(paused, by="ops", reason="parity")
+    pump.run()
+    app.resume(paused, by="ops", reason="parity")
+    pump.run()
+    submit("saga", "quiet undo", {"script": {"third": ["permanent"]}}, quiet=True)
+    pump.run()
+
     state: dict[str, Any] = {"completions in one statement": len(one_statement),
+                             "narrower completions": len(narrower),
                              "graph completions in one statement": len(in_graph),
                              "runs started in one statement": len(started)}
     with app.store.engine.connect() as conn:
@@ -127,6 +151,17 @@ def _scrub(value: Any) -> Any:
     return value
 
 
+def _unkeyed(key: str, value: Any) -> Any:
+    """``value`` with the business key ``key`` written ``<key>`` wherever it is a whole string."""
+    if isinstance(value, str):
+        return "<key>" if value == key else value
+    if isinstance(value, dict):
+        return {k: _unkeyed(key, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unkeyed(key, v) for v in value)
+    return value
+
+
 def _result(result: Any) -> Any:
     return {k: v for k, v in result.items() if k != "key"} if isinstance(result, dict) else result
 
@@ -153,20 +188,29 @@ def test_the_same_sequences_leave_the_same_rows_events_and_notifications_on_both
     assert sqlite["happy"]["run"][0] == "processed" and sqlite["undo"]["run"][0] == "compensated"
     assert sum(e[1] == "stale_reply" for e in sqlite["stale"]["events"]) == 1
     assert sqlite["stale"]["run"][0] == "processed" and sqlite["paused"]["run"][0] == "processed"
+    assert [sqlite[key]["run"][0] for key in ("quiet", "quiet stale", "quiet paused", "quiet undo")] == [
+        "processed", "processed", "processed", "compensated"]
+    assert sum(e[1] == "stale_reply" for e in sqlite["quiet stale"]["events"]) == 1
+    assert not sqlite["quiet"]["notifications"] and sqlite["happy"]["notifications"]
     # On PostgreSQL every success reply tries the one statement first (it also takes the run's lock):
     # 14 on straight lines (3 + 3 and a duplicate + 3 + 2 and 2 undos), then 18 in graphs and 5 in
     # the runs with a child; the duplicate, the reply to the paused run and the undos then go step by
     # step, as on SQLite. A straight line's reply tries it as a transaction of its own, where the
-    # duplicate and the undos change nothing and are tried again in a transaction: 3 more...
-    assert (sqlite.pop("completions in one statement"), postgresql.pop("completions in one statement")) == (0, 40)
+    # duplicate and the undos change nothing and are tried again in a transaction: 3 more; and the
+    # same 17 again for the quiet runs...
+    assert (sqlite.pop("completions in one statement"), postgresql.pop("completions in one statement")) == (0, 57)
+    # ... of which those for runs that notify no one are the narrower statements: the quiet runs'
+    # 14 tries as a transaction of their own (the undos' among them, which change nothing), and the
+    # child run's one step (a child has no reply queue)
+    assert (sqlite.pop("narrower completions"), postgresql.pop("narrower completions")) == (0, 15)
     # ... and a graph's completions take one statement more: diamond 4, fanout 1 + 3 + 1, over a result
     # 1 + 2, and 2 where a branch fails (prepare, ship[0]; ship[2]'s late reply and the 3 undos are not),
     # and 2 + 1 in the parents of child runs (the children are straight lines)
     assert (sqlite.pop("graph completions in one statement"),
             postgresql.pop("graph completions in one statement")) == (0, 17)
     # every run is claimed and its first step (on a straight line) marked running in one statement:
-    # the 12 runs (10 submitted, 2 children), and every later ask to advance a run tries it first
-    assert (sqlite.pop("runs started in one statement"), postgresql.pop("runs started in one statement")) == (0, 15)
+    # the 16 runs (14 submitted, 2 children), and every later ask to advance a run tries it first
+    assert (sqlite.pop("runs started in one statement"), postgresql.pop("runs started in one statement")) == (0, 20)
     assert sqlite["diamond"]["run"][0] == sqlite["fanout"]["run"][0] == "processed"
     assert sqlite["branch fails"]["run"][0] == "compensated"
     assert (sqlite["child"]["run"][0], sqlite["child fails"]["run"][0]) == ("processed", "compensated")
@@ -296,3 +340,64 @@ def test_a_straight_line_submitted_where_it_is_started_is_written_started_in_one
     assert postgresql_cost["again"] == 2  # the taken key: the statement wrote nothing, the run read back
     for key in sqlite:
         assert postgresql[key] == sqlite[key], key
+
+
+def test_a_reply_that_misjudges_its_run_changes_nothing_and_the_step_completes_all_the_same(db_url, tmp_path):
+    """The narrower statements check what the reply believes of its run — that it notifies no
+    one, that the step is its workflow's last — and change nothing where it is wrong; the reply
+    then completes the step in a transaction. Wrong, here: a step message sent before messages
+    said whether the run notifies anyone (so the agent replies that it does not), and a
+    deployment whose definition of the workflow has one step less than the run's copy. Each run
+    ends with the same steps, events and notifications as one that took no wrong turn."""
+    app = SasApp(Settings(database_url=db_url, broker_url="memory://localhost/", home=tmp_path / "home",
+                          pickup_timeout=30, task_events=False, inline_replies=False))
+    install_test_workflows(app, timeout=30)
+    app.migrate()
+    pump = Pump(app)
+    pump.purge()
+    narrower: list[str] = []
+
+    @event.listens_for(app.store.engine, "before_cursor_execute")
+    def count(conn: Any, cursor: Any, sent: str, *args: Any) -> None:
+        if "run.reply_to IS NULL" in built(sent):
+            narrower.append(built(sent))
+
+    def outcome(key: str) -> Any:
+        run = app.store.find_run("three", key)
+        assert run is not None and run.process_state == "processed", run
+        with app.store.engine.connect() as conn:
+            notes = conn.execute(select(outbox.c.body).where(outbox.c.run_id == run.id).order_by(outbox.c.id)).scalars()
+            told = [{k: v for k, v in body.items() if k not in ("id", "run_id")} for body in notes]
+        return _unkeyed(key, ([_step(s) for s in app.store.get_steps(run.id)],
+                              [(e.position, e.kind, e.from_state, e.to_state, e.attempt, _detail(e.detail))
+                               for e in app.store.get_events(run.id)], told))
+
+    try:
+        told = app.submit("three", {}, business_key="told", reply_to="hint-replies").id
+        app.submit("three", {}, business_key="control told", reply_to="hint-replies")
+        pump.run(["sas.scheduler"])
+        for message in pump.take("sas.agent.svc"):
+            if message.run_ids() == [told]:  # as a Scheduler sent it before messages said so
+                assert message.kwargs.pop("notify") is True
+            pump.execute(message)
+        pump.run()
+        assert len(narrower) == 1  # that reply's; every later message of the run says it notifies
+        assert outcome("told") == outcome("control told")
+        assert [n["kind"] for n in outcome("told")[2]] == [
+            "received", "processing", "step_completed", "step_completed", "step_completed", "processed"]
+
+        app.submit("three", {}, business_key="control")
+        pump.run()
+        narrower.clear()
+        app.submit("three", {}, business_key="shorter")
+        three = app.workflows["three"]
+        app.workflows["three"] = replace(three, steps=three.steps[:2])  # then a shorter definition deployed
+        try:
+            pump.run()
+        finally:
+            app.workflows["three"] = three
+        # "second" tried as the last (the run has a third) and "third" as one with a next
+        assert len(narrower) == 3 and "run.slot IS NULL" in narrower[1] and "run.slot IS NULL" not in narrower[2]
+        assert outcome("shorter") == outcome("control")
+    finally:
+        app.store.dispose()

@@ -33,6 +33,16 @@ def run(sas, agent, fn, **overrides):
     sas.celery.tasks[f"sas.agent.ext.{action.name}"].run(**message(**overrides))
 
 
+def test_a_success_reply_says_whether_the_run_notifies_as_its_message_said(sas, agent, pump):
+    """The Scheduler sends a narrower statement for a run that notifies no one; the agent only
+    hands back what the step's message said (a message without it: no one, which the statement
+    checks)."""
+    run(sas, agent, lambda call: "ok", notify=True)
+    run(sas, agent, lambda call: "ok", run_id="r2")
+    told = {reply.kwargs["run_id"]: reply.kwargs["notify"] for reply in pump.take("sas.scheduler")}
+    assert told == {"r1": True, "r2": False}
+
+
 def test_transient_faults_are_retried_with_the_same_key_and_token(sas, agent, pump):
     seen = []
 
@@ -49,7 +59,7 @@ def test_transient_faults_are_retried_with_the_same_key_and_token(sas, agent, pu
     [reply] = pump.take("sas.scheduler")
     assert (reply.task, reply.kwargs) == ("sas.scheduler.step_done",
                                           {"run_id": "r1", "position": 0, "attempt": 4, "result": {"ok": 3},
-                                           "results": {}, "workflow": "wf",
+                                           "notify": False, "results": {}, "workflow": "wf",
                                            "faults": {"count": 2, "first": "busy",
                                                       "last": ["ConnectError: refused"]}})
 
