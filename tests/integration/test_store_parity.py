@@ -24,6 +24,15 @@ TIMES = {"complete_by", "backoff"}
 RUN_ID = re.compile(r"\b[0-9a-f]{32}\b")
 
 
+def parity_app(url: str, home: Any, *, inline_replies: bool = False) -> SasApp:
+    """An app on ``url`` with the test workflows, migrated; its messages go through memory."""
+    app = SasApp(Settings(database_url=url, broker_url="memory://localhost/", home=home, pickup_timeout=30,
+                          task_events=False, inline_replies=inline_replies))
+    install_test_workflows(app, timeout=30)
+    app.migrate()
+    return app
+
+
 def sequences(app: SasApp) -> dict[str, Any]:
     """Run every sequence and return what the store holds for each run, by business key."""
     pump = Pump(app)
@@ -51,29 +60,33 @@ def sequences(app: SasApp) -> dict[str, Any]:
         return app.submit(workflow, payload or {}, business_key=key,
                           reply_to=None if quiet else "parity-replies").id
 
-    # the happy path, to the last step (the run's processed in the same statement on PostgreSQL)
-    submit("three", "happy")
-    pump.run()
+    # Each straight-line sequence twice: for a run with a reply queue, then for one that notifies
+    # no one (on PostgreSQL its replies take the narrower statements)
+    for quiet in (False, True):
+        named = "quiet {}".format if quiet else str
+        # the happy path, to the last step (the run's processed in the same statement on PostgreSQL)
+        submit("three", named("happy"), quiet=quiet)
+        pump.run()
 
-    # a stale reply: the first step's reply delivered twice
-    submit("three", "stale")
-    pump.run(["sas.scheduler"])
-    pump.run(["sas.agent.svc"])
-    replies = pump.take("sas.scheduler")
-    for message in replies + replies:
-        pump.execute(message)
-    pump.run()
+        # a stale reply: the first step's reply delivered twice
+        submit("three", named("stale"), quiet=quiet)
+        pump.run(["sas.scheduler"])
+        pump.run(["sas.agent.svc"])
+        replies = pump.take("sas.scheduler")
+        for message in replies + replies:
+            pump.execute(message)
+        pump.run()
 
-    # a paused run: its step completes, nothing follows until it is resumed
-    paused = submit("three", "paused")
-    app.pause(paused, by="ops", reason="parity")
-    pump.run()
-    app.resume(paused, by="ops", reason="parity")
-    pump.run()
+        # a paused run: its step completes, nothing follows until it is resumed
+        paused = submit("three", named("paused"), quiet=quiet)
+        app.pause(paused, by="ops", reason="parity")
+        pump.run()
+        app.resume(paused, by="ops", reason="parity")
+        pump.run()
 
-    # an undo: the third step refused for good, the first two undone last first
-    submit("saga", "undo", {"script": {"third": ["permanent"]}})
-    pump.run()
+        # an undo: the third step refused for good, the first two undone last first
+        submit("saga", named("undo"), {"script": {"third": ["permanent"]}}, quiet=quiet)
+        pump.run()
 
     # steps side by side and their join; a fan-out two at a time; one over an earlier result; a
     # branch failing for good while a sibling runs
@@ -89,25 +102,6 @@ def sequences(app: SasApp) -> dict[str, Any]:
     submit("parent", "child")
     pump.run()
     submit("parent", "child fails", {"script": {"k1": ["permanent"]}})
-    pump.run()
-
-    # runs that notify no one (no reply queue): on PostgreSQL their replies take the narrower
-    # statements; the happy path, a duplicate reply, a pause, an undo
-    submit("three", "quiet", quiet=True)
-    pump.run()
-    submit("three", "quiet stale", quiet=True)
-    pump.run(["sas.scheduler"])
-    pump.run(["sas.agent.svc"])
-    replies = pump.take("sas.scheduler")
-    for message in replies + replies:
-        pump.execute(message)
-    pump.run()
-    paused = submit("three", "quiet paused", quiet=True)
-    app.pause(paused, by="ops", reason="parity")
-    pump.run()
-    app.resume(paused, by="ops", reason="parity")
-    pump.run()
-    submit("saga", "quiet undo", {"script": {"third": ["permanent"]}}, quiet=True)
     pump.run()
 
     state: dict[str, Any] = {"completions in one statement": len(one_statement),
@@ -175,10 +169,7 @@ def _detail(detail: Any) -> Any:
 def test_the_same_sequences_leave_the_same_rows_events_and_notifications_on_both_dialects(db_url, tmp_path):
     results = {}
     for name, url in (("sqlite", f"sqlite:///{tmp_path / 'parity.db'}"), ("postgresql", db_url)):
-        app = SasApp(Settings(database_url=url, broker_url="memory://localhost/", home=tmp_path / name,
-                              pickup_timeout=30, task_events=False, inline_replies=False))
-        install_test_workflows(app, timeout=30)
-        app.migrate()
+        app = parity_app(url, tmp_path / name)
         try:
             results[name] = sequences(app)
         finally:
@@ -188,10 +179,10 @@ def test_the_same_sequences_leave_the_same_rows_events_and_notifications_on_both
     assert sqlite["happy"]["run"][0] == "processed" and sqlite["undo"]["run"][0] == "compensated"
     assert sum(e[1] == "stale_reply" for e in sqlite["stale"]["events"]) == 1
     assert sqlite["stale"]["run"][0] == "processed" and sqlite["paused"]["run"][0] == "processed"
-    assert [sqlite[key]["run"][0] for key in ("quiet", "quiet stale", "quiet paused", "quiet undo")] == [
+    assert [sqlite[key]["run"][0] for key in ("quiet happy", "quiet stale", "quiet paused", "quiet undo")] == [
         "processed", "processed", "processed", "compensated"]
     assert sum(e[1] == "stale_reply" for e in sqlite["quiet stale"]["events"]) == 1
-    assert not sqlite["quiet"]["notifications"] and sqlite["happy"]["notifications"]
+    assert not sqlite["quiet happy"]["notifications"] and sqlite["happy"]["notifications"]
     # On PostgreSQL every success reply tries the one statement first (it also takes the run's lock):
     # 14 on straight lines (3 + 3 and a duplicate + 3 + 2 and 2 undos), then 18 in graphs and 5 in
     # the runs with a child; the duplicate, the reply to the paused run and the undos then go step by
@@ -223,10 +214,7 @@ def test_a_step_in_a_graph_costs_one_statement_more_than_on_a_straight_line(db_u
     started in it) that is its own transaction: psycopg2 sends it with no BEGIN and no COMMIT. A
     branch's, which starts the next branch, is two statements (the run's lock, then the graph's)
     in one transaction."""
-    app = SasApp(Settings(database_url=db_url, broker_url="memory://localhost/", home=tmp_path / "home",
-                          pickup_timeout=30, task_events=False, inline_replies=False))
-    install_test_workflows(app, timeout=30)
-    app.migrate()
+    app = parity_app(db_url, tmp_path / "home")
     pump = Pump(app)
     pump.purge()
     statements: list[bool] = []  # each statement: was it its own transaction (autocommit)?
@@ -288,10 +276,7 @@ def test_a_straight_line_submitted_where_it_is_started_is_written_started_in_one
     a business key submitted again writes nothing on either."""
     results = {}
     for name, url in (("sqlite", f"sqlite:///{tmp_path / 'parity.db'}"), ("postgresql", db_url)):
-        app = SasApp(Settings(database_url=url, broker_url="memory://localhost/", home=tmp_path / name,
-                              pickup_timeout=30, task_events=False, inline_replies=True))
-        install_test_workflows(app, timeout=30)
-        app.migrate()
+        app = parity_app(url, tmp_path / name, inline_replies=True)
         statements: list[str] = []
 
         def listener(conn: Any, cursor: Any, sent: str, *args: Any, seen: list[str] = statements) -> None:
@@ -349,10 +334,7 @@ def test_a_reply_that_misjudges_its_run_changes_nothing_and_the_step_completes_a
     said whether the run notifies anyone (so the agent replies that it does not), and a
     deployment whose definition of the workflow has one step less than the run's copy. Each run
     ends with the same steps, events and notifications as one that took no wrong turn."""
-    app = SasApp(Settings(database_url=db_url, broker_url="memory://localhost/", home=tmp_path / "home",
-                          pickup_timeout=30, task_events=False, inline_replies=False))
-    install_test_workflows(app, timeout=30)
-    app.migrate()
+    app = parity_app(db_url, tmp_path / "home")
     pump = Pump(app)
     pump.purge()
     narrower: list[str] = []
