@@ -93,7 +93,8 @@ def test_hot_path_bench_measures_postgresql_a_step_at_each_number_of_clients(tmp
 @one_bench("statement")
 def test_statement_bench_takes_a_reply_s_statement_apart(tmp_path):
     result = run_bench("bench.statement", "--runs", "5", "--repeat", "1", tmp_path=tmp_path, redis=False)
-    ways = {"as_sent", "no_flush_wait", "psycopg3", "one_row_update", "two_updates_two_inserts"}
+    ways = {"as_sent", "with_notifications", "no_flush_wait", "psycopg3", "one_row_update",
+            "two_updates_two_inserts"}
     assert set(result["ms_per_statement"]) == ways
     assert all(value > 0 for value in result["ms_per_statement"].values())
 

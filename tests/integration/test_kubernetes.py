@@ -96,9 +96,12 @@ class Cluster:
         [container] = self.pods()[name]["containers"]
         spec = container[which]
         if "exec" in spec:
-            done = subprocess.run(self.argv(name, spec["exec"]["command"], container), capture_output=True, text=True,
-                                  env={**self.processes.env, **self.env(name, container)}, cwd=REPO,
-                                  timeout=spec["timeoutSeconds"])
+            try:
+                done = subprocess.run(self.argv(name, spec["exec"]["command"], container), capture_output=True,
+                                      text=True, env={**self.processes.env, **self.env(name, container)}, cwd=REPO,
+                                      timeout=spec["timeoutSeconds"])
+            except subprocess.TimeoutExpired:  # a failed probe to the kubelet, asked again next period
+                return False, f"timed out after {spec['timeoutSeconds']} s"
             return done.returncode == 0, done.stdout.strip()
         port = self.port_of(name, container)
         try:
