@@ -23,7 +23,8 @@ from sas_app.store.backlog import backlog as read_backlog
 @click.option("--alive", is_flag=True,
               help="Liveness: only check that --worker answers (a broker that is down is not held against it).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds the broker and the worker may take to answer.")
+              help="Seconds the database (to connect: whole seconds, at least 2), the broker and the "
+                   "worker may each take to answer.")
 @pass_ctx
 def health(ctx: Context, worker: str | None, alive: bool, timeout: float) -> None:
     """A probe's check of one process: the state store answers with this sas_app's schema, the

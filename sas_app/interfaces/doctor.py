@@ -24,9 +24,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from math import ceil
 from typing import TYPE_CHECKING, Any
 
 from celery.worker.control import inspect_command
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.pool import NullPool
 
 from sas_app.errors import one_line
 from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE
@@ -119,10 +122,15 @@ class Doctor:
         down cannot be asked, and is not called dead for it (restarting it would not bring the
         broker back); the database is not its concern."""
         if not alive:
-            for check in (self._database, self._schema):
-                found = check()
-                if not found.ok:
-                    return found
+            engine = self._bounded(timeout)
+            try:
+                for check in (self._database, self._schema):
+                    found = check(engine)
+                    if not found.ok:
+                        return found
+            finally:
+                if engine is not self.store.engine:
+                    engine.dispose()
         where = redact_url(self.settings.broker_url)
         try:
             with self.celery.connection_for_write() as conn:
@@ -154,16 +162,30 @@ class Doctor:
 
     # -- the checks ---------------------------------------------------------------------------
 
-    def _database(self) -> Check:
+    def _bounded(self, timeout: float) -> Engine:
+        """The store's database for a probe: on PostgreSQL through connections that give up
+        connecting after ``timeout`` (libpq's ``connect_timeout``, whole seconds, at least 2), so
+        that a database that never answers is reported instead of outlasting the kubelet's own
+        timeout; the store's own engine elsewhere."""
+        engine = self.store.engine
+        if engine.dialect.name != "postgresql":
+            return engine
+        return create_engine(engine.url, poolclass=NullPool, connect_args={"connect_timeout": max(2, ceil(timeout))})
+
+    def _database(self, engine: Engine | None = None) -> Check:
         try:
-            self.store.now()
+            if engine is None:
+                self.store.now()
+            else:
+                with engine.connect() as conn:
+                    conn.exec_driver_sql("SELECT 1")
         except Exception as exc:
             return Check("database", 1, redact_url(self.settings.database_url), one_line(exc),
                          "start the state store, or point SAS_DATABASE_URL at it")
         return Check("database", 0, detail=redact_url(self.settings.database_url))
 
-    def _schema(self) -> Check:
-        problem = schema_problem(self.store.engine)
+    def _schema(self, engine: Engine | None = None) -> Check:
+        problem = schema_problem(engine or self.store.engine)
         return Check("schema", 1 if problem else 0, detail=problem or "current",
                      advice="run `sas migrate`" if problem else "")
 

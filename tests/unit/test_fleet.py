@@ -7,8 +7,11 @@ those the command writes today)."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import kubernetes_validate
@@ -87,6 +90,25 @@ def test_sas_health_says_in_one_line_why_a_process_is_not_ready_and_exits_1(sas_
     assert silent.startswith("unhealthy: worker: nobody@") and "did not answer within 0.3 s" in silent
     assert "nobody@%h" not in silent  # %h is this host's name, as Celery's -n expands it
     assert "--alive checks a worker" in sas_cli("health", "--alive", code=2).output
+
+
+def test_sas_health_gives_up_on_a_database_that_never_answers_within_its_timeout(tmp_path):
+    """A probe against a PostgreSQL that accepts the connection and never answers (a hung server,
+    a proxy whose backend is gone) says so in one line and exits 1, instead of outlasting the
+    kubelet's own timeout with nothing said. Run as a process, as the kubelet runs it: a probe
+    that hung would be killed here after 30 s, and the test fail."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nothing ever answers
+        env = {**os.environ, "SAS_HOME": str(tmp_path / "home"), "SAS_BROKER_URL": "memory://localhost/",
+               "SAS_DATABASE_URL": f"postgresql+psycopg2://sas@127.0.0.1:{silent.getsockname()[1]}/sas"}
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "sas_app.cli", "health", "--timeout", "1"], env=env,
+                              capture_output=True, text=True, timeout=30)
+        took = time.monotonic() - started
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("unhealthy: database: ") and "timeout expired" in done.stdout
+    assert took < 15  # libpq's connect_timeout: whole seconds, at least 2; and the process's start
 
 
 def test_sas_backlog_prints_each_agents_counts_as_json(sas_cli):
