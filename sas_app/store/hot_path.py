@@ -140,7 +140,9 @@ FROM run r{" LEFT JOIN nxt n ON true" if advance else ""}
 """
 
 
-def _statement(sql: str, *, advance: bool = True) -> Any:
+def _statement(whole: str, *, advance: bool = True, finish: bool = True, notes: bool = True) -> Any:
+    """The prepared statement of :func:`_complete_and_advance`, with the columns its form answers."""
+    sql = _complete_and_advance(whole, advance=advance, finish=finish, notes=notes)
     return text(sql).bindparams(bindparam("b_result", type_=JSONB)).columns(
         column("done_name", String()), column("finished", Integer()), column("notes", JSONB()),
         *prefixed_columns(runs, "r_", _RUN_COLUMNS), *(prefixed_columns(steps, "n_", _STEP_COLUMNS) if advance else ()),
@@ -151,17 +153,17 @@ def _statement(sql: str, *, advance: bool = True) -> Any:
 # transitions as the step-by-step path below, in one round trip. Every sub-statement finds its
 # steps by the bound run id, never through the join with ``run``: a prepared statement keeps the
 # plan it got on a young, small table, where the join was planned as a scan of all of steps.
-COMPLETE_AND_ADVANCE = _statement(_complete_and_advance(""))
+COMPLETE_AND_ADVANCE = _statement("")
 #: COMPLETE_AND_ADVANCE for a statement that is its own transaction: it completes the step only
 #: when that completion needs nothing more written (see ``_WHOLE``), and otherwise changes nothing
-COMPLETE_ALONE = _statement(_complete_and_advance(_WHOLE))
+COMPLETE_ALONE = _statement(_WHOLE)
 #: COMPLETE_ALONE where the run has no reply queue and the next step starts now; otherwise it
 #: changes nothing. PostgreSQL starts every part of a statement it runs, whether it writes a row or
 #: not: a part that cannot write (the outbox's insert, the run's ending) is work it is spared.
-COMPLETE_NEXT = _statement(_complete_and_advance(_QUIET_NEXT, finish=False, notes=False))
+COMPLETE_NEXT = _statement(_QUIET_NEXT, finish=False, notes=False)
 #: COMPLETE_ALONE where the run has no reply queue and no step after this one; otherwise it
 #: changes nothing
-COMPLETE_LAST = _statement(_complete_and_advance(_QUIET_LAST, advance=False, notes=False), advance=False)
+COMPLETE_LAST = _statement(_QUIET_LAST, advance=False, notes=False)
 
 
 # A new run claimed (pending → processing, locked) and, on a straight line, its first step
