@@ -15,11 +15,12 @@ engine sets it from the clock first.
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import ceil
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Double, Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
@@ -32,6 +33,9 @@ Clock = Callable[[], float]
 PG_NOW = "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
 #: the PostgreSQL setting an injected clock's time is written to, each transaction
 PG_CLOCK_SETTING = "sas.now"
+#: seconds a new PostgreSQL connection may take before libpq gives up (``connect_timeout``), unless
+#: the URL sets its own
+CONNECT_TIMEOUT = 10
 
 
 class db_now(FunctionElement[float]):
@@ -65,11 +69,17 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
     on a stale connection fails, SQLAlchemy discards the pool, and what that transaction was doing
     is recovered like any lost message (the Supervisor's sweep).
 
+    A new PostgreSQL connection gives up after :data:`CONNECT_TIMEOUT` seconds, or the URL's own
+    ``connect_timeout``: libpq would otherwise wait without end for a server that accepted the
+    connection and never answers (a hung server, a proxy whose backend is gone), and the worker
+    slot, the command or the probe waiting on it with it. Giving up is an error like any other
+    lost connection: the transaction fails and what it was doing is retried or recovered.
+
     With ``prepared`` (SAS_PREPARED_STATEMENTS), on psycopg2, the statements marked for it are
     prepared on each connection (see :mod:`~sas_app.store.prepared`)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        engine = create_engine(url, pool_size=5, max_overflow=5)
+        engine = create_engine(url, pool_size=5, max_overflow=5, connect_args=connect_timeout(url))
         if prepared and engine.dialect.driver == "psycopg2":
             install_prepared(engine)
         if clock is not None:
@@ -98,6 +108,17 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def connect_timeout(url: str | URL, seconds: float = CONNECT_TIMEOUT) -> dict[str, Any]:
+    """The ``connect_args`` that bound a libpq driver's connect (psycopg2, psycopg) to ``seconds``
+    (whole seconds: libpq's unit, at least 2, as libpq itself rounds anything lower up), unless
+    ``url`` sets ``connect_timeout`` itself; none for another driver."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql" or parsed.get_driver_name() not in ("psycopg2", "psycopg") \
+            or "connect_timeout" in parsed.query:
+        return {}
+    return {"connect_timeout": max(2, ceil(seconds))}
 
 
 def _tell_the_time(engine: Engine, clock: Clock) -> None:

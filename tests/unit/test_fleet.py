@@ -111,6 +111,31 @@ def test_sas_health_gives_up_on_a_database_that_never_answers_within_its_timeout
     assert took < 15  # libpq's connect_timeout: whole seconds, at least 2; and the process's start
 
 
+def test_sas_doctor_gives_up_on_a_database_that_never_answers_after_the_connect_timeout(tmp_path):
+    """Every connection the store opens gives up after ten seconds unless the URL says otherwise
+    (libpq's ``connect_timeout``): ``sas doctor``, a worker or ``sas migrate`` against a server
+    that accepted the connection and never answers reports it instead of waiting without end."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"postgresql+psycopg2://sas@127.0.0.1:{silent.getsockname()[1]}/sas"
+        env = {**os.environ, "SAS_HOME": str(tmp_path / "home"), "SAS_BROKER_URL": "memory://localhost/"}
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "sas_app.cli", "doctor"], env={**env, "SAS_DATABASE_URL": url},
+                              capture_output=True, text=True, timeout=40)
+        took = time.monotonic() - started
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "timeout expired" in done.stdout + done.stderr
+        assert 9 < took < 30  # the default's ten seconds, and the process's start
+        started = time.monotonic()
+        own = subprocess.run([sys.executable, "-m", "sas_app.cli", "migrate"],
+                             env={**env, "SAS_DATABASE_URL": url + "?connect_timeout=2"},
+                             capture_output=True, text=True, timeout=40)
+        took = time.monotonic() - started
+    assert own.returncode != 0 and "timeout expired" in own.stdout + own.stderr
+    assert took < 9  # the URL's own two seconds, not the default's ten
+
+
 def test_sas_backlog_prints_each_agents_counts_as_json(sas_cli):
     CLI_APP.migrate()
     CLI_APP.agent("payment")
