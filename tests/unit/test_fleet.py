@@ -92,6 +92,7 @@ def test_sas_health_says_in_one_line_why_a_process_is_not_ready_and_exits_1(sas_
     assert "--alive checks a worker" in sas_cli("health", "--alive", code=2).output
 
 
+@pytest.mark.integration  # the sas command, run as a user would
 def test_sas_health_gives_up_on_a_database_that_never_answers_within_its_timeout(tmp_path):
     """A probe against a PostgreSQL that accepts the connection and never answers (a hung server,
     a proxy whose backend is gone) says so in one line and exits 1, instead of outlasting the
@@ -111,6 +112,7 @@ def test_sas_health_gives_up_on_a_database_that_never_answers_within_its_timeout
     assert took < 15  # libpq's connect_timeout: whole seconds, at least 2; and the process's start
 
 
+@pytest.mark.integration  # the sas command, run as a user would
 def test_sas_doctor_gives_up_on_a_database_that_never_answers_after_the_connect_timeout(tmp_path):
     """Every connection the store opens gives up after ten seconds unless the URL says otherwise
     (libpq's ``connect_timeout``): ``sas doctor``, a worker or ``sas migrate`` against a server
