@@ -38,7 +38,8 @@ class Settings:
     """
 
     #: SAS_DATABASE_URL — the state store. Default: an SQLite file under SAS_HOME (embedded, no server).
-    #: On PostgreSQL a connection gives up after 10 s unless the URL sets ``?connect_timeout=N``.
+    #: On PostgreSQL (psycopg2, psycopg) a connection gives up after 10 s unless the URL sets
+    #: ``?connect_timeout=N``.
     database_url: str = ""
     #: SAS_BROKER_URL — the Celery broker. Default: kombu's filesystem transport under SAS_HOME.
     broker_url: str = ""
