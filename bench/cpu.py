@@ -30,6 +30,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime: fields 14 and 15 of stat
 
 
+def started(pid: int) -> str:
+    """When ``pid`` started (``/proc/<pid>/stat``'s start time, in clock ticks since boot): with
+    the id, it names one process even if the id is used again. Empty once the process has gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return ""
+
+
 def children(pid: int) -> list[int]:
     """The direct children of ``pid`` (a worker's pool processes)."""
     found: list[int] = []
@@ -62,14 +71,19 @@ def worker(pid: int) -> dict[str, Pids]:
 
 
 class CpuMeter:
-    """``parts``: component name -> its processes; ``self`` (this process) is the submitter."""
+    """``parts``: component name -> its processes; ``self`` (this process) is the submitter.
+
+    Each process is counted from its own reading at :meth:`start` (or from nothing, if it started
+    since). A process of the component that exits in between — a database backend of another
+    client, an autovacuum worker — loses its share since the start, and no more: subtracting one
+    total from another, what it had run before the start would be taken off the others' share."""
 
     def __init__(self, parts: dict[str, Pids]) -> None:
         self.parts = {**parts, "submitter": lambda: [os.getpid()]}
-        self.before: dict[str, float] = {}
+        self.before: dict[str, dict[tuple[int, str], float]] = {}
 
-    def _sample(self) -> dict[str, float]:
-        return {name: sum(cpu_seconds(pid) for pid in pids()) for name, pids in self.parts.items()}
+    def _sample(self) -> dict[str, dict[tuple[int, str], float]]:
+        return {name: {(pid, started(pid)): cpu_seconds(pid) for pid in pids()} for name, pids in self.parts.items()}
 
     def start(self) -> None:
         self.before = self._sample()
@@ -78,7 +92,9 @@ class CpuMeter:
         """Milliseconds of CPU per step of each component since :meth:`start`, and their total,
         as flat ``cpu_<component>_ms`` figures."""
         after = self._sample()
-        spent = {name: max(after[name] - self.before.get(name, 0.0), 0.0) for name in after}
+        spent = {name: sum(max(seconds - self.before.get(name, {}).get(key, 0.0), 0.0)
+                           for key, seconds in processes.items())
+                 for name, processes in after.items()}
         figures = {f"cpu_{name}_ms": 1000 * seconds / steps for name, seconds in spent.items()}
         figures["cpu_total_ms"] = 1000 * sum(spent.values()) / steps
         return figures

@@ -1,0 +1,52 @@
+"""The benches' CPU meter (bench/cpu.py): what it counts for a component whose processes come and go."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from bench.cpu import CpuMeter, cpu_seconds
+
+pytestmark = pytest.mark.bench
+
+#: a process that spins for ARGV[1] seconds of CPU, says so, then waits for its input to close
+SPIN = """
+import sys, time
+until = time.process_time() + float(sys.argv[1])
+while time.process_time() < until:
+    pass
+print("spun", flush=True)
+sys.stdin.read()
+"""
+
+
+def spinner(seconds: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", SPIN, str(seconds)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "spun\n"
+    return proc
+
+
+def test_a_process_that_exits_during_the_measurement_takes_nothing_from_the_others_share():
+    """A database backend that worked before the measurement and ends during it (another client's,
+    an autovacuum worker) must not be counted as negative work: the component's figure is what its
+    other processes ran meanwhile."""
+    early = spinner(1.0)  # works before the meter starts, then exits during it
+    procs = [early]
+    try:
+        meter = CpuMeter({"component": lambda: [p.pid for p in procs if p.poll() is None]})
+        meter.start()
+        before_early = cpu_seconds(early.pid)
+        assert before_early >= 0.9
+        early.communicate("")
+        procs.append(spinner(0.3))  # starts and works during the measurement
+        spent_ms = meter.per_step(1)["cpu_component_ms"]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.communicate("")
+    # the second process's 0.3 s and its interpreter's start: nothing taken off for the first, and
+    # none of what the first ran before the start counted either (that would be 1,300 ms and more)
+    assert 250 <= spent_ms < 1000, spent_ms
