@@ -38,8 +38,8 @@ class Settings:
     """
 
     #: SAS_DATABASE_URL — the state store. Default: an SQLite file under SAS_HOME (embedded, no server).
-    #: On PostgreSQL (psycopg2, psycopg) a connection gives up after 10 s unless the URL sets
-    #: ``?connect_timeout=N``.
+    #: On PostgreSQL (psycopg2, psycopg) a connect gives up after 10 s and a statement after 30 s
+    #: unanswered by the network, unless the URL sets libpq's ``connect_timeout`` or ``tcp_user_timeout``.
     database_url: str = ""
     #: SAS_BROKER_URL — the Celery broker. Default: kombu's filesystem transport under SAS_HOME.
     broker_url: str = ""

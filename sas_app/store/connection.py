@@ -15,7 +15,7 @@ engine sets it from the clock first.
 from __future__ import annotations
 
 from collections.abc import Callable
-from math import ceil
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,11 @@ Clock = Callable[[], float]
 PG_NOW = "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
 #: the PostgreSQL setting an injected clock's time is written to, each transaction
 PG_CLOCK_SETTING = "sas.now"
-#: seconds a new PostgreSQL connection may take before libpq gives up (``connect_timeout``), unless
-#: the URL sets its own
-CONNECT_TIMEOUT = 10
+#: what libpq is told for every PostgreSQL connection, unless the URL says otherwise: give up a
+#: connect after 10 s; probe an idle connection after 30 s, every 10 s, three times; and give up on
+#: a connection whose data has gone unacknowledged for 30 s (ms)
+CONNECTION_LIMITS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                     "keepalives_count": 3, "tcp_user_timeout": 30_000}
 
 
 class db_now(FunctionElement[float]):
@@ -69,17 +71,20 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
     on a stale connection fails, SQLAlchemy discards the pool, and what that transaction was doing
     is recovered like any lost message (the Supervisor's sweep).
 
-    A new PostgreSQL connection gives up after :data:`CONNECT_TIMEOUT` seconds, or the URL's own
-    ``connect_timeout``: libpq would otherwise wait without end for a server that accepted the
-    connection and never answers (a hung server, a proxy whose backend is gone), and the worker
-    slot, the command or the probe waiting on it with it. Giving up is an error like any other
-    lost connection: the transaction fails and what it was doing is retried or recovered.
+    A PostgreSQL connection gives up on a server that stopped answering (:data:`CONNECTION_LIMITS`,
+    each unless the URL sets it): a connect after 10 s, where libpq would wait without end for a
+    server that accepted the connection and never answers (a hung server, a proxy whose backend is
+    gone); a statement after 30 s unacknowledged, where a server that vanished from the network (a
+    failover that moved its address, a host gone) would hold the worker slot for TCP's own
+    fifteen-odd minutes. Neither limit cuts a long statement short: the server's kernel
+    acknowledges the statement and answers the probes while it runs. Giving up is an error like
+    any other lost connection: the transaction fails and what it was doing is retried or recovered.
 
     With ``prepared`` (SAS_PREPARED_STATEMENTS), on psycopg2, the statements marked for it are
     prepared on each connection (see :mod:`~sas_app.store.prepared`)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        engine = create_engine(url, pool_size=5, max_overflow=5, connect_args=connect_timeout(url))
+        engine = create_engine(url, pool_size=5, max_overflow=5, connect_args=connection_limits(url))
         if prepared and engine.dialect.driver == "psycopg2":
             install_prepared(engine)
         if clock is not None:
@@ -110,15 +115,26 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
     return engine
 
 
-def connect_timeout(url: str | URL, seconds: float = CONNECT_TIMEOUT) -> dict[str, Any]:
-    """The ``connect_args`` that bound a libpq driver's connect (psycopg2, psycopg) to ``seconds``
-    (whole seconds: libpq's unit, at least 2, as libpq itself rounds anything lower up), unless
-    ``url`` sets ``connect_timeout`` itself; none for another driver."""
+def connection_limits(url: str | URL) -> dict[str, Any]:
+    """The ``connect_args`` of :data:`CONNECTION_LIMITS` for a libpq driver (psycopg2, psycopg),
+    less those ``url`` sets itself; none for another driver."""
     parsed = make_url(url)
-    if parsed.get_backend_name() != "postgresql" or parsed.get_driver_name() not in ("psycopg2", "psycopg") \
-            or "connect_timeout" in parsed.query:
+    driver = parsed.get_driver_name()
+    if parsed.get_backend_name() != "postgresql" or driver not in ("psycopg2", "psycopg"):
         return {}
-    return {"connect_timeout": max(2, ceil(seconds))}
+    limits = {name: value for name, value in CONNECTION_LIMITS.items() if name not in parsed.query}
+    if _libpq_version(driver) < 120000:  # tcp_user_timeout is libpq 12's: an older one refuses to connect
+        limits.pop("tcp_user_timeout", None)
+    return limits
+
+
+def _libpq_version(driver: str) -> int:
+    """The version of the libpq ``driver`` runs on (120000 for 12.0), 0 if it cannot say."""
+    try:
+        module: Any = import_module(driver)
+        return int(module.__libpq_version__ if driver == "psycopg2" else module.pq.version())
+    except (ImportError, AttributeError):
+        return 0
 
 
 def _tell_the_time(engine: Engine, clock: Clock) -> None:
