@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import random
-import signal
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from rich.table import Table
 
 from sas_app import RunState, SasApp, Settings
 from sas_app.testing import Processes, Ready, free_port
+from sas_app.testing.processes import stopped_by_signals
 
 from .orders import ORDER_WORKFLOW, install
 
@@ -77,11 +80,9 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
     started = time.monotonic()
     summary: dict[str, Any] = {}
 
-    def interrupted(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupted)
-    try:
+    # Ctrl-C or SIGTERM: the first raises KeyboardInterrupt and sets ``asked``, which the loops
+    # below check too, since Python may raise it where it is only printed (a weakref's callback)
+    with stopped_by_signals() as asked, _stopping(procs, sas):
         for name, port in ports.items():
             procs.sas(name, f"{name}-service", "--port", str(port), "--ledger", str(home / f"{name}-ledger.db"),
                       ready=services[name], wait=False)
@@ -93,6 +94,7 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         prefix = f"demo-{stamp}-{seed}"
         handles = []
         for i, fault in enumerate(plan_faults(orders, fault_rate, rng)):
+            _unless(asked)
             payload: dict[str, Any] = {"amount": round(rng.uniform(5, 200), 2),
                                        "items": [{"sku": f"sku-{n}", "qty": 1} for n in range(rng.randint(1, 3))]}
             if fault:
@@ -107,6 +109,7 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         bar = progress.add_task("", total=orders)
         with progress:
             while True:
+                _unless(asked)
                 counts = sas.store.count_states(ids)  # this demo's runs, not the store's
                 done = sum(counts.get(s, 0) for s in RunState if s.finished)
                 progress.update(bar, completed=done, description="  ".join(
@@ -116,14 +119,26 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
                     crashed = True
                 if done >= orders or time.monotonic() > deadline:
                     break
-                time.sleep(0.2)
+                asked.wait(0.2)
         summary = _summary(sas, ids, ports, time.monotonic() - started)
         summary["home"] = str(home)
+    return summary
+
+
+def _unless(asked: threading.Event) -> None:
+    """Go on unless a Ctrl-C or SIGTERM came (its KeyboardInterrupt may have been lost)."""
+    if asked.is_set():
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def _stopping(procs: Processes, sas: SasApp) -> Iterator[None]:
+    """Every process the demo started stopped on the way out, however it goes."""
+    try:
+        yield
     finally:
         procs.stop_all()
-        signal.signal(signal.SIGTERM, previous)
         sas.store.dispose()
-    return summary
 
 
 def _summary(sas: SasApp, ids: list[str], ports: dict[str, int], elapsed: float) -> dict[str, Any]:
