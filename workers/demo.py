@@ -23,8 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sas_app import RunState, SasApp, Settings
-from sas_app.testing import Processes, Ready, free_port
-from sas_app.testing.processes import stopped_by_signals
+from sas_app.testing import Processes, Ready, free_port, stopped_by_signals
 
 from .orders import ORDER_WORKFLOW, install
 

@@ -57,14 +57,28 @@ def wait_until(check: Callable[[], T], timeout: float, what: str, interval: floa
 def stopped_by_signals() -> Iterator[threading.Event]:
     """Within (the main thread's): the first Ctrl-C or SIGTERM raises ``KeyboardInterrupt``, so the
     caller's clean-up runs and stops the processes it started — Python's own SIGTERM ends the
-    process with no clean-up, and its children live on (a bench's workers, killed with ``pkill``,
-    went on consuming from the test suite's Redis) — and any signal after it is ignored from that
-    instant on, so that none can cut the clean-up short. The handlers before are back on the way out.
+    process with no clean-up, and its children live on (workers still consuming from the broker) —
+    and any signal after it is ignored from that instant on, so that none can cut the clean-up
+    short. The handlers before are back on the way out.
 
     The event yielded is set by that first signal. A long run waits on it rather than sleeping, and
-    stops when it is set: Python runs a signal's handler wherever the main thread is, and a library
-    calling back into Python from C (psycopg2 decoding a server's message, say) may print the
-    ``KeyboardInterrupt`` and carry on, which would leave the run going with every signal ignored."""
+    stops when it is set: Python runs a signal's handler wherever the main thread is, and where
+    that is a weakref's callback or a library calling back into Python from C (psycopg2 decoding a
+    server's message, say), the ``KeyboardInterrupt`` is printed and dropped, which would leave the
+    run going with every signal ignored.
+
+    ::
+
+        procs = Processes(home, env)
+        with stopped_by_signals() as asked:
+            try:
+                procs.worker("agents", "payment", 4)
+                while not done():
+                    if asked.wait(0.5):
+                        raise KeyboardInterrupt
+            finally:
+                procs.stop_all()
+    """
     asked = threading.Event()
 
     def interrupt(*_: object) -> None:
