@@ -35,6 +35,7 @@ from sas_app.errors import one_line
 from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE
 from sas_app.settings import Settings, redact_url
 from sas_app.store import Store
+from sas_app.store.connection import connection_limits
 from sas_app.store.migrate import schema_problem
 
 if TYPE_CHECKING:
@@ -163,14 +164,13 @@ class Doctor:
     # -- the checks ---------------------------------------------------------------------------
 
     def _bounded(self, timeout: float) -> Engine:
-        """The store's database for a probe: on PostgreSQL through connections that give up
-        connecting after ``timeout`` (libpq's ``connect_timeout``, whole seconds, at least 2), so
-        that a database that never answers is reported instead of outlasting the kubelet's own
-        timeout; the store's own engine elsewhere."""
+        """The store's database for a probe: through a libpq driver, connections with the store's
+        own limits (:func:`~sas_app.store.connection.connection_limits`) but giving up connecting
+        after ``timeout`` (whole seconds, at least 2), so that a database that never answers is
+        reported instead of outlasting the kubelet's own timeout; the store's own engine elsewhere."""
         engine = self.store.engine
-        if engine.dialect.name != "postgresql":
-            return engine
-        return create_engine(engine.url, poolclass=NullPool, connect_args={"connect_timeout": max(2, ceil(timeout))})
+        limits = connection_limits(engine.url, connect_timeout=max(2, ceil(timeout)))
+        return create_engine(engine.url, poolclass=NullPool, connect_args=limits) if limits else engine
 
     def _database(self, engine: Engine | None = None) -> Check:
         try:

@@ -115,14 +115,14 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
     return engine
 
 
-def connection_limits(url: str | URL) -> dict[str, Any]:
+def connection_limits(url: str | URL, **override: Any) -> dict[str, Any]:
     """The ``connect_args`` of :data:`CONNECTION_LIMITS` for a libpq driver (psycopg2, psycopg),
-    less those ``url`` sets itself; none for another driver."""
+    less those ``url`` sets itself, and ``override`` over both; none for another driver."""
     parsed = make_url(url)
     driver = parsed.get_driver_name()
     if parsed.get_backend_name() != "postgresql" or driver not in ("psycopg2", "psycopg"):
         return {}
-    limits = {name: value for name, value in CONNECTION_LIMITS.items() if name not in parsed.query}
+    limits = {name: value for name, value in CONNECTION_LIMITS.items() if name not in parsed.query} | override
     if _libpq_version(driver) < 120000:  # tcp_user_timeout is libpq 12's: an older one refuses to connect
         limits.pop("tcp_user_timeout", None)
     return limits
