@@ -15,7 +15,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from sas_app.store.connection import PG_CLOCK_SETTING
+from sas_app.store.connection import PG_CLOCK_SETTING, connection_limits
 from sas_app.store.migrate import migrate
 
 _CLOCK = """CREATE FUNCTION "{schema}".statement_timestamp() RETURNS timestamptz LANGUAGE sql STABLE
@@ -32,7 +32,9 @@ class ScratchSchema:
             raise ValueError(f"a test environment's database must be PostgreSQL (or none: SQLite in a temporary "
                              f"folder), not {parsed.get_backend_name()!r}")
         self.name = f"sas_test_{uuid.uuid4().hex[:12]}"
-        self._admin = create_engine(parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        # bounded as the store's own connections are: a server that never answers is an error, not a hang
+        self._admin = create_engine(parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool,
+                                    connect_args=connection_limits(parsed))
         try:
             with self._admin.connect() as conn:
                 conn.exec_driver_sql(f'CREATE SCHEMA "{self.name}"')

@@ -3,8 +3,10 @@ on its virtual clock, and nothing left behind."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,24 @@ def test_a_database_that_is_not_postgresql_is_refused_by_name(tmp_path):
     app = SasApp(Settings(home=tmp_path / "home", broker_url="memory://localhost/"))
     with pytest.raises(ValueError, match=r"must be PostgreSQL .* not 'mysql'"):
         Environment(app, database_url="mysql://nobody@127.0.0.1/none")
+
+
+def test_a_database_that_never_answers_fails_the_environment_after_the_connect_timeout(tmp_path):
+    """A test run pointed at a server that accepts the connection and never answers (a hung server,
+    a proxy whose backend is gone) fails with the reason after libpq's ten seconds, rather than
+    hanging the user's suite; run as a process, killed at 40 s if it hung."""
+    make = ("from sas_app import SasApp, Settings\n"
+            "from sas_app.testing import Environment\n"
+            "import sys\n"
+            f"app = SasApp(Settings(home={str(tmp_path / 'home')!r}, broker_url='memory://localhost/'))\n"
+            "Environment(app, database_url=sys.argv[1])\n")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nothing ever answers
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", make, f"postgresql://sas@127.0.0.1:{silent.getsockname()[1]}/sas"],
+                              capture_output=True, text=True, timeout=40)
+        took = time.monotonic() - started
+    assert done.returncode == 1
+    assert "ValueError: cannot make a test schema" in done.stderr and "timeout expired" in done.stderr, done.stderr
+    assert 9 < took < 30  # the store's default connect timeout, and the process's start
