@@ -41,7 +41,7 @@ from sas_app.interfaces.producer import Producer
 from sas_app.interfaces.schedules import Overlap
 from sas_app.interfaces.signals import SignalReceipt
 from sas_app.settings import Settings
-from sas_app.states import RunState, StepState
+from sas_app.states import Cause, EventKind, RunState, SignalStatus, StepState
 from sas_app.store import RunRow, StepRow
 from sas_app.store.migrate import migrate
 
@@ -50,9 +50,11 @@ __all__ = [
     "AgentAction",
     "AgentCall",
     "Alert",
+    "Cause",
     "ChildRun",
     "DuplicateBusinessKey",
     "Escalate",
+    "EventKind",
     "InvalidOperation",
     "InvalidSignal",
     "InvalidSubmission",
@@ -73,6 +75,7 @@ __all__ = [
     "SchemaNotReady",
     "Settings",
     "SignalReceipt",
+    "SignalStatus",
     "Sleep",
     "StaleAttempt",
     "Step",

@@ -56,3 +56,14 @@ def test_the_readme_s_test_kit_example_is_a_test_the_examples_run():
                      if isinstance(node, ast.ImportFrom) for alias in node.names}
     assert shown_imports <= imported, "the README imports only what the test imports"
     assert "def " + test in test_file, "the README's test is examples/test_signup.py's, as it is there"
+
+
+def test_every_word_of_a_run_s_history_is_exported_by_sas_app():
+    """The states reference (docs/hooks.py's ``states_tables``) lists the enums a run's rows and
+    events are written in, as exported by ``sas_app``: a user filtering a run's events by kind
+    imports ``EventKind`` from there."""
+    import sas_app.states
+
+    for name in ("RunState", "StepState", "EventKind", "Cause", "SignalStatus"):
+        assert name in PUBLIC["sas_app"], name
+        assert getattr(sas_app, name) is getattr(sas_app.states, name)
