@@ -25,12 +25,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def alone_when_marked(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """scripts/test runs two tests at once (pytest-xdist; SAS_TEST_WORKERS=0: one at a time): a test marked
+    """scripts/test runs three tests at once (pytest-xdist; SAS_TEST_WORKERS=0: one at a time): a test marked
     ``alone`` runs while no other does, as it changes what every test shares (restarts RabbitMQ,
     empties all of Redis); one marked ``one_bench(name)`` while no other of that bench does, as a
     bench's stack takes fixed database names. A readers-writer lock
     between the workers, its files in their common temporary folder; a turnstile first, so that a test
-    waiting to run alone is not passed by the other worker's next tests."""
+    waiting to run alone is not passed by the other workers' next tests."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
