@@ -1,8 +1,9 @@
 """The docs' reference pages, generated from the code at build time.
 
-A page holds a marker (``<!-- sas:settings -->``, ``<!-- sas:queues -->``, ``<!-- sas:states -->``,
-``<!-- sas:tables -->``) that is replaced by a table read from the code: the settings from the
-``#:`` comment above each field of :class:`sas_app.Settings`, the queues and task names from
+A page holds a marker (``<!-- sas:settings -->``, ``<!-- sas:command-variables -->``,
+``<!-- sas:queues -->``, ``<!-- sas:states -->``, ``<!-- sas:tables -->``) that is replaced by a table
+read from the code: the settings from the ``#:`` comment above each field of
+:class:`sas_app.Settings`, the variables the ``sas`` commands' options read, the queues and task names from
 ``sas_app.messaging.routing``, the states and event kinds from ``sas_app.states`` (each member's
 comment), the tables from the schema's SQLAlchemy metadata. A setting without its comment fails
 the build (``mkdocs build --strict`` runs in CI), so the reference cannot fall behind the code.
@@ -87,6 +88,31 @@ def settings_table() -> str:
     return "\n".join(rows)
 
 
+def command_variables_table() -> str:
+    """The environment variables a ``sas`` command reads for one of its options (click's
+    ``envvar``), beside ``Settings``: each with its command, option, default and help."""
+    import click
+
+    from sas_app.cli.main import main
+
+    ctx = click.Context(main)
+    rows = ["| Variable | Command and option | Default | What it sets |", "| --- | --- | --- | --- |"]
+
+    def add(command: click.Command, path: str) -> None:
+        for param in command.params:
+            if isinstance(param, click.Option) and isinstance(param.envvar, str):
+                default = f"`{param.default}`" if param.default not in (None, "") else "none"
+                rows.append(f"| `{param.envvar}` | `{path} {param.opts[0]}` | {default} | {cell(param.help or '')} |")
+        if isinstance(command, click.Group):
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                if sub is not None:
+                    add(sub, f"{path} {name}")
+
+    add(main, "sas")
+    return "\n".join(rows)
+
+
 def queues_table() -> str:
     said = comments(PACKAGE / "messaging" / "routing.py")
     rows = ["| Name | Kind | What it carries |", "| --- | --- | --- |",
@@ -146,8 +172,9 @@ def table_comments(path: Path) -> dict[str, str]:
     return found
 
 
-GENERATED = {"<!-- sas:settings -->": settings_table, "<!-- sas:queues -->": queues_table,
-             "<!-- sas:states -->": states_tables, "<!-- sas:tables -->": tables_reference}
+GENERATED = {"<!-- sas:settings -->": settings_table, "<!-- sas:command-variables -->": command_variables_table,
+             "<!-- sas:queues -->": queues_table, "<!-- sas:states -->": states_tables,
+             "<!-- sas:tables -->": tables_reference}
 
 
 WORKFLOW = re.compile(r"<!-- sas:workflow (\S+):(\w+) -->")
