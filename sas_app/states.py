@@ -66,8 +66,9 @@ class EventKind(Word):
     SIGNAL = "signal"  # a signal arrived for a wait (detail: event, status, by)
     FAULTS = "faults"  # an attempt's transient faults (detail: count, first, last), once it ended
     #: its message waited in its agent's queue past complete-by: left alone by the Supervisor
-    #: (detail: depth), or taken late by its agent, which started its complete-by again (detail:
-    #: waited); no failure counted either way
+    #: (detail: left), given a moment once it left the queue for its agent to claim it (detail:
+    #: taken), or taken late by its agent, which started its complete-by again (detail:
+    #: started_late); no failure counted in any of these
     QUEUED = "queued"
     #: its agent took the attempt and stopped it at complete-by without an answer (the service
     #: hung, or kept failing): when the Supervisor recovers it, a failure is counted. An attempt

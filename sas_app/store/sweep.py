@@ -64,19 +64,44 @@ class SweepTx(Part):
                 silent[step.id] += 1
         return gave_up, silent
 
-    def leave_queued(self, queued: Collection[StepRow], look_again: float, actor: str, note: bool = True) -> None:
+    def leave_queued(self, queued: Collection[StepRow], look_again: float, actor: str, note: bool = True,
+                     detail: dict[str, str] | None = None) -> None:
         """Steps past their complete-by whose messages still wait in their agent's queue, read and
         locked by this sweep: no failure counted, looked at again in ``look_again`` seconds (their
         ``not_before``; a running step's is otherwise empty). The first time, a ``queued`` event
-        (unless ``note`` is False: a step given a moment's grace, not known to be queued)."""
+        (unless ``note`` is False: a step given a moment's grace, not known to be queued); with
+        ``detail``, a ``queued`` event of that detail each time."""
         if not queued:
             return
         self.conn.execute(update(steps).where(steps.c.id.in_([s.id for s in queued]))
                           .values(not_before=db_now() + look_again))
         for step in queued:
-            if note and step.not_before is None:
+            if detail is not None or (note and step.not_before is None):
                 self.tx.event(step.run_id, step.position, EventKind.QUEUED, None, None, attempt=step.attempt,
-                              actor=actor, detail={"left": "its message waits in the queue"})
+                              actor=actor, detail=detail or {"left": "its message waits in the queue"})
+
+    def left_queued(self, expired: Sequence[StepRow]) -> tuple[set[int], set[int]]:
+        """For attempts past their complete-by: the ids of the steps a sweep left waiting in their
+        queue at this attempt (a ``queued`` event, ``left``), and of those already given a moment
+        for their agent to claim a message it had just taken (``taken``)."""
+        if not expired:
+            return set(), set()
+        by_place = {(s.run_id, s.position): s for s in expired}
+        found = self.conn.execute(
+            select(events.c.run_id, events.c.position, events.c.attempt, events.c.detail)
+            .where(tuple_(events.c.run_id, events.c.position).in_(list(by_place)),
+                   events.c.kind == EventKind.QUEUED.value))
+        left: set[int] = set()
+        taken: set[int] = set()
+        for row in found:
+            step = by_place[(row.run_id, row.position)]
+            if row.attempt == step.attempt:
+                detail = row.detail or {}
+                if "left" in detail:
+                    left.add(step.id)
+                if "taken" in detail:
+                    taken.add(step.id)
+        return left, taken
 
     def past_deadline(self, limit: int) -> list[RunRow]:
         """Pending or processing runs whose deadline has passed, locked with ``SKIP LOCKED``."""

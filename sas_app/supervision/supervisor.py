@@ -162,7 +162,11 @@ class Supervisor:
             tx.sweep.leave_queued(queued, max(s.supervisor_interval, min((q.timeout for q in queued), default=0.0)),
                                   self.instance_id)
             tx.sweep.leave_queued(just, TAKE_GRACE, self.instance_id, note=False)
-            left = {step.id for step in [*queued, *just]}
+            judged = {step.id for step in [*queued, *just]} | outwaited  # outwaited: still in the queue
+            taken = self._just_taken(tx, [step for step in found if step.id not in judged])
+            tx.sweep.leave_queued(taken, TAKE_GRACE, self.instance_id,
+                                  detail={"taken": "no longer in the queue; its agent may be claiming it"})
+            left = {step.id for step in [*queued, *just, *taken]}
             expired = [step for step in found if step.id not in left]
             # a depth that could not be read counts as empty: those steps keep their back-off alone
             paced = self.forecast.paced(tx, expired, {agent: depth or 0 for agent, depth in depths.items()})
@@ -214,6 +218,17 @@ class Supervisor:
         report.requeued += requeued + woken
         report.queued += len(queued)
         return len(found)
+
+    @staticmethod
+    def _just_taken(tx: Tx, expired: list[StepRow]) -> list[StepRow]:
+        """The expired steps an earlier look left waiting in their queue at this attempt that the
+        queue no longer holds, given :data:`TAKE_GRACE` once: an agent that took the message a
+        moment before this look read the depth may not yet have claimed it
+        (``StepTx.start_late``); recovered at a later look if it still has not. (A message lost
+        from the queue is recovered a moment later than it would have been.)"""
+        candidates = [step for step in expired if not step.is_undo and step.not_before is not None]
+        left, taken = tx.sweep.left_queued(candidates)
+        return [step for step in candidates if step.id in left and step.id not in taken]
 
     @staticmethod
     def _silent(tx: Tx, expired: list[StepRow], outwaited: set[int]) -> set[int]:
