@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import time
 from collections import Counter
 from datetime import date
@@ -80,7 +81,9 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
                                                              events.c.to_state.in_(("pending", "failed")))
     completed = select(func.count()).select_from(steps).where(steps.c.state == "completed")
     paced = select(func.count()).select_from(steps).where(steps.c.state == "pending", steps.c.attempt > 0)
-    procs = Processes(logs / ("paced" if pace else "unpaced"), env, cwd=REPO)
+    folder = logs / ("paced" if pace else "unpaced")
+    shutil.rmtree(folder, ignore_errors=True)  # the sweeps are read from its logs: this run's alone
+    procs = Processes(folder, env, cwd=REPO)
     series: list[dict[str, Any]] = []
     try:
         procs.worker("scheduler", "sas.scheduler,sas.supervisor", 2)
