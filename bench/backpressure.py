@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         outcome = run_once(args, pace, logs)
         result["paced" if pace else "unpaced"] = outcome
         print(json.dumps({k: v for k, v in outcome.items() if k != "series"}), flush=True)
-    record(args.out, "backpressure", result)
+    record(args.out, "backpressure-restart-agent" if args.restart_agent else "backpressure", result)
     return result
 
 
