@@ -28,8 +28,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import click
+
 import sas_app
 from sas_app import Settings, states
+from sas_app.cli.main import main as sas_command
 from sas_app.messaging import routing
 from sas_app.store import service_tables, tables
 from sas_app.store.schema import metadata
@@ -91,11 +94,7 @@ def settings_table() -> str:
 def command_variables_table() -> str:
     """The environment variables a ``sas`` command reads for one of its options (click's
     ``envvar``), beside ``Settings``: each with its command, option, default and help."""
-    import click
-
-    from sas_app.cli.main import main
-
-    ctx = click.Context(main)
+    ctx = click.Context(sas_command)
     rows = ["| Variable | Command and option | Default | What it sets |", "| --- | --- | --- | --- |"]
 
     def add(command: click.Command, path: str) -> None:
@@ -109,7 +108,7 @@ def command_variables_table() -> str:
                 if sub is not None:
                     add(sub, f"{path} {name}")
 
-    add(main, "sas")
+    add(sas_command, "sas")
     return "\n".join(rows)
 
 

@@ -9,9 +9,10 @@ size of the table.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from typing import Any
 
-from sqlalchemy import and_, func, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, tuple_, update
 
 from sas_app.states import LIVE_RUN_STATES, Cause, EventKind, RunState, StepState
 from sas_app.store.connection import db_now
@@ -44,20 +45,12 @@ class SweepTx(Part):
         """For attempts past their complete-by: the ids of the steps whose agent said it took this
         attempt and gave up on it (a ``gave_up`` event), and how many earlier attempts of each
         passed their complete-by in silence (running → pending for :attr:`Cause.SILENT`)."""
-        if not expired:
-            return set(), Counter()
-        by_place = {(s.run_id, s.position): s for s in expired}
-        found = self.conn.execute(
-            select(events.c.run_id, events.c.position, events.c.kind, events.c.attempt, events.c.detail)
-            .where(tuple_(events.c.run_id, events.c.position).in_(list(by_place)),
-                   or_(events.c.kind == EventKind.GAVE_UP.value,
-                       and_(events.c.kind == EventKind.TRANSITION.value,
-                            events.c.from_state == StepState.RUNNING.value,
-                            events.c.to_state == StepState.PENDING.value))))
         gave_up: set[int] = set()
         silent: Counter[int] = Counter()
-        for row in found:
-            step = by_place[(row.run_id, row.position)]
+        for step, row in self._events_of(expired, or_(
+                events.c.kind == EventKind.GAVE_UP.value,
+                and_(events.c.kind == EventKind.TRANSITION.value, events.c.from_state == StepState.RUNNING.value,
+                     events.c.to_state == StepState.PENDING.value))):
             if row.kind == EventKind.GAVE_UP.value and row.attempt == step.attempt:
                 gave_up.add(step.id)
             elif row.kind == EventKind.TRANSITION.value and (row.detail or {}).get("reason") == Cause.SILENT.value:
@@ -84,17 +77,9 @@ class SweepTx(Part):
         """For attempts past their complete-by: the ids of the steps a sweep left waiting in their
         queue at this attempt (a ``queued`` event, ``left``), and of those already given a moment
         for their agent to claim a message it had just taken (``taken``)."""
-        if not expired:
-            return set(), set()
-        by_place = {(s.run_id, s.position): s for s in expired}
-        found = self.conn.execute(
-            select(events.c.run_id, events.c.position, events.c.attempt, events.c.detail)
-            .where(tuple_(events.c.run_id, events.c.position).in_(list(by_place)),
-                   events.c.kind == EventKind.QUEUED.value))
         left: set[int] = set()
         taken: set[int] = set()
-        for row in found:
-            step = by_place[(row.run_id, row.position)]
+        for step, row in self._events_of(expired, events.c.kind == EventKind.QUEUED.value):
             if row.attempt == step.attempt:
                 detail = row.detail or {}
                 if "left" in detail:
@@ -102,6 +87,18 @@ class SweepTx(Part):
                 if "taken" in detail:
                     taken.add(step.id)
         return left, taken
+
+    def _events_of(self, expired: Sequence[StepRow], kind: ColumnElement[bool]) -> Iterator[tuple[StepRow, Any]]:
+        """The events of ``expired``'s steps that match ``kind`` (a condition on ``events``), each
+        with its step (the row's run_id, position, kind, attempt, detail): one query for the batch."""
+        if not expired:
+            return
+        by_place = {(s.run_id, s.position): s for s in expired}
+        found = self.conn.execute(
+            select(events.c.run_id, events.c.position, events.c.kind, events.c.attempt, events.c.detail)
+            .where(tuple_(events.c.run_id, events.c.position).in_(list(by_place)), kind))
+        for row in found:
+            yield by_place[(row.run_id, row.position)], row
 
     def past_deadline(self, limit: int) -> list[RunRow]:
         """Pending or processing runs whose deadline has passed, locked with ``SKIP LOCKED``."""

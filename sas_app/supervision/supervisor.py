@@ -162,11 +162,12 @@ class Supervisor:
             tx.sweep.leave_queued(queued, max(s.supervisor_interval, min((q.timeout for q in queued), default=0.0)),
                                   self.instance_id)
             tx.sweep.leave_queued(just, TAKE_GRACE, self.instance_id, note=False)
-            judged = {step.id for step in [*queued, *just]} | outwaited  # outwaited: still in the queue
-            taken = self._just_taken(tx, [step for step in found if step.id not in judged])
+            left = {step.id for step in [*queued, *just]}
+            # outwaited: still in the queue, past SAS_QUEUE_WAIT_MAX
+            taken = self._just_taken(tx, [step for step in found if step.id not in left | outwaited])
             tx.sweep.leave_queued(taken, TAKE_GRACE, self.instance_id,
                                   detail={"taken": "no longer in the queue; its agent may be claiming it"})
-            left = {step.id for step in [*queued, *just, *taken]}
+            left |= {step.id for step in taken}
             expired = [step for step in found if step.id not in left]
             # a depth that could not be read counts as empty: those steps keep their back-off alone
             paced = self.forecast.paced(tx, expired, {agent: depth or 0 for agent, depth in depths.items()})
