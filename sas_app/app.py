@@ -31,8 +31,9 @@ from sas_app.agents import handover
 from sas_app.agents.agent import Agent
 from sas_app.agents.breaker import STORE_FRESH, RedisState
 from sas_app.agents.rate_limit import RedisSlots as RateSlots
+from sas_app.definitions.actions import UndoAction
 from sas_app.definitions.checks import check_workflow
-from sas_app.definitions.steps import StepDef
+from sas_app.definitions.steps import StepDef, WaitFor
 from sas_app.definitions.workflow import Workflow, workflow_name
 from sas_app.engine.alerts import Alerts, load_hook
 from sas_app.engine.scheduler import Scheduler
@@ -51,6 +52,7 @@ from sas_app.messaging.celery_config import celery_settings, with_own
 from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, SWEEP, Router, confirm_options
 from sas_app.messaging.signing import Gate
 from sas_app.settings import Settings, redact_url
+from sas_app.states import RunState
 from sas_app.store import Store
 from sas_app.store.connection import Clock
 from sas_app.store.migrate import ensure_schema, migrate, schema_lock, schema_problem
@@ -222,7 +224,13 @@ class SasApp:
         return found is not None and action in found.actions
 
     def actions(self) -> set[str]:
+        """Every registered action and undo, as ``<agent>.<name>``."""
         return {f"{a.name}.{action}" for a in self.agents.values() for action in a.actions}
+
+    def undos(self) -> set[str]:
+        """The registered undos (``@agent.undo``), as ``<agent>.<name>``."""
+        return {undo.qualname for a in self.agents.values() for undo in a.actions.values()
+                if isinstance(undo, UndoAction)}
 
     def register_tables(self, metadata: MetaData) -> None:
         """Your application's own tables (the orders, in the example): :meth:`migrate` creates
@@ -245,7 +253,7 @@ class SasApp:
         if workflow.name in self.workflows:
             raise WorkflowDefinitionError(f"a workflow named {workflow.name!r} is already registered")
         s = self.settings
-        check_workflow(workflow, self.actions(), visibility_timeout=s.visibility_timeout,
+        check_workflow(workflow, self.actions(), undos=self.undos(), visibility_timeout=s.visibility_timeout,
                        consumer_timeout=s.broker_consumer_timeout if s.amqp_broker else None,
                        clock_skew=s.clock_skew, known_workflows=self.workflows, max_sleep=s.max_sleep,
                        max_deadline=s.max_deadline)
@@ -283,22 +291,25 @@ class SasApp:
         return submit_many(self.client, items)
 
     @overload
-    def signal(self, run_id: str, event: str, payload: Any = None, *, by: str = "") -> SignalReceipt: ...
+    def signal(self, run_id: str, event: WaitFor | str, payload: Any = None, *, by: str = "") -> SignalReceipt: ...
 
     @overload
-    def signal(self, *, workflow: str | Workflow, business_key: str, event: str, payload: Any = None,
+    def signal(self, *, workflow: str | Workflow, business_key: str, event: WaitFor | str, payload: Any = None,
                by: str = "") -> SignalReceipt: ...
 
-    def signal(self, run_id: str | None = None, event: str | None = None, payload: Any = None, *,
+    def signal(self, run_id: str | None = None, event: WaitFor | str | None = None, payload: Any = None, *,
                workflow: str | Workflow | None = None, business_key: str | None = None,
                by: str = "") -> SignalReceipt:
-        """Send ``event`` to a run waiting for it (:func:`WaitFor`), named by its id —
-        ``sas.signal(run_id, "approval", {...})`` — or by its workflow and business key —
-        ``sas.signal(workflow=claims, business_key="claim-42", event="approval", payload={...})``;
-        ``payload`` (a JSON object) becomes the wait's result. A signal that comes before the run
-        reaches its wait is kept until it does (see :class:`SignalReceipt`)."""
+        """Send ``event`` to a run waiting for it (:class:`WaitFor`), named by its id —
+        ``sas.signal(run_id, approval, {...})`` — or by its workflow and business key —
+        ``sas.signal(workflow=claims, business_key="claim-42", event=approval, payload={...})``;
+        ``event`` is the ``WaitFor`` step or the name of the event it waits for, and ``payload``
+        (a JSON object) becomes the wait's result. A signal that comes before the run reaches its
+        wait is kept until it does (see :class:`SignalReceipt`)."""
         if event is None:
             raise InvalidSignal("name the event to send: signal(run_id, event, ...) or signal(..., event=...)")
+        if isinstance(event, WaitFor):
+            event = event.event
         if (run_id is None) == (workflow is None and business_key is None):
             raise InvalidSignal("name the run by its id, or by workflow= and business_key=, not both")
         if run_id is not None:
@@ -317,12 +328,17 @@ class SasApp:
     # Each is refused with InvalidOperation when the run's state does not allow it, and recorded
     # in the run's events with ``by`` and ``reason``.
 
-    def resubmit(self, run_id: str, *, by: str, reason: str = "", step: str | None = None,
+    def resubmit(self, run_id: str, *, by: str, reason: str = "", step: StepDef | str | None = None,
                  step_input: Any = None) -> None:
-        self.operator.resubmit(run_id, by=by, reason=reason, step=step, step_input=step_input)
+        """Put a run in ``error`` back to work from its failed step (``step``, a step object or its
+        name, when it failed in several), optionally with an edited input (``step_input``)."""
+        self.operator.resubmit(run_id, by=by, reason=reason, step=None if step is None else _step_name(step),
+                               step_input=step_input)
 
-    def mark_done(self, run_id: str, step: str, *, by: str, reason: str = "", result: Any = None) -> None:
-        self.operator.mark_done(run_id, step, by=by, reason=reason, result=result)
+    def mark_done(self, run_id: str, step: StepDef | str, *, by: str, reason: str = "", result: Any = None) -> None:
+        """Record ``step`` (a step object or its name) as completed by hand, with ``result``; the
+        run goes on with the next one."""
+        self.operator.mark_done(run_id, _step_name(step), by=by, reason=reason, result=result)
 
     def pause(self, run_id: str, *, by: str, reason: str = "") -> None:
         self.operator.pause(run_id, by=by, reason=reason)
@@ -330,8 +346,10 @@ class SasApp:
     def resume(self, run_id: str, *, by: str, reason: str = "") -> None:
         self.operator.resume(run_id, by=by, reason=reason)
 
-    def cancel(self, run_id: str, *, by: str, reason: str = "") -> str:
-        return self.operator.cancel(run_id, by=by, reason=reason)
+    def cancel(self, run_id: str, *, by: str, reason: str = "") -> RunState:
+        """Stop a pending or processing run and undo what it did: the state it is in now,
+        ``compensating`` while its undos run, else ``cancelled``."""
+        return RunState(self.operator.cancel(run_id, by=by, reason=reason))
 
     def compensate(self, run_id: str, *, by: str, reason: str = "") -> None:
         self.operator.compensate(run_id, by=by, reason=reason)
@@ -340,12 +358,16 @@ class SasApp:
         """Start ``run_id`` again on the workflow deployed now, from ``from_step`` (a step object
         or its name): the steps it waits for keep the old run's results, the rest run again
         (see :mod:`sas_app.interfaces.reruns`). The old run keeps its history; the two are linked."""
-        name = from_step if isinstance(from_step, str) else from_step.name
-        return self.reruns.rerun(run_id, name, by=by, reason=reason)
+        return self.reruns.rerun(run_id, _step_name(from_step), by=by, reason=reason)
 
     def queues(self) -> list[str]:
         """Every queue this app's workers may consume."""
         return [SCHEDULER_QUEUE, SUPERVISOR_QUEUE, *(a.queue for a in self.agents.values())]
+
+
+def _step_name(step: StepDef | str) -> str:
+    """A step's name, given the step or its name."""
+    return step if isinstance(step, str) else step.name
 
 
 def _own_settings(module_name: str) -> dict[str, Any]:

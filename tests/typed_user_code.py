@@ -108,6 +108,10 @@ def watch(run_id: str) -> bool:
     assert_type(receipt, SignalReceipt)
     by_key = sas.signal(workflow=orders, business_key="order-1", event="approval", payload={})
     assert_type(by_key, SignalReceipt)
+    assert_type(sas.signal(run_id, approval, {"approved": True}), SignalReceipt)  # the wait itself
+    sas.mark_done(run_id, charging, by="ops", result={"charge_id": "by hand"})
+    sas.resubmit(run_id, by="ops", step=charging)
+    assert_type(sas.cancel(run_id, by="ops"), RunState)
     return view.state is RunState.PROCESSED
 
 
@@ -115,6 +119,7 @@ def test_with_the_kit(env: Environment) -> None:
     env.stub(charge, returns={"charged": 1.0})
     view = env.run(orders, {"amount": 1.0})
     assert_type(view.state, RunState)
+    assert_type(env.signal(view, approval, {"approved": True}), SignalReceipt)
     assert_type(env.calls(charge), list[Call])
     assert_type(env.now, float)
 

@@ -26,3 +26,5 @@ WaitFor("w", "approval", timeout=60, on_timeout="retry")  # refused: not an OnTi
 Step("b", work, when=lambda step: step.result)  # refused: a StepContext has results, not result
 Step("b", work, when=5)  # refused: a condition is a key or a function
 Step("c", work, poll=60)  # refused: a poll is a Poll(every, max_wait)
+Step("d", work, compensate=work)  # refused: an action is not its own undo
+Step("e", undo)  # refused: an undo is no step's action

@@ -19,15 +19,17 @@ from sas_app.errors import WorkflowDefinitionError
 
 
 def check_workflow(
-    workflow: Workflow, known_actions: Iterable[str], *, visibility_timeout: float,
+    workflow: Workflow, known_actions: Iterable[str], *, undos: Iterable[str], visibility_timeout: float,
     consumer_timeout: float | None = None, clock_skew: float = 0.0, known_workflows: Iterable[str] = (),
     max_sleep: float = 30 * 86400, max_deadline: float = 90 * 86400,
 ) -> None:
     """Raise :class:`WorkflowDefinitionError` naming the first mistake in ``workflow``
-    (``known_workflows``: those registered before it, which its child steps may start). With an
+    (``known_actions``: the registered actions and undos by ``<agent>.<name>``, ``undos`` the
+    undos among them; ``known_workflows``: those registered before it, which its child steps may
+    start). With an
     AMQP broker ``consumer_timeout`` is its consumer timeout, else Redis's ``visibility_timeout``
     bounds a step's."""
-    known = set(known_actions)
+    known, undo_names = set(known_actions), set(undos)
     where = f"workflow {workflow.name!r}"
     if not isinstance(workflow.name, str) or not NAME.match(workflow.name):
         raise WorkflowDefinitionError(
@@ -55,15 +57,21 @@ def check_workflow(
             if ref is None:
                 continue
             name = action_name(ref)
-            if label == "action" and isinstance(ref, UndoAction):
-                raise WorkflowDefinitionError(
-                    f"{where}, step {s.name!r}: its action {name!r} is an undo (@agent.undo); a step's action "
-                    "is an @agent.action, and the undo goes in compensate=")
             if name not in known:
                 raise WorkflowDefinitionError(
                     f"{where}, step {s.name!r}: unknown agent action {name!r} for {label}; "
                     f"registered: {sorted(known) or 'none'}"
                 )
+            is_undo = isinstance(ref, UndoAction) or (isinstance(ref, str) and name in undo_names)
+            if label == "action" and is_undo:
+                raise WorkflowDefinitionError(
+                    f"{where}, step {s.name!r}: its action {name!r} is an undo (@agent.undo); a step's action "
+                    "is an @agent.action, and the undo goes in compensate=")
+            if label == "compensate" and not is_undo:
+                # an action called as an undo would apply its effect again instead of undoing it
+                raise WorkflowDefinitionError(
+                    f"{where}, step {s.name!r}: its compensate {name!r} is an action (@agent.action), which "
+                    "would apply its effect a second time; declare what undoes it with @agent.undo")
         if not _is_number(s.timeout) or s.timeout <= 0:
             raise WorkflowDefinitionError(
                 f"{where}, step {s.name!r}: timeout must be a positive number of seconds, got {s.timeout!r}"

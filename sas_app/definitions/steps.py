@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, Protocol
 
+from sas_app.definitions.actions import AgentAction, UndoAction
 from sas_app.definitions.conditions import Condition, Guard
 from sas_app.errors import WorkflowDefinitionError
 from sas_app.states import Word
@@ -182,10 +183,10 @@ class Step(StepDef):
     ``poll=Poll(every, max_wait)`` makes it a polling step: its action may answer "not yet"
     (:class:`~sas_app.errors.NotYet`) and is asked again later, as :class:`Poll` says."""
 
-    action: ActionRef | str
+    action: AgentAction[Any] | str
     timeout: Seconds = 30.0
     max_failures: int = 3
-    compensate: ActionRef | str | None = None
+    compensate: UndoAction[Any] | str | None = None
     for_each: Output | str | None = None
     max_parallel: int = 10
     on_exhausted: Escalate | None = None

@@ -35,7 +35,7 @@ from typing import Any
 from sas_app.agents.worker_lost import report_lost
 from sas_app.app import SasApp
 from sas_app.definitions.actions import ActionName, UndoAction
-from sas_app.definitions.steps import seconds_of
+from sas_app.definitions.steps import WaitFor, seconds_of
 from sas_app.definitions.workflow import Workflow, workflow_name
 from sas_app.engine.alerts import Alert
 from sas_app.interfaces.client import RunView
@@ -233,8 +233,10 @@ class Environment:
         """The run as the store holds it now."""
         return self.app.get_run(run if isinstance(run, str) else run.id)
 
-    def signal(self, run: RunView | str, event: str, payload: Any = None, *, by: str = "test") -> SignalReceipt:
-        """Send ``event`` to ``run`` (early, while it waits, or late) and run what it makes due. An
+    def signal(self, run: RunView | str, event: WaitFor | str, payload: Any = None, *,
+               by: str = "test") -> SignalReceipt:
+        """Send ``event`` (the ``WaitFor`` step or its event's name) to ``run`` (early, while it
+        waits, or late) and run what it makes due. An
         event the run never waits for, or a run that has ended, is refused as by the app
         (:class:`InvalidSignal`, naming it), nothing written."""
         receipt = self.app.signal(run if isinstance(run, str) else run.id, event, payload, by=by)

@@ -127,7 +127,7 @@ def test_a_child_workflow_gone_from_the_deployed_code_fails_its_step(sas, pump, 
     new = SasApp(sas.settings, clock=sas.test_clock)
     svc = new.agent("svc")
     svc.action(lambda call: {"ok": True}, name="work")
-    svc.action(lambda call: {"undone": True}, name="undo")
+    svc.undo(lambda call: {"undone": True}, name="undo")
     Pump(new).execute(before)
     Pump(new).run()
 

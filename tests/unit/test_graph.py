@@ -301,7 +301,7 @@ def test_a_straight_line_whose_next_action_was_removed_fails_that_step_once_the_
     new = SasApp(sas.settings, clock=sas.test_clock)  # the next deployment: svc.gone is gone
     svc = new.agent("svc")
     svc.action(scripted, name="work")
-    svc.action(scripted, name="undo")
+    svc.undo(scripted, name="undo")
     new.workflow("moved", [Step("a", "svc.work", timeout=0.3, compensate="svc.undo"),
                            Step("b", "svc.work", timeout=0.3)])
     Pump(new).execute(a)

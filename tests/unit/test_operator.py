@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sas_app import InvalidOperation, UnknownRun
+from sas_app import InvalidOperation, RunState, Step, UnknownRun, Workflow
 from tests.support import expire
 from tests.testapp import CALLS
 
@@ -55,6 +55,25 @@ def test_mark_done_completes_a_failed_step_by_hand(sas, pump):
     view = handle.status()
     assert view.process_state == "processed"
     assert view.step("second").result == {"manual": True}
+
+
+def test_operators_name_steps_by_the_objects_the_workflow_was_declared_with(sas, pump):
+    first, second = Step("first", "svc.work", timeout=5), Step("second", "svc.work", timeout=5)
+    sas.register(Workflow("by_object", [first, second, Step("third", "svc.work", timeout=5)]))
+    resubmitted, marked = (sas.submit("by_object", {"script": {"second": ["permanent"]}}, business_key=key)
+                           for key in ("o1", "o3"))
+    pump.run()
+    sas.resubmit(resubmitted.id, by="bob", step=second, step_input={"fixed": True})
+    sas.mark_done(marked.id, second, by="carol", result={"manual": True})
+    pump.run()
+    again, by_hand = resubmitted.status(), marked.status()
+    assert (again.process_state, again.step("second").input, again.step("second").attempt) == (
+        "processed", {"fixed": True}, 2)
+    assert (by_hand.process_state, by_hand.step("second").result) == ("processed", {"manual": True})
+
+    live = sas.submit("by_object", {}, business_key="o2")
+    state = sas.cancel(live.id, by="erin")
+    assert state is RunState.CANCELLED and live.status().process_state == "cancelled"
 
 
 def test_pause_stops_further_steps_until_resume(sas, pump):

@@ -63,6 +63,23 @@ def test_a_signal_sent_through_the_broker(sas, pump):
     assert [(s.event, s.sent_by) for s in sas.store.signals_of(handle.id)] == [("approval", "webhook")]
 
 
+def test_the_wait_itself_names_its_event(sas, pump):
+    """``sas.signal(run, approval)`` with the ``WaitFor`` step, as ``after=`` and ``result_of``
+    take steps: the event it waits for is sent."""
+    approval = WaitFor("manager", "approval", timeout=3600)
+    sas.register(Workflow("by_object", [Step("file", "svc.work", timeout=5), approval,
+                                        Step("pay", "svc.work", timeout=5)]))
+    handle = sas.submit("by_object", {}, business_key="o1")
+    pump.run()
+    receipt = sas.signal(handle.id, approval, {"approved": True})
+    by_key = sas.signal(workflow="by_object", business_key="o1", event=approval, payload={"approved": False})
+    assert (receipt.status, by_key.status) == ("consumed", "ignored")
+    pump.run()
+    view = handle.status()
+    assert (view.process_state, view.step("manager").result) == ("processed", {"approved": True})
+    assert [s.event for s in sas.store.signals_of(handle.id)] == ["approval", "approval"]
+
+
 def _waits(sas, on_timeout: str) -> str:
     name = f"wait_{on_timeout}"
     timeout = 3600

@@ -92,10 +92,23 @@ def test_after_takes_a_list_not_one_name(app):
         Workflow("wf", [Step("a", "svc.work"), Step("b", "svc.work", after="a")])
 
 
-def test_an_undo_is_not_a_step_s_action(app):
-    undo = app.agents["svc"].actions["undo"]
+@pytest.mark.parametrize("by_name", [False, True])
+def test_an_undo_is_not_a_step_s_action(app, by_name):
+    undo = "svc.undo" if by_name else app.agents["svc"].actions["undo"]
     with pytest.raises(WorkflowDefinitionError, match=r"step 'a': its action 'svc\.undo' is an undo \(@agent\.undo\)"):
-        app.register(Workflow("wf", [Step("a", undo)]))
+        app.register(Workflow("wf", [Step("a", undo)]))  # type: ignore[arg-type]
+    assert "wf" not in app.workflows
+
+
+@pytest.mark.parametrize("by_name", [False, True])
+def test_an_action_is_not_a_step_s_undo(app, by_name):
+    """An action called as an undo would apply its effect a second time (a second charge) and
+    the run would end ``compensated`` as if it had been undone."""
+    action = "svc.work" if by_name else app.agents["svc"].actions["work"]
+    with pytest.raises(WorkflowDefinitionError,
+                       match=r"step 'a': its compensate 'svc\.work' is an action \(@agent\.action\), which would "
+                             r"apply its effect a second time; declare what undoes it with @agent\.undo"):
+        app.register(Workflow("wf", [Step("a", "svc.work", compensate=action)]))  # type: ignore[arg-type]
     assert "wf" not in app.workflows
 
 
