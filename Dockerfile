@@ -2,8 +2,7 @@
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md celeryconfig.py ./
-COPY sas_app ./sas_app
-COPY workers ./workers
+COPY src ./src
 RUN pip install --no-cache-dir .
 ENV SAS_APP=workers.app:sas
 USER nobody

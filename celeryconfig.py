@@ -1,8 +1,8 @@
 """This deployment's own Celery settings: edit them here.
 
-``workers/app.py`` (the deployable: ``sas worker``, ``sas beat``, ``celery -A workers.app``) builds
+``src/workers/app.py`` (the deployable: ``sas worker``, ``sas beat``, ``celery -A workers.app``) builds
 its Celery app with sas_app's defaults — JSON only, prefetch 1, late acks, the visibility timeout,
-the Supervisor's beat schedule (``sas_app/messaging/celery_config.py``, all set from ``SAS_*`` variables) —
+the Supervisor's beat schedule (``src/sas_app/messaging/celery_config.py``, all set from ``SAS_*`` variables) —
 and then applies every lowercase setting of this module on top, as Celery's ``celeryconfig`` does.
 It is read from the folder the process starts in (docker-compose's image copies it to /app); it is
 not part of the installed package. Anything left out keeps sas_app's default.

@@ -33,7 +33,7 @@ from typing import Any
 import redis
 from sqlalchemy import func, select
 
-from bench.throughput import REPO, fresh_database, machine, record, rss_mb, service_arguments
+from bench.throughput import CHECKOUT_PATH, REPO, fresh_database, machine, record, rss_mb, service_arguments
 from sas_app.testing.processes import CELERY_READY, Processes, stopped_by_signals
 
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     url = f"http://127.0.0.1:{server.server_address[1]}/"
     db_url = fresh_database(args.postgres, "sas_bench_async")
     env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": args.redis,
-           "SAS_HOME": str(logs / "home"), "PYTHONPATH": str(REPO), "BENCH_SLOW_URL": url}
+           "SAS_HOME": str(logs / "home"), "PYTHONPATH": CHECKOUT_PATH, "BENCH_SLOW_URL": url}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "BENCH_SLOW_URL")})
     from bench.app import sas
 

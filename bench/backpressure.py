@@ -33,7 +33,7 @@ import redis
 from sqlalchemy import func, select
 
 from bench.alert_quality import judge
-from bench.throughput import REPO, fresh_database, machine, percentile, record, service_arguments
+from bench.throughput import CHECKOUT_PATH, REPO, fresh_database, machine, percentile, record, service_arguments
 from sas_app import Submission
 from sas_app.messaging.routing import SWEEP
 from sas_app.states import TERMINAL_RUN_STATES
@@ -50,7 +50,7 @@ def run_once(args: argparse.Namespace, pace: bool, logs: Path) -> dict[str, Any]
     env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": args.redis,
            "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": "false", "SAS_SUPERVISOR_INTERVAL": "1",
            "SAS_AT_RISK_INTERVAL": "0.1", "SAS_PACE_RETRIES": str(pace).lower(), "BENCH_SERVICE_S": str(args.service),
-           "BENCH_STEP_TIMEOUT": str(args.timeout), "PYTHONPATH": str(REPO)}
+           "BENCH_STEP_TIMEOUT": str(args.timeout), "PYTHONPATH": CHECKOUT_PATH}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS",
                                            "BENCH_SERVICE_S", "BENCH_STEP_TIMEOUT")})
     from bench.app import sas  # after the environment names the stack

@@ -70,7 +70,7 @@ from bench.chaos_operators import ERROR_WITHIN_S
 from bench.chaos_report import percentile, print_report, reason, recovery_times
 from bench.held_orders import HeldOrders
 from bench.soak import Watch, judge, own_pid, parse_duration
-from bench.throughput import record
+from bench.throughput import CHECKOUT_PATH, record
 from harness.proxy import Proxy
 from harness.rabbitmq_node import RabbitNode
 from harness.servers import Servers
@@ -160,7 +160,7 @@ class Chaos(Faults):
         ports = self.ports
         return {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [CHECKOUT_PATH, os.environ.get("PYTHONPATH")])),
             "SAS_APP": "workers.app:sas",
             "SAS_HOME": str(self.home / "sas"),
             "SAS_DATABASE_URL": s.database_url,

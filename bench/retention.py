@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from sqlalchemy import func, select, text
 
-from bench.throughput import REPO, fresh_database, machine, record, service_arguments
+from bench.throughput import CHECKOUT_PATH, REPO, fresh_database, machine, record, service_arguments
 from sas_app.testing.processes import Processes, stopped_by_signals
 
 FILL = """
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     redis.Redis.from_url(args.redis).flushdb()
     home = Path("/tmp/sas-bench/retention")
     env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": args.redis,
-           "SAS_HOME": str(home / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
+           "SAS_HOME": str(home / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": CHECKOUT_PATH}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS")})
     from bench.app import sas
     from sas_app.interfaces.retention import purge

@@ -46,6 +46,8 @@ from sas_app import Submission
 from sas_app.testing.processes import CELERY_READY, Processes, stopped_by_signals
 
 REPO = Path(__file__).resolve().parents[1]
+#: what a process the benches start imports: this checkout's sas_app (src/), and its benches
+CHECKOUT_PATH = os.pathsep.join([str(REPO / "src"), str(REPO)])
 RESULTS = REPO / "bench" / "results"
 
 
@@ -129,7 +131,7 @@ def bench_stack(args: argparse.Namespace, name: str, logs: Path) -> dict[str, st
     db_url = fresh_database(args.postgres, f"sas_bench_{name}")
     redis.Redis.from_url(args.redis).flushdb()
     env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": args.redis,
-           "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": str(REPO)}
+           "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": "false", "PYTHONPATH": CHECKOUT_PATH}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS")})
     return env
 
@@ -139,7 +141,7 @@ def sas_contender(args: argparse.Namespace, db_url: str, broker: str, logs: Path
     """sas_app's stack, started once; yields one repetition's run, to be called with its number."""
     env = {**os.environ, "SAS_APP": "bench.app:sas", "SAS_DATABASE_URL": db_url, "SAS_BROKER_URL": broker,
            "SAS_HOME": str(logs / "home"), "SAS_TASK_EVENTS": str(args.task_events).lower(),
-           "SAS_PREPARED_STATEMENTS": str(not args.pgbouncer).lower(), "PYTHONPATH": str(REPO)}
+           "SAS_PREPARED_STATEMENTS": str(not args.pgbouncer).lower(), "PYTHONPATH": CHECKOUT_PATH}
     os.environ.update({k: env[k] for k in ("SAS_DATABASE_URL", "SAS_BROKER_URL", "SAS_HOME", "SAS_TASK_EVENTS",
                                            "SAS_PREPARED_STATEMENTS")})
     from bench.app import sas  # after the environment names the stack
@@ -214,7 +216,7 @@ def celery_contender(args: argparse.Namespace, broker: str, logs: Path) -> Itera
 
     from bench.app import chain_app, chain_done, chain_noop
 
-    env = {**os.environ, "SAS_BROKER_URL": broker, "BENCH_REDIS_URL": broker, "PYTHONPATH": str(REPO),
+    env = {**os.environ, "SAS_BROKER_URL": broker, "BENCH_REDIS_URL": broker, "PYTHONPATH": CHECKOUT_PATH,
            "BENCH_TASK_EVENTS": str(args.task_events).lower()}
     os.environ["BENCH_REDIS_URL"] = broker
     chain_app.conf.broker_url = broker

@@ -39,6 +39,8 @@ from sas_app.store.schema import metadata
 from sas_app.web.formatting import spec_does
 
 PACKAGE = Path(sas_app.__file__).parent
+#: the checkout: the package is in its src/, the examples beside it
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def comments(path: Path) -> dict[str, str]:
@@ -183,8 +185,8 @@ def workflow_reference(match: re.Match[str]) -> str:
     """A registered workflow (``module:attribute``): its steps, then its input's JSON Schema."""
     module, attribute = match.groups()
     os.environ.setdefault("SAS_HOME", tempfile.mkdtemp(prefix="sas-docs-"))  # its app's store: not in the repo
-    if str(PACKAGE.parent) not in sys.path:  # the examples are beside the package, not installed with it
-        sys.path.insert(0, str(PACKAGE.parent))
+    if str(CHECKOUT) not in sys.path:  # the examples are in the checkout, not installed with the package
+        sys.path.insert(0, str(CHECKOUT))
     workflow = getattr(importlib.import_module(module), attribute)
     rows = ["| step | after | does | condition |", "| --- | --- | --- | --- |"]
     for spec, waits in zip(workflow.specs, workflow.waits_for, strict=True):

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.integration.stack import REPO
+from tests.integration.stack import CHECKOUT_PATH, REPO
 from tests.support import live_processes_with, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
@@ -24,7 +24,7 @@ def test_nothing_is_lost_or_applied_twice_while_every_process_and_server_is_kill
         [sys.executable, "-m", "bench.chaos", "--orders", "40", "--rate", "2", "--each", "1", "--seed", "7",
          "--max-failures", "4", "--bound", "150", "--out", str(tmp_path), "--home", str(tmp_path / "home"),
          "--keep"],
-        cwd=REPO, capture_output=True, text=True, timeout=450, env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO, capture_output=True, text=True, timeout=450, env={**os.environ, "PYTHONPATH": CHECKOUT_PATH},
     )
     story = done.stdout[-3000:] + done.stderr[-3000:]
     written = list(tmp_path.glob("chaos-*.json"))
@@ -77,7 +77,7 @@ def test_a_chaos_run_stopped_with_ctrl_c_leaves_no_process_behind(tmp_path):
         [sys.executable, "-m", "bench.chaos", "--orders", "600", "--rate", "20", "--each", "4", "--seed", "3",
          "--out", str(tmp_path), "--home", str(home)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), "SAS_CHAOS_TEST": str(tmp_path)},
+        env={**os.environ, "PYTHONPATH": CHECKOUT_PATH, "SAS_CHAOS_TEST": str(tmp_path)},
     )
     try:
         # faults under way: a process of the run started a second time

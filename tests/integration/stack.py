@@ -16,10 +16,13 @@ import httpx
 from sas_app.testing.processes import CELERY_READY, Processes, Ready, free_port
 
 REPO = Path(__file__).resolve().parents[2]
+#: what a process started from this checkout imports: its sas_app (src/), and its examples, tests
+#: and benches
+CHECKOUT_PATH = os.pathsep.join([str(REPO / "src"), str(REPO)])
 SAS = str(Path(sys.executable).parent / "sas")
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
-__all__ = ["CELERY_READY", "REPO", "SAS", "Ready", "Stack", "clock_off_by", "free_port"]
+__all__ = ["CELERY_READY", "CHECKOUT_PATH", "REPO", "SAS", "Ready", "Stack", "clock_off_by", "free_port"]
 
 
 def clock_off_by(seconds: int) -> dict[str, str]:
@@ -31,8 +34,8 @@ def clock_off_by(seconds: int) -> dict[str, str]:
 
 class Stack(Processes):
     def __init__(self, home: Path, env: dict[str, str]) -> None:
-        super().__init__(home, {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                                **env})
+        path = os.pathsep.join(filter(None, [CHECKOUT_PATH, os.environ.get("PYTHONPATH")]))
+        super().__init__(home, {"PYTHONPATH": path, **env})
         self.ports = {name: int(self.env[f"{name.upper()}_SERVICE_URL"].rsplit(":", 1)[1])
                       for name in ("payment", "warehouse")}
 

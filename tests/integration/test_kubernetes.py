@@ -21,7 +21,7 @@ import pytest
 
 from sas_app import SasApp, Settings
 from sas_app.testing.processes import Processes
-from tests.integration.stack import REPO, SAS, free_port
+from tests.integration.stack import CHECKOUT_PATH, REPO, SAS, free_port
 from tests.support import kustomized, wait_for
 from workers.orders import install
 
@@ -43,7 +43,7 @@ class Cluster:
         #: each Service's in-cluster address, and the local port standing in for it
         self.services = {f"{s['metadata']['name']}:{p['port']}": free_port()
                          for s in self.of("Service") for p in s["spec"]["ports"]}
-        self.processes = Processes(home, {"PYTHONPATH": str(REPO)}, cwd=REPO)
+        self.processes = Processes(home, {"PYTHONPATH": CHECKOUT_PATH}, cwd=REPO)
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [o for o in self.objects if o["kind"] == kind]

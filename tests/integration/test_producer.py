@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from sas_app.testing.processes import Processes
-from tests.integration.stack import REPO, SAS
+from tests.integration.stack import CHECKOUT_PATH, SAS
 from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -81,7 +81,7 @@ def test_a_worker_that_takes_only_signed_work_refuses_the_rest_and_says_so_in_th
 
 def test_the_signup_example_runs_as_its_docstring_says_on_a_fresh_embedded_home(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
-    env.update({"SAS_HOME": str(tmp_path / "fresh"), "SAS_APP": "examples.signup:sas", "PYTHONPATH": str(REPO),
+    env.update({"SAS_HOME": str(tmp_path / "fresh"), "SAS_APP": "examples.signup:sas", "PYTHONPATH": CHECKOUT_PATH,
                 "SAS_SUPERVISOR_INTERVAL": "0.5"})
     procs = Processes(tmp_path / "procs", env, cwd=tmp_path)
     try:

@@ -19,7 +19,7 @@ from sas_app import SasApp, Settings
 from sas_app.messaging.celery_config import broker_tls
 from sas_app.testing.processes import Processes
 from tests.integration.graph_app import install as install_graph_app
-from tests.integration.stack import REPO
+from tests.integration.stack import CHECKOUT_PATH, REPO
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def test_a_run_is_processed_over_tls_on_redis_and_on_rabbitmq_with_postgresql_ve
     for broker in (own.redis_url, rabbit.url):
         scheme = broker.split(":")[0]
         (tmp_path / scheme).mkdir()
-        env = {**os.environ, "SAS_APP": "tests.integration.graph_app:sas", "PYTHONPATH": str(REPO),
+        env = {**os.environ, "SAS_APP": "tests.integration.graph_app:sas", "PYTHONPATH": CHECKOUT_PATH,
                "SAS_DATABASE_URL": own.database_url, "SAS_BROKER_URL": broker, "SAS_BROKER_CA_FILE": str(tls.ca),
                "SAS_HOME": str(tmp_path / scheme), "SAS_SUPERVISOR_INTERVAL": "0.5"}
         app = SasApp(Settings.from_env(env))

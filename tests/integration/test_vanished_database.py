@@ -15,12 +15,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from pathlib import Path
 
 import pytest
 
+from tests.integration.stack import CHECKOUT_PATH, REPO
+
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 
 #: the client: one connection of the store's engine, a statement, then — once told — another
 CLIENT = """
@@ -123,7 +123,7 @@ def test_a_statement_to_a_database_that_vanished_from_the_network_fails_within_h
         through = url.set(host=address, port=port).render_as_string(hide_password=False)
         client = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-c", CLIENT, through],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                                  cwd=REPO, env={**os.environ, "PYTHONPATH": CHECKOUT_PATH})
         try:
             assert client.stdout is not None and client.stdin is not None
             assert client.stdout.readline() == "connected\n", client.stderr.read() if client.stderr else ""

@@ -13,18 +13,18 @@ import pytest
 
 from sas_app import Settings
 from sas_app.store import Store
+from tests.integration.stack import CHECKOUT_PATH
 
 pytestmark = pytest.mark.integration  # real processes
 
 SAS = str(Path(sys.executable).parent / "sas")
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def sas_cli(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAS_")}
     # No worker runs here: submit only asks the Scheduler (by message), so runs stay pending.
-    env.update({"SAS_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO), "SAS_INLINE_REPLIES": "false"})
+    env.update({"SAS_HOME": str(tmp_path / "home"), "PYTHONPATH": CHECKOUT_PATH, "SAS_INLINE_REPLIES": "false"})
 
     def run(*args: str, ok: bool = True, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         result = subprocess.run([SAS, *args], capture_output=True, text=True, env={**env, **(extra_env or {})},

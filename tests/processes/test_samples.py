@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, text
 from sas_app.testing import Processes, Ready
 from sas_app.testing.processes import SAS
 from tests.conftest import POSTGRES
+from tests.integration.stack import CHECKOUT_PATH
 from tests.processes.samples import REPO, Page, commands, pages, shell_problem
 
 pytestmark = pytest.mark.integration  # real processes
@@ -44,7 +45,7 @@ def test_each_python_sample_runs(page: Page, tmp_path: Path) -> None:
     deployed = re.search(r"<!-- samples: deploy (\S+) -->", page.path.read_text())
     runner = tmp_path / "run_samples.py"
     runner.write_text(f"PAGE = {page.name!r}\nSAMPLES = {page.run!r}\n" + RUNNER)
-    env = {**os.environ, "SAS_HOME": str(tmp_path / "home"), "PYTHONPATH": f"{tmp_path}:{REPO}",
+    env = {**os.environ, "SAS_HOME": str(tmp_path / "home"), "PYTHONPATH": f"{tmp_path}:{CHECKOUT_PATH}",
            "PYTHONDONTWRITEBYTECODE": "1"}
     env = {k: v for k, v in env.items() if not k.startswith("SAS_") or k == "SAS_HOME"}
     if deployed:  # the page's samples submit to its app: its workers and beat run meanwhile
@@ -154,7 +155,7 @@ class Terminal:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_text(source)
         self.page, self.folder = page, folder
-        self.env = {**env, "SAS_HOME": str(folder / ".sas"), "PYTHONPATH": f"{folder}:{REPO}"}
+        self.env = {**env, "SAS_HOME": str(folder / ".sas"), "PYTHONPATH": f"{folder}:{CHECKOUT_PATH}"}
         self.processes = Processes(folder / "processes", self.env, cwd=folder)
         self.run_id = ""
 

@@ -31,7 +31,7 @@ def imports_of(path: Path) -> list[tuple[str, str | None]]:
 
 
 @pytest.mark.parametrize("path", sorted(
-    str(p.relative_to(REPO)) for folder in ("examples", "workers") for p in (REPO / folder).glob("*.py")))
+    str(p.relative_to(REPO)) for folder in ("examples", "src/workers") for p in (REPO / folder).glob("*.py")))
 def test_user_code_imports_only_sas_app_s_public_names(path):
     private = [f"{module}.{name}" if name else module for module, name in imports_of(REPO / path)
                if name not in PUBLIC.get(module, ())]
