@@ -26,12 +26,14 @@ def fail(message: str) -> NoReturn:
 def demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: bool) -> None:
     """Run the order example live: worker, beat and payment-service processes, faults injected,
     one agent worker crash; ends with a summary (lost and duplicate charges must be 0)."""
-    from .demo import print_summary, run_demo
+    from .demo import ProcessGone, print_summary, run_demo
 
     try:
         summary = run_demo(orders, fault_rate, seed, timeout, as_json)
     except KeyboardInterrupt:
         fail("interrupted; every process the demo started has been stopped")
+    except ProcessGone as exc:
+        fail(f"{exc}\nevery other process the demo started has been stopped")
     if as_json:
         click.echo(json.dumps(summary))
     else:

@@ -47,6 +47,19 @@ def plan_faults(orders: int, rate: float, rng: random.Random) -> list[str | None
     return plan
 
 
+class ProcessGone(Exception):
+    """A process the demo started exited while the demo ran (its message names it and its log's end)."""
+
+
+def _all_running(procs: Processes, names: list[str]) -> None:
+    """Raise :class:`ProcessGone` if one of ``names`` has exited: the demo would wait for it in vain."""
+    for name in names:
+        try:
+            procs.is_ready(name)
+        except RuntimeError as exc:
+            raise ProcessGone(f"the demo's {exc}") from None
+
+
 def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: bool) -> dict[str, Any]:
     console = Console(stderr=as_json)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -109,6 +122,7 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         with progress:
             while True:
                 _unless(asked)
+                _all_running(procs, [*ports, "scheduler", "agents", "beat"])
                 counts = sas.store.count_states(ids)  # this demo's runs, not the store's
                 done = sum(counts.get(s, 0) for s in RunState if s.finished)
                 progress.update(bar, completed=done, description="  ".join(

@@ -203,6 +203,29 @@ def test_a_demo_killed_outright_leaves_no_process_of_its_own_behind(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_demo_whose_worker_dies_says_so_and_stops(tmp_path):
+    """A process of the demo's that exits on its own (not the agent worker the demo restarts) would
+    leave runs waiting for it until the demo's timeout, then a summary with no reason: the demo
+    stops at once, naming the process and the end of its log."""
+    demo, home = _demo_under_way(tmp_path)
+    try:
+        [scheduler] = [pid for pid in _children_of(home) if _parent(pid) == demo.pid
+                       and b"scheduler@" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        os.kill(scheduler, signal.SIGKILL)
+        _, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.communicate()
+    assert demo.returncode != 0
+    assert "the demo's scheduler exited with -9" in err.decode(), err.decode()[-2000:]
+    wait_for(lambda: not _children_of(home), 30, "every demo process to be gone")
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _children_of(home: str) -> list[int]:
     """Live processes whose environment says they belong to this demo."""
     return live_processes_with(f"SAS_HOME={home}/demo-")
