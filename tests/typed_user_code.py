@@ -123,3 +123,17 @@ def test_with_the_kit(env: Environment) -> None:
     assert_type(env.calls(charge), list[Call])
     assert_type(env.now, float)
 
+
+
+@payment.action(name="authorise_named")
+async def authorise_named(call: AgentCall) -> dict[str, bool]:
+    return {"authorised": True}
+
+
+@payment.undo(name="void_named")
+async def void_named(call: UndoCall) -> dict[str, str]:
+    return {"voided": call.undoes.idempotency_key}
+
+
+assert_type(authorise_named, AgentAction[dict[str, bool]])  # named, and still the awaited result
+assert_type(void_named, UndoAction[dict[str, str]])

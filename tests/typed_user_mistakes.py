@@ -28,3 +28,6 @@ Step("b", work, when=5)  # refused: a condition is a key or a function
 Step("c", work, poll=60)  # refused: a poll is a Poll(every, max_wait)
 Step("d", work, compensate=work)  # refused: an action is not its own undo
 Step("e", undo)  # refused: an undo is no step's action
+sas.agent("shop", retry_intial=0.5)  # refused: a misspelled option
+sas.workflow("w", [Step("f", work)], deadlin=60)  # refused: a misspelled option
+undo(AgentCall("r", "k", "w", "s", 0, 1, "r:s", {}, {}, 5.0))  # refused: an undo is called with an UndoCall

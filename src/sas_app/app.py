@@ -9,7 +9,7 @@ import inspect
 import logging
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -23,6 +23,7 @@ from celery.signals import (
     worker_ready,
     worker_shutting_down,
 )
+from pydantic import BaseModel
 from sqlalchemy import MetaData
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -31,10 +32,10 @@ from sas_app.agents import handover
 from sas_app.agents.agent import Agent
 from sas_app.agents.breaker import STORE_FRESH, RedisState
 from sas_app.agents.rate_limit import RedisSlots as RateSlots
-from sas_app.definitions.actions import UndoAction
+from sas_app.definitions.actions import AgentCall, UndoAction
 from sas_app.definitions.checks import check_workflow
 from sas_app.definitions.steps import StepDef, WaitFor
-from sas_app.definitions.workflow import Workflow, workflow_name
+from sas_app.definitions.workflow import OnSubmit, Workflow, workflow_name
 from sas_app.engine.alerts import Alerts, load_hook
 from sas_app.engine.scheduler import Scheduler
 from sas_app.errors import InvalidSignal, WorkflowDefinitionError
@@ -183,10 +184,26 @@ class SasApp:
 
     # -- declaring ----------------------------------------------------------------------------
 
-    def agent(self, name: str, **options: Any) -> Agent:
-        """The agent for one remote service (created on first use); its queue is ``sas.agent.<name>``."""
+    def agent(self, name: str, *, retry_initial: float | None = None, retry_max: float | None = None,
+              breaker_fail_max: int | None = None, breaker_reset: float | None = None, rate_limit: str | None = None,
+              rate_limit_key: Callable[[AgentCall], object] | None = None,
+              db_clock: Callable[[], float | None] | None = None, sleep: Callable[[float], None] | None = None,
+              ) -> Agent:
+        """The agent for one remote service (created on first use); its queue is ``sas.agent.<name>``.
+
+        Its transient faults are retried in process from ``retry_initial`` seconds, doubling up to
+        ``retry_max``; ``breaker_fail_max`` attempts in a row failing open its circuit breaker for
+        ``breaker_reset`` seconds (0 turns it off; default ``SAS_BREAKER_FAIL_MAX``,
+        ``SAS_BREAKER_RESET``); ``rate_limit`` (``"20/s"``, default from
+        ``SAS_AGENT_RATE_LIMITS``) caps the calls of every worker together, per
+        ``rate_limit_key(call)`` if given. ``db_clock`` and ``sleep`` replace the store's clock and
+        the retries' wait (tests). Left out (None), each takes its default."""
         if name in self.agents:
             return self.agents[name]
+        given = {"retry_initial": retry_initial, "retry_max": retry_max, "breaker_fail_max": breaker_fail_max,
+                 "breaker_reset": breaker_reset, "rate_limit": rate_limit, "rate_limit_key": rate_limit_key,
+                 "db_clock": db_clock, "sleep": sleep}
+        options = {key: value for key, value in given.items() if value is not None}
         if not name or not name.replace("_", "").replace("-", "").isalnum():
             raise WorkflowDefinitionError(f"agent name {name!r} must be letters, digits, '_' or '-'")
         s = self.settings
@@ -260,9 +277,14 @@ class SasApp:
         self.workflows[workflow.name] = workflow
         return workflow
 
-    def workflow(self, name: str, steps: Sequence[StepDef], **options: Any) -> Workflow:
-        """Declare and register a workflow in one call."""
-        return self.register(Workflow(name, steps, **options))
+    def workflow(self, name: str, steps: Sequence[StepDef], *, on_submit: OnSubmit | None = None,
+                 description: str = "", version: str | None = None, deadline: float | timedelta | None = None,
+                 concurrency_key: str | None = None, max_running: int = 1, input: type[BaseModel] | None = None,
+                 ) -> Workflow:
+        """Declare and register a workflow in one call (the options are :class:`Workflow`'s)."""
+        return self.register(Workflow(name, steps, on_submit=on_submit, description=description, version=version,
+                                      deadline=deadline, concurrency_key=concurrency_key, max_running=max_running,
+                                      input=input))
 
     def schedule(self, name: str, *, cron: str, payload: Any = None, workflow: Workflow | str | None = None,
                  overlap: Overlap | Literal["skip", "allow", "cancel_previous"] = Overlap.SKIP,

@@ -47,6 +47,20 @@ def test_a_bad_workflow_name_and_a_second_registration_are_refused(app):
         app.register(Workflow("wf", [Step("a", "svc.work")]))
 
 
+def test_sas_workflow_takes_every_option_a_workflow_has_and_passes_it_on(app):
+    """``sas.workflow(...)`` spells out ``Workflow``'s options (an editor shows them, a type checker
+    refuses a misspelled one): none missing, each reaching the workflow."""
+    import dataclasses
+    import inspect
+
+    options = set(inspect.signature(app.workflow).parameters) - {"name", "steps"}
+    assert options == {f.name for f in dataclasses.fields(Workflow)} - {"name", "steps"}
+    wf = app.workflow("wf", [Step("a", "svc.work")], description="d", version="v1", deadline=60,
+                      concurrency_key="customer", max_running=2)
+    assert (wf.description, wf.version, wf.deadline, wf.concurrency_key, wf.max_running) == (
+        "d", "v1", 60, "customer", 2)
+
+
 def test_steps_may_name_actions_by_object_or_by_string(app):
     action = app.agents["svc"].actions["work"]
     wf = app.register(Workflow("wf", [Step("a", action), Step("b", "svc.work")]))

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine
 from functools import partial
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, overload
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, cast, overload
 
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -65,6 +65,26 @@ log = logging.getLogger(__name__)
 #: seconds an agent waits before handing a late message back to its queue while the store cannot be
 #: asked about it (so that its workers do not spin on it)
 STORE_DOWN_PAUSE = 1.0
+
+
+class ActionDecorator(Protocol):
+    """What ``@agent.action(name=...)`` returns: applied to a function, as ``@agent.action`` alone."""
+
+    @overload
+    def __call__(self, fn: Callable[[AgentCall], Coroutine[Any, Any, R]], /) -> AgentAction[R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[[AgentCall], R], /) -> AgentAction[R]: ...
+
+
+class UndoDecorator(Protocol):
+    """What ``@agent.undo(name=...)`` returns: applied to a function, as ``@agent.undo`` alone."""
+
+    @overload
+    def __call__(self, fn: Callable[[UndoCall], Coroutine[Any, Any, R]], /) -> UndoAction[R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[[UndoCall], R], /) -> UndoAction[R]: ...
 
 
 class Replies(Protocol):
@@ -206,11 +226,10 @@ class Agent:
     def action(self, fn: Callable[[AgentCall], R], /) -> AgentAction[R]: ...
 
     @overload
-    def action(self, fn: None = None, /, *, name: str | None = None
-               ) -> Callable[[Callable[[AgentCall], R]], AgentAction[R]]: ...
+    def action(self, fn: None = None, /, *, name: str | None = None) -> ActionDecorator: ...
 
     def action(self, fn: Callable[[AgentCall], Any] | None = None, /, *, name: str | None = None
-               ) -> AgentAction[Any] | Callable[[Callable[[AgentCall], Any]], AgentAction[Any]]:
+               ) -> AgentAction[Any] | ActionDecorator:
         """Decorator: register ``fn`` as the action ``<agent>.<name>`` (default: its own name)."""
 
         def register(fn: Callable[[AgentCall], Any]) -> AgentAction[Any]:
@@ -227,11 +246,10 @@ class Agent:
     def undo(self, fn: Callable[[UndoCall], R], /) -> UndoAction[R]: ...
 
     @overload
-    def undo(self, fn: None = None, /, *, name: str | None = None
-             ) -> Callable[[Callable[[UndoCall], R]], UndoAction[R]]: ...
+    def undo(self, fn: None = None, /, *, name: str | None = None) -> UndoDecorator: ...
 
     def undo(self, fn: Callable[[UndoCall], Any] | None = None, /, *, name: str | None = None
-             ) -> UndoAction[Any] | Callable[[Callable[[UndoCall], Any]], UndoAction[Any]]:
+             ) -> UndoAction[Any] | UndoDecorator:
         """Decorator: register ``fn`` as the undo ``<agent>.<name>``, which a step names as its
         ``compensate``; ``fn`` receives an :class:`UndoCall` (``call.undoes`` is the step undone)."""
 
@@ -447,7 +465,8 @@ class Agent:
     def _invoke(action: AgentAction[Any] | UndoAction[Any], call: AgentCall) -> Any:
         """One try of the action; an ``async def`` one runs on this thread's event loop and is
         cancelled at complete-by (:mod:`sas_app.agents.coroutines`)."""
-        result = action(call)
+        # an undo's task is sent an UndoCall; the undo checks it was (a step's message is refused)
+        result = action(call) if isinstance(action, AgentAction) else action(cast(UndoCall, call))
         return run_bounded(result, max(call.remaining(), 0.0), call.step) if inspect.isawaitable(result) else result
 
     def _keep_faults(self, call: AgentCall, faults: FaultLog) -> None:

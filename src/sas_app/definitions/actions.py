@@ -168,7 +168,7 @@ class UndoAction(ActionName, Generic[R]):
 
     fn: Callable[[UndoCall], R]
 
-    def __call__(self, call: AgentCall) -> R:
-        if not isinstance(call, UndoCall):
+    def __call__(self, call: UndoCall) -> R:
+        if not isinstance(call, UndoCall):  # a step's message sent to an undo's task
             raise TypeError(f"the undo {self.qualname} was sent a step's message, not an undo's")
         return self.fn(call)
