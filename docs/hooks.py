@@ -212,6 +212,11 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
 ROLE = re.compile(r":(?:class|meth|func|data|mod|attr|exc):(?=<code>)")
 
 
+#: a flag with no default, as mkdocs-click shows it under click 8.3 and later (its ``UNSET``)
+NO_DEFAULT = "<td><code>Sentinel.UNSET</code></td>"
+
+
 def on_page_content(html: str, **_: Any) -> str:
-    """The docstrings name things the Sphinx way (``:class:`Workflow```): show the name alone."""
-    return ROLE.sub("", html)
+    """The docstrings name things the Sphinx way (``:class:`Workflow```): show the name alone; a
+    flag with no default shows an empty cell, not click's marker for it."""
+    return ROLE.sub("", html).replace(NO_DEFAULT, "<td></td>")

@@ -90,6 +90,9 @@ def test_the_approval_example_waits_for_its_manager_from_python_and_from_the_cli
     wait_for(lambda: json.loads(sas("show", run_id, "--json"))["process_state"] == "processed", 30, "the claim to end")
     shown = json.loads(sas("show", run_id, "--json"))
     assert shown["steps"][2]["result"] == {"paid": 0, "why": "rejected by the manager"}
+    # by its business key, as the tutorial shows it: each step's result in its table
+    table = sas("show", "expense_claim:claim-cli")
+    assert '"why": "rejected by the manager"' in table and '"paid": 0' in table, table  # keys in jsonb's order
     assert [(s["status"], s["sent_by"]) for s in shown["signals"]] == [("consumed", "dee")]
     refused = subprocess.run([SAS, "signal", run_id, "approval"], env=cli, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "is processed: it takes no more signals" in refused.stderr

@@ -54,6 +54,7 @@ def test_migrate_submit_list_and_show(sas_cli, tmp_path):
     assert json.loads(sas_cli("runs", "--json", "--failure", "payment").stdout) == []  # it has not failed
     assert shown["events"][0]["to_state"] == "pending"
     assert "charge_payment" in sas_cli("show", run_id).stdout
+    assert json.loads(sas_cli("show", "order:cli-1", "--json").stdout)["id"] == run_id  # WORKFLOW:BUSINESS_KEY
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home"], "the embedded broker writes only under SAS_HOME"
 
 
@@ -61,6 +62,7 @@ def test_migrate_submit_list_and_show(sas_cli, tmp_path):
     ("args", "message"),
     [
         (["show", "nope"], "error: no run with id 'nope'"),
+        (["show", "order:nope"], "error: no run of workflow 'order' with business key 'nope'"),
         (["submit", "order", "--key", "k", "--payload", "{not json"], "error: --payload is not valid JSON"),
         (["submit", "nope", "--key", "k"], "error: unknown workflow 'nope'"),
         (["submit", "order", "--key", "k", "--payload", '{"amount": -1}'], "positive 'amount'"),

@@ -52,3 +52,4 @@ def test_the_cli_reference_lists_every_command(site):
     text = page(site, "reference/cli")
     commands = main.list_commands(click.Context(main))
     assert len(commands) > 10 and [name for name in commands if f"sas {name}" not in text] == []
+    assert "UNSET" not in text  # click's marker for "no default", shown as a default

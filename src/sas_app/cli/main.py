@@ -29,7 +29,7 @@ from sas_app.errors import SasError, UnknownWorkflow, one_line
 from sas_app.settings import redact_url
 from sas_app.states import RUN_STATES
 from sas_app.testing.processes import hold_lifeline
-from sas_app.web.formatting import after_text, detail_text, does, when
+from sas_app.web.formatting import after_text, detail_text, does, result_text, when
 
 #: ``sas --help`` lists the commands by who uses them; any other (added by an installed package)
 #: comes last
@@ -171,11 +171,17 @@ def workflows(ctx: Context, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("run_id")
+@click.argument("run")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of tables.")
 @pass_ctx
-def show(ctx: Context, run_id: str, as_json: bool) -> None:
-    """Show a run, its steps and its event history."""
+def show(ctx: Context, run: str, as_json: bool) -> None:
+    """Show a run, its steps (with their results) and its event history. RUN is a run id or
+    WORKFLOW:BUSINESS_KEY."""
+    workflow, colon, key = run.partition(":")
+    found = ctx.app.store.find_run(workflow, key) if colon else None
+    if colon and found is None:
+        fail(f"no run of workflow {workflow!r} with business key {key!r}")
+    run_id = found.id if found is not None else run
     try:
         view = ctx.app.get_run(run_id)
     except SasError as exc:
@@ -210,12 +216,14 @@ def show(ctx: Context, run_id: str, as_json: bool) -> None:
     for child in ctx.app.store.children(r.id):
         console.print(f"child run {child.id} ({child.workflow}, step #{child.parent_position}): {child.process_state}")
     graph = Graph(view.steps)
-    steps = Table("#", "step", "after", "agent", "state", "attempt", "failures", "complete by", "error or reason")
+    steps = Table("#", "step", "after", "agent", "state", "attempt", "failures", "complete by")
+    steps.add_column("result", no_wrap=True)  # JSON cut to a line (result_text), not broken across lines
+    steps.add_column("error or reason")
     for s, is_branch in graph.outline():
         after = "" if is_branch or s.is_undo else after_text(graph.waits_for_names(s), s)
         steps.add_row(str(s.position), f"  └ {s.name}" if is_branch else s.name, after, does(s),
                       s.state, str(s.attempt), f"{s.failure_count}/{s.max_failures}", when(s.complete_by),
-                      s.error or "")
+                      result_text(s.result), s.error or "")
     console.print(steps)
     signals = ctx.app.store.signals_of(r.id)
     if signals:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any
 
@@ -41,6 +42,14 @@ def detail_text(detail: Any) -> str:
             value = when(value)
         parts.append(f"{key}: {value}")
     return ", ".join(parts)
+
+
+def result_text(result: Any, width: int = 60) -> str:
+    """A step's result as JSON, cut to ``width`` characters (``…`` where it is cut); empty for none."""
+    if result is None:
+        return ""
+    text = json.dumps(result, default=str)
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def does(step: StepRow) -> str:
