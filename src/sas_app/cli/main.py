@@ -216,15 +216,19 @@ def show(ctx: Context, run: str, as_json: bool) -> None:
     for child in ctx.app.store.children(r.id):
         console.print(f"child run {child.id} ({child.workflow}, step #{child.parent_position}): {child.process_state}")
     graph = Graph(view.steps)
-    steps = Table("#", "step", "after", "agent", "state", "attempt", "failures", "complete by")
-    steps.add_column("result", no_wrap=True)  # JSON cut to a line (result_text), not broken across lines
-    steps.add_column("error or reason")
+    steps = Table("#", "step", "after", "agent", "state", "attempt", "failures", "complete by", "error or reason")
     for s, is_branch in graph.outline():
         after = "" if is_branch or s.is_undo else after_text(graph.waits_for_names(s), s)
         steps.add_row(str(s.position), f"  └ {s.name}" if is_branch else s.name, after, does(s),
                       s.state, str(s.attempt), f"{s.failure_count}/{s.max_failures}", when(s.complete_by),
-                      result_text(s.result), s.error or "")
+                      s.error or "")
     console.print(steps)
+    results = Table("#", "step", "result")
+    for s in view.steps:
+        if s.result is not None:
+            results.add_row(str(s.position), s.name, result_text(s.result, width=150))
+    if results.row_count:
+        console.print(results)
     signals = ctx.app.store.signals_of(r.id)
     if signals:
         table = Table("received", "event", "status", "by", "payload")
