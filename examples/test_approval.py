@@ -37,7 +37,7 @@ def test_a_claim_nobody_answers_is_voided_when_its_window_ends(sas_env):
 
     assert view.state is RunState.COMPENSATED
     assert env.now - started >= APPROVAL_WINDOW  # a day passed, on the virtual clock
-    assert [call.undoes for call in env.calls(void_claim)] == ["record_claim"]
+    assert [call.undoes.step for call in env.calls(void_claim)] == ["record_claim"]
     assert env.calls(pay_out) == []
 
 

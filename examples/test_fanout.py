@@ -24,5 +24,5 @@ def test_a_seat_that_cannot_be_had_cancels_the_flight_and_the_hotel(sas_env):
     view = env.run(trip, {"travellers": ["ann", "bob"]})
 
     assert view.state is RunState.COMPENSATED
-    assert sorted(call.undoes for call in env.calls(cancel)) == ["book_flight", "book_hotel"]
+    assert sorted(call.undoes.step for call in env.calls(cancel)) == ["book_flight", "book_hotel"]
     assert env.calls(confirm) == []

@@ -43,7 +43,7 @@ def test_the_undo_deletes_the_account_the_step_created(sas_env):
 
     [undo] = env.calls(delete)
     [made] = env.calls(create)
-    assert undo.undoes == "create_account" and undo.idempotency_key.startswith(view.id)
+    assert undo.undoes.idempotency_key == made.idempotency_key and made.run_id == view.id  # the account it deletes
     assert not (HOME / "accounts" / made.idempotency_key).exists()
     assert [alert.kind for alert in env.alerts] == ["failed"]
 

@@ -185,14 +185,16 @@ class SasApp:
     # -- declaring ----------------------------------------------------------------------------
 
     def agent(self, name: str, *, retry_initial: float | None = None, retry_max: float | None = None,
-              breaker_fail_max: int | None = None, breaker_reset: float | None = None, rate_limit: str | None = None,
+              retry_jitter: bool | None = None, breaker_fail_max: int | None = None,
+              breaker_reset: float | None = None, rate_limit: str | None = None,
               rate_limit_key: Callable[[AgentCall], object] | None = None,
               db_clock: Callable[[], float | None] | None = None, sleep: Callable[[float], None] | None = None,
               ) -> Agent:
         """The agent for one remote service (created on first use); its queue is ``sas.agent.<name>``.
 
         Its transient faults are retried in process from ``retry_initial`` seconds, doubling up to
-        ``retry_max``; ``breaker_fail_max`` attempts in a row failing open its circuit breaker for
+        ``retry_max``, each wait with up to ``retry_initial`` more at random unless ``retry_jitter``
+        is False; ``breaker_fail_max`` attempts in a row failing open its circuit breaker for
         ``breaker_reset`` seconds (0 turns it off; default ``SAS_BREAKER_FAIL_MAX``,
         ``SAS_BREAKER_RESET``); ``rate_limit`` (``"20/s"``, default from
         ``SAS_AGENT_RATE_LIMITS``) caps the calls of every worker together, per
@@ -200,7 +202,8 @@ class SasApp:
         the retries' wait (tests). Left out (None), each takes its default."""
         if name in self.agents:
             return self.agents[name]
-        given = {"retry_initial": retry_initial, "retry_max": retry_max, "breaker_fail_max": breaker_fail_max,
+        given = {"retry_initial": retry_initial, "retry_max": retry_max, "retry_jitter": retry_jitter,
+                 "breaker_fail_max": breaker_fail_max,
                  "breaker_reset": breaker_reset, "rate_limit": rate_limit, "rate_limit_key": rate_limit_key,
                  "db_clock": db_clock, "sleep": sleep}
         options = {key: value for key, value in given.items() if value is not None}

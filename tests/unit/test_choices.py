@@ -120,8 +120,8 @@ def test_undoing_after_a_taken_branch_leaves_the_skipped_branch_alone(shop):
     view = env.run("shipping", {"express": True, "fail_notify": True}, business_key="o2")
 
     assert view.process_state == RunState.COMPENSATED
-    assert [c.undoes for c in env.calls(a["recall"])] == ["express"]
-    assert [c.undoes for c in env.calls(a["release_quote"])] == ["quote"]
+    assert [c.undoes.step for c in env.calls(a["recall"])] == ["express"]
+    assert [c.undoes.step for c in env.calls(a["release_quote"])] == ["quote"]
     assert view.step("standard").state == StepState.SKIPPED
     assert [s.name for s in view.steps if s.is_undo] == ["undo:express", "undo:quote"]
 

@@ -60,7 +60,7 @@ def test_a_job_not_done_by_max_wait_fails_the_step_with_one_alert_and_the_run_is
     assert check.error.startswith("step 'check': its job was not done 600 s after its first 'not yet' (max_wait)")
     assert check.polls == 20  # every 30 s from the first "not yet"; the 21st call, at max_wait, answered too
     assert env.now - started >= 600
-    assert [c.undoes for c in env.calls("svc.undo")] == ["start"]
+    assert [c.undoes.step for c in env.calls("svc.undo")] == ["start"]
     with sas.store.engine.connect() as conn:
         raised = conn.execute(select(alerts.c.kind).where(alerts.c.run_id == view.id)).scalars().all()
     assert raised == ["failed"]

@@ -104,7 +104,7 @@ def test_a_compensated_run_is_rerun_from_its_first_undone_step_not_after_it(shop
     env, a = shop
     old = env.run("saga", {"amount": 5}, business_key="s-1")
     assert old.state is RunState.COMPENSATED and old.step("reserve").state == StepState.COMPENSATED
-    assert [c.undoes for c in env.calls(a["release"])] == ["reserve"]
+    assert [c.undoes.step for c in env.calls(a["release"])] == ["reserve"]
 
     with pytest.raises(InvalidOperation, match="step 'reserve' before it is compensated, not completed; rerun from "
                                                "'reserve' or earlier"):
@@ -218,7 +218,7 @@ def test_a_carried_step_is_undone_under_the_old_run_s_key_when_the_rerun_fails(s
 
     assert new.state is RunState.COMPENSATED
     [undo] = env.calls(a["release"])
-    assert (undo.run_id, undo.undoes) == (new.id, "reserve")
+    assert (undo.run_id, undo.undoes.step) == (new.id, "reserve")
     assert undo.idempotency_key == old.step("reserve").idempotency_key + ":undo"  # the effect the old run applied
     assert [c.run_id for c in env.calls(a["work"]) if c.step == "reserve"] == [old.id]  # reserved once
 

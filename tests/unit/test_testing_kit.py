@@ -26,6 +26,7 @@ from sas_app import (
     Then,
     TransientError,
     UndoCall,
+    Undone,
     WaitFor,
     Workflow,
 )
@@ -70,6 +71,7 @@ def sas(tmp_path) -> SasApp:
     ]))
     app.register(Workflow("charge_only", [charging]))
     app.register(Workflow("hold_then_charge", [Step("hold", charge, timeout=10), Step("charge", charge, timeout=10)]))
+    app.register(Workflow("charge_each", [Step("each", charge, timeout=10, for_each="items")]))
     return app
 
 
@@ -86,7 +88,7 @@ def test_days_of_sleeping_waiting_and_escalating_pass_on_the_virtual_clock(sas, 
     assert env.now - started > timedelta(days=3, hours=3).total_seconds()
     assert view.step("approval").result == {"timed_out": True}
     [refund] = env.calls("billing.refund")
-    assert refund.undoes == "charge" and refund.idempotency_key == f"{view.id}:charge:undo"
+    assert refund.undoes == Undone("charge", f"{view.id}:charge") and refund.idempotency_key == f"{view.id}:charge:undo"
     assert sorted({c.attempt for c in env.calls("mail.notify")}) == [1, 2, 3]  # two, then one after the wait
     assert [a.kind for a in env.alerts] == ["escalated", "failed"]
 
@@ -224,3 +226,58 @@ def test_a_submitter_hears_of_each_step_of_its_run(sas, sas_env):
     kinds = [(note["run_id"], note["kind"]) for note in env.notifications("shop")]
     assert kinds[0] == (view.id, "received") and kinds[-1] == (view.id, "processed")
     assert env.notifications("shop") == env.notifications("shop")  # each once, kept in order
+
+
+def test_a_stub_answers_each_call_from_the_call_itself(sas, sas_env):
+    """One branch of a fan-out hangs on its first attempt, whichever order the branches run in."""
+    env = sas_env(sas)
+    env.stub("billing.charge", answer=lambda call: HANG if call.item == "b" and call.attempt == 1
+             else {"charged": call.item})
+
+    view = env.run("charge_each", {"items": ["a", "b", "c"]})
+
+    assert view.state is RunState.PROCESSED
+    assert view.step("each").result == [{"charged": "a"}, {"charged": "b"}, {"charged": "c"}]
+    assert sorted((c.item, c.attempt) for c in env.calls("billing.charge")) == [("a", 1), ("b", 1), ("b", 2), ("c", 1)]
+
+
+def test_returns_given_a_function_is_refused_naming_answer(sas, sas_env):
+    env = sas_env(sas)
+    with pytest.raises(ValueError, match=r"returns= is the value itself .* pass answer="):
+        env.stub("billing.charge", returns=lambda call: {"charged": 1.0})
+
+
+def test_the_calls_of_a_step_are_its_own_when_steps_share_an_action(sas, sas_env):
+    env = sas_env(sas)
+    view = env.run("hold_then_charge", {"amount": 2.0})
+    holding = Step("hold", "billing.charge")  # as the user's module declares it
+
+    assert [c.step for c in env.calls(holding)] == ["hold"]
+    assert [c.step for c in env.calls("billing.charge")] == ["hold", "charge"]
+    assert view.state is RunState.PROCESSED
+    with pytest.raises(TypeError, match=r"an action .*, its name or a Step"):
+        env.calls(42)  # type: ignore[arg-type]
+
+
+def test_finishing_a_paused_run_says_it_is_paused_at_once(sas, sas_env):
+    env = sas_env(sas)
+    run = env.start("subscription", {"amount": 30.0})
+    env.app.pause(run.id, by="ops")
+    before = env.now
+
+    with pytest.raises(AssertionError, match=f"run {run.id} \\(subscription\\) is paused by ops: resume it first"):
+        env.finish(run)
+    assert env.now == before  # no clock moved through virtual days in vain
+
+
+def test_an_attempt_makes_the_same_tries_every_time(sas, sas_env):
+    """No random jitter in the retries' waits: a test that counts calls counts the same each run."""
+    seen = set()
+    for _ in range(3):
+        env = sas_env(sas)
+        env.stub("billing.charge", raises=TransientError("down"))
+        env.run("charge_only", {"amount": 1.0})
+        calls = env.calls("billing.charge")
+        first = {c.attempt: c.at for c in reversed(calls)}
+        seen.add(tuple((c.attempt, c.try_number, round(c.at - first[c.attempt], 6)) for c in calls))
+    assert len(seen) == 1, sorted(seen)  # the same tries, each as far into its attempt

@@ -150,6 +150,7 @@ class Agent:
         *,
         retry_initial: float = 0.1,
         retry_max: float = 2.0,
+        retry_jitter: bool = True,
         breaker_fail_max: int = 5,
         breaker_reset: float = 10.0,
         breaker_state: Callable[[], SharedState] | None = None,
@@ -201,6 +202,7 @@ class Agent:
         self.queue = agent_queue(name)
         self.retry_initial = retry_initial
         self.retry_max = retry_max
+        self.retry_jitter = retry_jitter
         if rate_limit_key is not None and rate_limit is None:
             raise WorkflowDefinitionError(f"agent {name!r}: rate_limit_key needs a rate_limit")
         self.rate_limit = (RateLimit(name, rate_limit, rate_slots or LocalSlots, key=rate_limit_key)
@@ -436,7 +438,7 @@ class Agent:
         for attempt in Retrying(
             retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=self.retry_initial, max=self.retry_max)
-            + wait_random(0, self.retry_initial),
+            + wait_random(0, self.retry_initial if self.retry_jitter else 0),
             stop=stop_before_delay(max(call.remaining(), 0.0)),
             sleep=self.sleep,
             reraise=True,

@@ -20,10 +20,11 @@ schedule's tick — and the Supervisor sweeps, as it would at that moment.
 
 from __future__ import annotations
 
+import atexit
 import math
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import replace
 from datetime import timedelta
@@ -34,8 +35,8 @@ from typing import Any
 
 from sas_app.agents.worker_lost import report_lost
 from sas_app.app import SasApp
-from sas_app.definitions.actions import ActionName, UndoAction
-from sas_app.definitions.steps import WaitFor, seconds_of
+from sas_app.definitions.actions import ActionName, AgentCall, UndoAction
+from sas_app.definitions.steps import Step, WaitFor, seconds_of
 from sas_app.definitions.workflow import Workflow, workflow_name
 from sas_app.engine.alerts import Alert
 from sas_app.interfaces.client import RunView
@@ -60,6 +61,7 @@ MOST_MOVES = 1000
 def _schema_template() -> Path:
     """A store with the current schema, made once per process; each environment copies it."""
     folder = Path(tempfile.mkdtemp(prefix="sas-test-schema-"))
+    atexit.register(shutil.rmtree, folder, True)
     migrate(f"sqlite:///{folder / 'state.db'}")
     return folder / "state.db"
 
@@ -107,8 +109,10 @@ class Environment:
     def _declare(self, app: SasApp) -> None:
         for name, agent in app.agents.items():
             # Its steps' time left measured on the virtual clock, the store's; no circuit breaker:
-            # a breaker's reset runs on real time, and would stay open through virtual days.
-            options = {**app.agent_options.get(name, {}), "db_clock": self.clock, "breaker_fail_max": 0}
+            # a breaker's reset runs on real time, and would stay open through virtual days; no
+            # random jitter in its retries' waits: a test counts the same tries every time.
+            options = {**app.agent_options.get(name, {}), "db_clock": self.clock, "breaker_fail_max": 0,
+                       "retry_jitter": False}
             copy = self.app.agent(name, **options)
             for action in agent.actions.values():
                 fn = self.recorder.wrap(action.qualname, action.fn)
@@ -222,6 +226,9 @@ class Environment:
             view = self.app.get_run(run_id)
             if view.process_state in TERMINAL_RUN_STATES and not self._unsent(run_id):
                 return view
+            if view.run.paused_by is not None:
+                raise AssertionError(f"run {run_id} ({view.run.workflow}) is paused by {view.run.paused_by}: "
+                                     "resume it first")
             due = self._next_due()
             if due is None:
                 raise AssertionError(f"run {run_id} ({view.run.workflow}) is {view.process_state} and waits for "
@@ -264,38 +271,54 @@ class Environment:
 
     # -- agents -----------------------------------------------------------------------------
 
-    def stub(self, action: ActionName | str, returns: Any = _UNSET, *, raises: BaseException | None = None,
-             hangs: bool = False, worker_lost: bool = False, sequence: list[Any] | None = None) -> None:
-        """Answer every call of ``action`` (``payment.charge``, or ``"payment.charge"``) with one
-        of: ``returns`` a value; ``raises`` an exception (a :class:`TransientError` is retried, a
-        :class:`PermanentError` fails the step); ``hangs`` (the call outlasts its complete-by);
-        ``worker_lost`` (its worker dies); or a ``sequence`` of answers, one a call (each try of
-        each attempt: values, exceptions, :data:`HANG`, :data:`WORKER_LOST`), which must not run
-        out."""
+    def stub(self, action: ActionName | Step | str, returns: Any = _UNSET, *, raises: BaseException | None = None,
+             hangs: bool = False, worker_lost: bool = False, sequence: list[Any] | None = None,
+             answer: Callable[[AgentCall], Any] | None = None) -> None:
+        """Answer every call of ``action`` (``payment.charge``, ``"payment.charge"``, or a step,
+        for its action) with one of: ``returns`` a value; ``raises`` an exception (a
+        :class:`TransientError` is retried, a :class:`PermanentError` fails the step); ``hangs``
+        (the call outlasts its complete-by); ``worker_lost`` (its worker dies); a ``sequence`` of
+        answers, one a call (each try of each attempt: values, exceptions, :data:`HANG`,
+        :data:`WORKER_LOST`), which must not run out; or ``answer(call)``, a function of the call
+        (its ``item``, ``attempt``, ``try_number``…) returning any of those, or raising."""
         qualname = self._known(action)
-        given = [returns is not _UNSET, raises is not None, hangs, worker_lost, sequence is not None]
+        given = [returns is not _UNSET, raises is not None, hangs, worker_lost, sequence is not None,
+                 answer is not None]
         if sum(given) != 1:
-            raise ValueError(f"stub {qualname} with exactly one of returns=, raises=, hangs=, worker_lost= or "
-                             "sequence=")
+            raise ValueError(f"stub {qualname} with exactly one of returns=, raises=, hangs=, worker_lost=, "
+                             "sequence= or answer=")
+        if callable(returns):
+            raise ValueError(f"stub {qualname}: returns= is the value itself (a step's result is JSON); to "
+                             "answer each call from the call, pass answer=")
+        if answer is not None:
+            self.recorder.stubs[qualname] = Stub(qualname, [], repeat_last=True, answer_of=answer)
+            return
         if sequence is not None:
             self.recorder.stubs[qualname] = Stub(qualname, sequence, repeat_last=False)
             return
-        answer = returns if returns is not _UNSET else raises if raises is not None else HANG if hangs else WORKER_LOST
-        self.recorder.stubs[qualname] = Stub(qualname, [answer], repeat_last=True)
+        given_answer = (returns if returns is not _UNSET else raises if raises is not None else HANG if hangs
+                        else WORKER_LOST)
+        self.recorder.stubs[qualname] = Stub(qualname, [given_answer], repeat_last=True)
 
-    def unstub(self, action: ActionName | str) -> None:
-        """``action`` runs for real again."""
+    def unstub(self, action: ActionName | Step | str) -> None:
+        """``action`` (or a step's action) runs for real again."""
         self.recorder.stubs.pop(self._known(action), None)
 
-    def calls(self, action: ActionName | str | None = None) -> list[Call]:
+    def calls(self, action: ActionName | Step | str | None = None) -> list[Call]:
         """Every call of ``action`` (of every action, without one), in order: each try of each
-        attempt, with its idempotency key, fencing token and input."""
+        attempt, with its idempotency key, fencing token and input. Given a step, the calls of its
+        action made for that step (its branches' too)."""
         if action is None:
             return list(self.recorder.calls)
         qualname = self._known(action)
-        return [call for call in self.recorder.calls if call.action == qualname]
+        return [call for call in self.recorder.calls if call.action == qualname
+                and (not isinstance(action, Step) or call.step.partition("[")[0] == action.name)]
 
-    def _known(self, action: ActionName | str) -> str:
+    def _known(self, action: ActionName | Step | str) -> str:
+        if isinstance(action, Step):
+            action = action.action
+        if not isinstance(action, (str, ActionName)):
+            raise TypeError(f"an action (@agent.action or @agent.undo), its name or a Step, not {action!r}")
         qualname = action if isinstance(action, str) else action.qualname
         known = self.app.actions()
         if qualname not in known:

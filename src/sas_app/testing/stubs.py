@@ -3,7 +3,8 @@ recorded.
 
 A stub answers each call of its action in turn — a value to return, an exception to raise, or one
 of :data:`HANG` (the call outlasts its complete-by) and :data:`WORKER_LOST` (the worker running it
-dies) — the last answer repeating unless the stub was given a sequence, which must not run out."""
+dies) — the last answer repeating unless the stub was given a sequence, which must not run out; or
+a function of the call gives each answer (one branch of a fan-out failing, say)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sas_app.definitions.actions import AgentCall, UndoCall
+from sas_app.definitions.actions import AgentCall, UndoCall, Undone
 from sas_app.testing.clock import VirtualClock
 
 
@@ -63,8 +64,8 @@ class Call:
     payload: Any
     results: dict[str, Any]
     item: Any
-    #: on an undo, the step it undoes
-    undoes: str | None
+    #: on an undo, the step it undoes and the idempotency key its effect was applied under
+    undoes: Undone | None
     #: the virtual clock when it was called
     at: float
     #: a polling step's "not yet" answers before this call
@@ -78,20 +79,25 @@ class Call:
 class Stub:
     """The answers of one stubbed action (see the module's docstring)."""
 
-    def __init__(self, action: str, answers: Sequence[Any], repeat_last: bool) -> None:
-        if not answers:
+    def __init__(self, action: str, answers: Sequence[Any], repeat_last: bool,
+                 answer_of: Callable[[AgentCall], Any] | None = None) -> None:
+        if not answers and answer_of is None:
             raise ValueError(f"a stub of {action} needs at least one answer")
         self.action = action
         self.answers = list(answers)
         self.repeat_last = repeat_last
+        self.answer_of = answer_of
         self.used = 0
 
     def answer(self, call: AgentCall, clock: VirtualClock) -> Any:
-        if self.used >= len(self.answers) and not self.repeat_last:
+        if self.answer_of is not None:
+            answer = self.answer_of(call)
+        elif self.used >= len(self.answers) and not self.repeat_last:
             raise _Exhausted(StubExhausted(
                 f"the stub of {self.action} ran out of answers: call {self.used + 1} (run {call.run_id} step "
                 f"{call.step!r} attempt {call.attempt} try {call.try_number}) after the {len(self.answers)} given"))
-        answer = self.answers[min(self.used, len(self.answers) - 1)]
+        else:
+            answer = self.answers[min(self.used, len(self.answers) - 1)]
         self.used += 1
         if answer is HANG:
             clock.move_past(clock.now + call.remaining())
@@ -115,7 +121,7 @@ class Recorder:
         """``fn`` as the environment runs it: recorded, and answered by its stub when it has one."""
 
         def call_action(call: AgentCall) -> Any:
-            undoes = call.undoes.step if isinstance(call, UndoCall) else None
+            undoes = call.undoes if isinstance(call, UndoCall) else None
             self.calls.append(Call(qualname, call.run_id, call.business_key, call.step, call.attempt,
                                    call.try_number, call.idempotency_key, call.payload, dict(call.results),
                                    call.item, undoes, self.clock.now, call.poll))
