@@ -281,3 +281,11 @@ def test_an_attempt_makes_the_same_tries_every_time(sas, sas_env):
         first = {c.attempt: c.at for c in reversed(calls)}
         seen.add(tuple((c.attempt, c.try_number, round(c.at - first[c.attempt], 6)) for c in calls))
     assert len(seen) == 1, sorted(seen)  # the same tries, each as far into its attempt
+
+
+def test_notifications_of_a_name_no_run_was_given_are_an_error_not_an_empty_list(sas, sas_env):
+    env = sas_env(sas)
+    env.run("charge_only", {"amount": 1.0}, reply_to="shop")
+    assert [n["kind"] for n in env.notifications("shop")][-1] == "processed"
+    with pytest.raises(KeyError, match=r"no run was submitted with reply_to 'shpo'; runs were with: \['shop'\]"):
+        env.notifications("shpo")

@@ -31,6 +31,12 @@ class Queries:
             ).first()
         return None if row is None else as_row(RunRow, row)
 
+    def reply_queues(self) -> list[str]:
+        """Every reply queue a run was submitted with (the test kit's check of a name)."""
+        with self.engine.connect() as conn:
+            found = conn.execute(select(runs.c.reply_to).where(runs.c.reply_to.is_not(None)).distinct())
+            return sorted(row[0] for row in found)
+
     def get_steps(self, run_id: str) -> list[StepRow]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.position))

@@ -252,7 +252,10 @@ class Environment:
 
     def notifications(self, reply_to: str) -> list[dict[str, Any]]:
         """Every progress notification relayed so far to ``reply_to`` (runs submitted with it),
-        each once, in order."""
+        each once, in order. A name no run was submitted with is an error (a misspelled one would
+        otherwise read as "nothing was notified")."""
+        if reply_to not in self._inboxes and reply_to not in (known := self.app.store.reply_queues()):
+            raise KeyError(f"no run was submitted with reply_to {reply_to!r}; runs were with: {known or 'none'}")
         inbox, received = self._inbox(reply_to)
         received += inbox.iter(timeout=0.001)
         return list(received)
