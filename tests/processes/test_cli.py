@@ -55,6 +55,10 @@ def test_migrate_submit_list_and_show(sas_cli, tmp_path):
     assert shown["events"][0]["to_state"] == "pending"
     assert "charge_payment" in sas_cli("show", run_id).stdout
     assert json.loads(sas_cli("show", "order:cli-1", "--json").stdout)["id"] == run_id  # WORKFLOW:BUSINESS_KEY
+    # what users and services wrote is shown as written, never read as the terminal's markup
+    sas_cli("submit", "order", "--key", "odd-[/tmp]", "--payload", '{"amount": 1}')
+    assert "key=odd-[/tmp]" in sas_cli("show", "order:odd-[/tmp]").stdout
+    assert "odd-[/tmp]" in sas_cli("runs").stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home"], "the embedded broker writes only under SAS_HOME"
 
 

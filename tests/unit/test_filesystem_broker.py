@@ -70,6 +70,24 @@ def test_messages_come_out_in_the_order_they_were_put(tmp_path):
         assert [channel._get("notes")["i"] for _ in range(500)] == list(range(500))
 
 
+def test_a_queue_named_as_long_as_a_reply_queue_may_be_takes_messages(tmp_path):
+    """``reply_to`` may be 200 characters: a message file's name (at most 255 bytes) holds it."""
+    with embedded(tmp_path) as conn:
+        channel = conn.default_channel
+        channel._put("r" * 200, {"i": 1})
+        assert channel._get("r" * 200) == {"i": 1}
+
+
+def test_messages_written_before_an_upgrade_are_taken_first(tmp_path):
+    """kombu's own names start with a millisecond's digits; a message left under one is older than
+    any this transport writes now."""
+    with embedded(tmp_path) as conn:
+        channel = conn.default_channel
+        channel._put("orders", {"i": 2})
+        (tmp_path / "broker" / "queue" / "1764460000000_0b7e.orders.msg").write_text(json.dumps({"i": 1}))
+        assert [channel._get("orders")["i"] for _ in range(2)] == [1, 2]
+
+
 def _bind_in_turns(home: Path, me: int, rounds: int, start: Any, failures: Any) -> None:
     """One worker's part of the exchange race: at each round, with the others, bind a queue of its
     own to an exchange nobody has bound before."""

@@ -289,3 +289,21 @@ def test_notifications_of_a_name_no_run_was_given_are_an_error_not_an_empty_list
     assert [n["kind"] for n in env.notifications("shop")][-1] == "processed"
     with pytest.raises(KeyError, match=r"no run was submitted with reply_to 'shpo'; runs were with: \['shop'\]"):
         env.notifications("shpo")
+
+
+def test_a_paused_run_that_is_cancelled_or_passes_its_deadline_still_finishes(sas, sas_env):
+    """Paused is a stop only while the run would go on: once cancelled it is undone, paused or not,
+    and its deadline undoes it too."""
+    sas.register(Workflow("due_subscription", [
+        Step("charge", "billing.charge", timeout=10, compensate="billing.refund"),
+        Sleep("cooling_off", timedelta(days=3))], deadline=timedelta(hours=1)))
+    env = sas_env(sas)
+    env.stub("billing.refund", sequence=[HANG, {"refunded": "r-1"}, {"refunded": "r-2"}])  # the first undo hangs
+    cancelled = env.start("subscription", {"amount": 1.0})
+    env.app.pause(cancelled.id, by="ops")
+    env.app.cancel(cancelled.id, by="ops")
+    assert env.finish(cancelled).state is RunState.CANCELLED
+
+    overdue = env.start("due_subscription", {"amount": 1.0})
+    env.app.pause(overdue.id, by="ops")
+    assert env.finish(overdue).state is RunState.COMPENSATED

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 from kombu.exceptions import KombuError
+from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -125,7 +126,7 @@ def runs(ctx: Context, state: str | None, workflow: str | None, version: str | N
         return
     table = Table("run", "workflow", "version", "business key", "state", "failures", "created")
     for r in rows:
-        table.add_row(r.id, r.workflow, r.version or "-", r.business_key, r.process_state, str(r.failure_count),
+        table.add_row(r.id, r.workflow, r.version or "-", escape(r.business_key), r.process_state, str(r.failure_count),
                       when(r.created_at))
     console.print(table)
 
@@ -195,7 +196,7 @@ def show(ctx: Context, run: str, as_json: bool) -> None:
         click.echo(json.dumps(out, default=str))
         return
     r = view.run
-    console.print(f"[bold]{r.id}[/] {r.workflow} version={r.version or '-'} key={r.business_key} "
+    console.print(f"[bold]{r.id}[/] {r.workflow} version={r.version or '-'} key={escape(r.business_key)} "
                   f"state=[bold]{r.process_state}[/] failures={r.failure_count} locked_by={r.locked_by or '-'}")
     if r.schedule:
         console.print(f"started by schedule {r.schedule}")
@@ -206,7 +207,7 @@ def show(ctx: Context, run: str, as_json: bool) -> None:
         console.print(f"one at a time per key {r.slot!r} (at most {r.max_running}): {holds} since "
                       f"{when(r.slot_since)} UTC")
     if r.error:
-        console.print(f"error: {r.error}")
+        console.print(f"error: {escape(r.error)}")
     if r.parent_run_id:
         console.print(f"child of run {r.parent_run_id} (its step #{r.parent_position}), depth {r.depth}")
     if r.rerun_of:
@@ -221,25 +222,26 @@ def show(ctx: Context, run: str, as_json: bool) -> None:
         after = "" if is_branch or s.is_undo else after_text(graph.waits_for_names(s), s)
         steps.add_row(str(s.position), f"  └ {s.name}" if is_branch else s.name, after, does(s),
                       s.state, str(s.attempt), f"{s.failure_count}/{s.max_failures}", when(s.complete_by),
-                      s.error or "")
+                      escape(s.error or ""))
     console.print(steps)
     results = Table("#", "step", "result")
     for s in view.steps:
         if s.result is not None:
-            results.add_row(str(s.position), s.name, result_text(s.result, width=150))
+            results.add_row(str(s.position), s.name, escape(result_text(s.result, width=150)))
     if results.row_count:
         console.print(results)
     signals = ctx.app.store.signals_of(r.id)
     if signals:
         table = Table("received", "event", "status", "by", "payload")
         for sig in signals:
-            table.add_row(when(sig.received_at), sig.event, sig.status, sig.sent_by or "", json.dumps(sig.payload))
+            table.add_row(when(sig.received_at), sig.event, sig.status, escape(sig.sent_by or ""),
+                          escape(json.dumps(sig.payload)))
         console.print(table)
     history = Table("at", "step", "event", "from", "to", "attempt", "actor", "detail")
     for e in view.events:
         history.add_row(when(e.at), "-" if e.position is None else str(e.position), e.kind,
                         e.from_state or "", e.to_state or "", "" if e.attempt is None else str(e.attempt),
-                        e.actor or "", detail_text(e.detail))
+                        escape(e.actor or ""), escape(detail_text(e.detail)))
     console.print(history)
 
 

@@ -12,8 +12,11 @@ by something else, or a disk that filled) is left in the processed folder and lo
 consumer goes on to the next message rather than exit.
 
 A message's name starts with the moment it was written, in nanoseconds and padded so names sort as
-numbers, then its writer's process id and count: kombu takes a queue's messages in the order their
-names sort, and a millisecond (as kombu names them) holds several of one run's notifications.
+numbers, then its writer's process id and count (unique on the machine, and shorter than kombu's
+millisecond and uuid, so a queue's name may be as long as before): kombu takes a queue's messages in
+the order their names sort, and a millisecond (as kombu names them) holds several of one run's
+notifications. The leading ``t`` sorts after the digits kombu's own names start with: messages
+written before an upgrade are taken first.
 
 An exchange's bindings (``<exchange>.exchange``, which fanout messages and Celery's remote control
 read) are a file too, and kombu's channel creates it and only then locks it to write, so a worker
@@ -57,7 +60,7 @@ _written = itertools.count()
 class Channel(filesystem.Channel):
     def _put(self, queue: Any, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]  # as kombu's own
         """Write ``payload`` to ``queue``: whole, then under its name."""
-        name = f"{monotonic_ns():020d}_{os.getpid()}_{next(_written):012d}_{uuid.uuid4().hex}.{queue}.msg"
+        name = f"t{monotonic_ns():020d}_{os.getpid()}_{next(_written):012d}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = f"{final}.part"  # not ``<queue>.msg``: no consumer takes it, nor counts or purges it
         try:
@@ -91,8 +94,13 @@ def _create_whole(path: Path, content: bytes) -> None:
     draft = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     try:
         draft.write_bytes(content)
-        with suppress(FileExistsError):
+        try:
             os.link(draft, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: created and written, as kombu does
+            with suppress(FileExistsError), open(path, "xb") as f:
+                f.write(content)
     except OSError as exc:
         raise ChannelError(f"Cannot create {path}") from exc
     finally:

@@ -45,7 +45,7 @@ from sas_app.interfaces.schedules import Overlap
 from sas_app.interfaces.signals import SignalReceipt
 from sas_app.messaging import memory_transport
 from sas_app.settings import Settings
-from sas_app.states import TERMINAL_RUN_STATES
+from sas_app.states import TERMINAL_RUN_STATES, RunState
 from sas_app.store.migrate import migrate
 from sas_app.testing.clock import VirtualClock
 from sas_app.testing.postgres import ScratchSchema
@@ -226,9 +226,14 @@ class Environment:
             view = self.app.get_run(run_id)
             if view.process_state in TERMINAL_RUN_STATES and not self._unsent(run_id):
                 return view
-            if view.run.paused_by is not None:
-                raise AssertionError(f"run {run_id} ({view.run.workflow}) is paused by {view.run.paused_by}: "
-                                     "resume it first")
+            if view.run.paused_by is not None and view.process_state in (RunState.PENDING, RunState.PROCESSING):
+                # nothing moves it on but a resume, or its deadline (which undoes it, paused or not)
+                if view.run.deadline is None:
+                    raise AssertionError(f"run {run_id} ({view.run.workflow}) is paused by {view.run.paused_by}: "
+                                         "resume it first")
+                if self.clock.now <= view.run.deadline:
+                    self.clock.move_past(view.run.deadline)
+                    continue
             due = self._next_due()
             if due is None:
                 raise AssertionError(f"run {run_id} ({view.run.workflow}) is {view.process_state} and waits for "
