@@ -53,11 +53,10 @@ class ProcessGone(Exception):
 
 def _all_running(procs: Processes, names: list[str]) -> None:
     """Raise :class:`ProcessGone` if one of ``names`` has exited: the demo would wait for it in vain."""
-    for name in names:
-        try:
-            procs.is_ready(name)
-        except RuntimeError as exc:
-            raise ProcessGone(f"the demo's {exc}") from None
+    try:
+        procs.check_running(*names)
+    except RuntimeError as exc:
+        raise ProcessGone(f"the demo's {exc}") from None
 
 
 def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json: bool) -> dict[str, Any]:

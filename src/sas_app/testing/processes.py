@@ -251,11 +251,16 @@ class Processes:
     def ready_file(self, name: str) -> Path:
         return self.logs / f"{name}.ready"
 
+    def check_running(self, *names: str) -> None:
+        """Raise ``RuntimeError`` (with its log's tail) if one of ``names`` has exited."""
+        for name in names:
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
+
     def is_ready(self, name: str) -> bool:
         """True once ``name`` is ready; raises ``RuntimeError`` (with its log's tail) if it exited."""
-        proc = self.procs[name]
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
+        self.check_running(name)
         ready = self.ready.get(name)
         if ready is None:
             return True
