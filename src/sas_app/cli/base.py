@@ -92,6 +92,12 @@ pass_ctx = click.make_pass_decorator(Context)
 
 
 
+def named_run(text: str) -> str | tuple[str, str]:
+    """A command's RUN argument: a run id, or ``WORKFLOW:BUSINESS_KEY`` as a (workflow, key) pair."""
+    workflow, colon, key = text.partition(":")
+    return (workflow, key) if colon else text
+
+
 def json_option(value: str | None, option: str) -> Any:
     if value is None:
         return None

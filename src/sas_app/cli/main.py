@@ -23,7 +23,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from sas_app.cli import access, fleet, operate, serve
-from sas_app.cli.base import DEFAULT_APP, Context, console, fail, pass_ctx
+from sas_app.cli.base import DEFAULT_APP, Context, console, fail, named_run, pass_ctx
 from sas_app.definitions.inputs import input_schema
 from sas_app.engine.graph import Graph
 from sas_app.errors import SasError, UnknownWorkflow, one_line
@@ -178,12 +178,8 @@ def workflows(ctx: Context, as_json: bool) -> None:
 def show(ctx: Context, run: str, as_json: bool) -> None:
     """Show a run, its steps (with their results) and its event history. RUN is a run id or
     WORKFLOW:BUSINESS_KEY."""
-    workflow, colon, key = run.partition(":")
-    found = ctx.app.store.find_run(workflow, key) if colon else None
-    if colon and found is None:
-        fail(f"no run of workflow {workflow!r} with business key {key!r}")
-    run_id = found.id if found is not None else run
     try:
+        run_id = ctx.app.signals.run_id(named_run(run))
         view = ctx.app.get_run(run_id)
     except SasError as exc:
         fail(str(exc))

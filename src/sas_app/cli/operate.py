@@ -12,7 +12,7 @@ import sys
 import click
 from rich.table import Table
 
-from sas_app.cli.base import Context, console, fail, json_option, operate, operator_options, pass_ctx
+from sas_app.cli.base import Context, console, fail, json_option, named_run, operate, operator_options, pass_ctx
 from sas_app.errors import SasError
 from sas_app.interfaces.access import Actor
 from sas_app.interfaces.operations import done_message
@@ -41,15 +41,16 @@ def resubmit(ctx: Context, run_id: str, step: str | None, step_input: str | None
 @pass_ctx
 def signal(ctx: Context, run: str, event: str, payload: str, by: str) -> None:
     """Send EVENT to a run waiting for it (a WaitFor step). RUN is a run id or WORKFLOW:BUSINESS_KEY."""
-    workflow, colon, key = run.partition(":")
+    named = named_run(run)
     value = json_option(payload, "--payload")
     try:
-        with ctx.app.audit.acting(Actor.cli(by), "signal", run_id=None if colon else run,
-                                  target=f"{run}:{event}" if colon else event) as entry:
-            if colon:
-                receipt = ctx.app.signal(workflow=workflow, business_key=key, event=event, payload=value, by=by)
+        with ctx.app.audit.acting(Actor.cli(by), "signal", run_id=named if isinstance(named, str) else None,
+                                  target=event if isinstance(named, str) else f"{run}:{event}") as entry:
+            if isinstance(named, str):
+                receipt = ctx.app.signal(named, event, value, by=by)
             else:
-                receipt = ctx.app.signal(run, event, value, by=by)
+                receipt = ctx.app.signal(workflow=named[0], business_key=named[1], event=event, payload=value,
+                                         by=by)
             entry.run_id = receipt.run_id
     except SasError as exc:
         fail(str(exc))

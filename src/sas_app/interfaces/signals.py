@@ -85,10 +85,12 @@ class Signals:
             raise InvalidSignal(str(exc)) from None
         if not isinstance(by, str) or len(by) > 200:
             raise InvalidSignal(f"by must be a name of at most 200 characters, got {by!r}")
-        run_id = self._run_id(run)
+        run_id = self.run_id(run)
         return SignalReceipt(run_id, event, self.scheduler.signal(run_id, event, payload, by))
 
-    def _run_id(self, run: Any) -> str:
+    def run_id(self, run: Any) -> str:
+        """The id of ``run`` — a run id, or a ``(workflow, business_key)`` pair: :class:`UnknownRun`
+        where no run has that key, :class:`InvalidSignal` for anything else."""
         if isinstance(run, str) and run:
             return run
         if isinstance(run, (tuple, list)) and len(run) == 2 and all(isinstance(p, str) and p for p in run):
