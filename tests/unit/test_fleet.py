@@ -215,6 +215,8 @@ def test_each_agent_has_a_scaled_object_on_its_outstanding_steps_per_worker_proc
         agent = s["metadata"]["name"].removeprefix("sas-agent-")
         assert trigger["metadata"]["query"] == f'max(sas_agent_outstanding{{agent="{agent}"}})'
         assert trigger["metadata"]["threshold"] == command[command.index("-c") + 1]
+        # a series missing (Prometheus not scraping the dashboard) is an error, not zero steps
+        assert trigger["metadata"]["ignoreNullValues"] == "false"
 
 
 def test_sas_kubernetes_refuses_what_it_cannot_write_and_writes_nothing(sas_cli, tmp_path):
@@ -227,3 +229,123 @@ def test_sas_kubernetes_refuses_what_it_cannot_write_and_writes_nothing(sas_cli,
         result = sas_cli("kubernetes", "--image", "x", "--out", str(out), *args, code=2)
         assert message in result.output
         assert not out.exists()
+
+
+def test_agents_get_kubernetes_names_and_two_that_would_share_one_are_refused(sas_cli, tmp_path):
+    """An agent may be named ``idle_Agent``; a Kubernetes object may not: its Deployment, container,
+    budget and ScaledObject are named ``...-idle-agent``, and every object is valid. Two agents
+    that would get the same name are refused, naming both, and nothing is written."""
+    CLI_APP.agent("idle_Agent")
+    out = tmp_path / "out"
+    sas_cli("kubernetes", "--image", "x:1", "--out", str(out))
+    objects = kustomized(out) + kustomized(out / "keda")
+    for document in objects:
+        if document["kind"] != "ScaledObject":
+            kubernetes_validate.validate(document, KUBERNETES, strict=True)
+    [deployment] = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "sas-agent-idle-agent"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "agent-idle-agent"
+    assert container["command"][container["command"].index("-Q") + 1] == "sas.agent.idle_Agent"
+    [scaled] = [o for o in objects if o["kind"] == "ScaledObject"]
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "sas-agent-idle-agent"
+    assert scaled["spec"]["triggers"][0]["metadata"]["query"] == 'max(sas_agent_outstanding{agent="idle_Agent"})'
+
+    CLI_APP.agent("idle-agent")
+    again = tmp_path / "again"
+    result = sas_cli("kubernetes", "--image", "x:1", "--out", str(again), code=2)
+    assert "agents 'idle-agent' and 'idle_Agent' would both be named 'idle-agent'" in result.output
+    assert not again.exists()
+
+
+def test_a_filled_in_secret_is_kept_and_no_secret_leaves_it_to_you(sas_cli, tmp_path):
+    """Re-running ``sas kubernetes`` (after adding an agent, as the how-to says) never puts the
+    placeholders back over passwords filled in; ``--no-secret`` writes no Secret and lists none,
+    for a Secret made from the user's own secret store."""
+    CLI_APP.agent("payment")
+    out = tmp_path / "out"
+    sas_cli("kubernetes", "--image", "x:1", "--out", str(out))
+    secret = out / "secret.yaml"
+    assert "CHANGE-ME" in secret.read_text()
+    filled = secret.read_text().replace("CHANGE-ME", "s3cret")
+    secret.write_text(filled)
+    result = sas_cli("kubernetes", "--image", "x:2", "--out", str(out))
+    assert secret.read_text() == filled
+    assert f"{secret} kept as it was" in result.output
+    [secret_object] = [o for o in kustomized(out) if o["kind"] == "Secret"]
+    assert "s3cret" in secret_object["stringData"]["SAS_DATABASE_URL"]
+
+    bare = tmp_path / "bare"
+    sas_cli("kubernetes", "--image", "x:1", "--out", str(bare), "--no-secret")
+    assert not (bare / "secret.yaml").exists()
+    objects = kustomized(bare)
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert {"secretRef": {"name": "sas-secrets"}} in deployment["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+
+
+def test_a_new_image_gets_a_migration_job_of_its_own(sas_cli, tmp_path):
+    """A Job's pod cannot be changed: applying a new image to a Job of the same name fails, and
+    no migration runs. Each image and schema revision has its own Job; the same ones, the same."""
+    CLI_APP.agent("payment")
+
+    def job(image: str, out: Path) -> str:
+        sas_cli("kubernetes", "--image", image, "--out", str(out))
+        [found] = [o for o in kustomized(out) if o["kind"] == "Job"]
+        kubernetes_validate.validate(found, KUBERNETES, strict=True)
+        return found["metadata"]["name"]
+
+    first = job("shop:1.4.2", tmp_path / "a")
+    assert first.startswith("sas-migrate-")
+    assert job("shop:1.4.2", tmp_path / "b") == first
+    assert job("shop:1.4.3", tmp_path / "c") != first
+
+
+@pytest.mark.integration  # the sas command, run as a user would
+def test_a_step_timeout_given_with_env_sets_the_grace_period(tmp_path):
+    """A timeout the app reads from its environment, given as ``--env`` (what the pods will be
+    given), is the timeout the grace period and the drain are computed from."""
+    (tmp_path / "shop.py").write_text(
+        "import os\n"
+        "from sas_app import SasApp, Step\n"
+        "sas = SasApp()\n"
+        "billing = sas.agent('billing')\n"
+        "@billing.action\n"
+        "def charge(call):\n"
+        "    return {}\n"
+        "timeout = float(os.environ.get('CHARGE_TIMEOUT', '60'))\n"
+        "sas.workflow('order', steps=[Step('charge', charge, timeout=timeout)])\n")
+    env = {**os.environ, "SAS_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-m", "sas_app.cli", "--app", "shop:sas", "kubernetes", "--image", "shop:1",
+                           "--out", str(tmp_path / "k8s"), "--env", "CHARGE_TIMEOUT=300"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [deployment] = [o for o in kustomized(tmp_path / "k8s") if o["metadata"]["name"] == "sas-agent-billing"
+                    and o["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 300 + DRAIN_MARGIN
+    [config] = [o for o in kustomized(tmp_path / "k8s") if o["kind"] == "ConfigMap"]
+    assert config["data"]["CHARGE_TIMEOUT"] == "300"
+
+
+@pytest.mark.integration  # the sas command, run as a user would
+@pytest.mark.parametrize("scheme", ["redis", "amqp"])
+def test_sas_health_gives_up_on_a_broker_that_never_answers_within_its_timeout(tmp_path, scheme):
+    """A broker that accepts connections and never answers (a hung server, a proxy whose backend
+    is gone): readiness says so in one line and exits 1; liveness does not judge the worker for
+    it and exits 0 — both within their ``--timeout``, never outlasting the kubelet's probe."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    SasApp(Settings(home=tmp_path / "home", broker_url="memory://localhost/", database_url=url)).migrate()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nothing ever answers
+        env = {**os.environ, "SAS_HOME": str(tmp_path / "home"), "SAS_DATABASE_URL": url,
+               "SAS_BROKER_URL": f"{scheme}://guest:guest@127.0.0.1:{silent.getsockname()[1]}/"}
+        for args, code, said in [([], 1, "unhealthy: broker: "),
+                                 (["--worker", "payment@pod", "--alive"], 0, "ok: the broker does not answer")]:
+            started = time.monotonic()
+            done = subprocess.run([sys.executable, "-m", "sas_app.cli", "health", "--timeout", "1", *args], env=env,
+                                  capture_output=True, text=True, timeout=30)
+            took = time.monotonic() - started
+            assert done.returncode == code, done.stdout + done.stderr
+            assert done.stdout.startswith(said), done.stdout
+            assert took < 15, took  # the probe's timeoutSeconds is 20 (liveness 30)

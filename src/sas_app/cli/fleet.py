@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from celery.utils.nodenames import host_format
 from rich.table import Table
 
 from sas_app.cli.base import Context, console, fail, pass_ctx
-from sas_app.interfaces.manifests import Manifests, Options, longest_steps
+from sas_app.interfaces.manifests import ManifestError, Manifests, Options, longest_steps
 from sas_app.store.backlog import backlog as read_backlog
 
 
@@ -76,7 +77,8 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="The folder to write the kustomization to (its files are replaced).")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
-              help="A setting for every process, added to the ConfigMap (repeat it).")
+              help="A setting for every process, added to the ConfigMap (repeat it); the app is loaded "
+                   "with it, so a step timeout read from it sets the grace periods.")
 @click.option("--concurrency", multiple=True, metavar="AGENT=N",
               help="Worker processes per pod for AGENT (repeat it; default SAS_AGENT_CONCURRENCY).")
 @click.option("--replicas", type=click.IntRange(1, 100), default=2, show_default=True,
@@ -84,12 +86,17 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--prometheus", default=Options.prometheus, show_default=True,
               help="The Prometheus that KEDA asks for each agent's backlog.")
 @click.option("--name", default="sas", show_default=True, help="Prefix of every object's name.")
+@click.option("--secret/--no-secret", default=True, show_default=True,
+              help="Write secret.yaml with placeholders if OUT has none (never over one), and list it; "
+                   "--no-secret: you create the Secret NAME-secrets yourself.")
 @pass_ctx
 def kubernetes(ctx: Context, image: str, out: Path, env: tuple[str, ...], concurrency: tuple[str, ...],
-               replicas: int, prometheus: str, name: str) -> None:
+               replicas: int, prometheus: str, name: str, secret: bool) -> None:
     """Write Kubernetes manifests for this app: a Deployment per agent (its grace period from its
     longest step), the Scheduler, beat, the dashboard and Flower, a migration Job, probes, budgets
     and KEDA ScaledObjects. Apply with kubectl apply -k OUT."""
+    settings = _pairs(env, "--env")
+    os.environ.update(settings)  # before the app is loaded: it is loaded as the pods will load it
     app = ctx.app
     per_agent: dict[str, int] = {}
     for agent, value in _pairs(concurrency, "--concurrency").items():
@@ -100,10 +107,18 @@ def kubernetes(ctx: Context, image: str, out: Path, env: tuple[str, ...], concur
         per_agent[agent] = int(value)
     if not name.replace("-", "").isalnum() or not name.islower() or not name[0].isalpha():
         fail(f"--name {name!r}: lower-case letters, digits and '-', starting with a letter (a Kubernetes name)")
-    options = Options(image=image, app=ctx.spec, name=name, env=_pairs(env, "--env"), concurrency=per_agent,
-                      default_concurrency=app.settings.agent_concurrency, replicas=replicas, prometheus=prometheus)
-    for path in Manifests(longest_steps(app.agents, app.workflows.values()), options).write(out):
+    options = Options(image=image, app=ctx.spec, name=name, env=settings, concurrency=per_agent,
+                      default_concurrency=app.settings.agent_concurrency, replicas=replicas, prometheus=prometheus,
+                      secret=secret)
+    try:
+        manifests = Manifests(longest_steps(app.agents, app.workflows.values()), options)
+    except ManifestError as exc:
+        fail(str(exc))
+    written = manifests.write(out)
+    for path in written:
         click.echo(path)
+    if secret and out / "secret.yaml" not in written:
+        click.echo(f"{out / 'secret.yaml'} kept as it was (it may hold your passwords)")
 
 
 COMMANDS = [health, backlog, kubernetes]

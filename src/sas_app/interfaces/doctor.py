@@ -133,19 +133,25 @@ class Doctor:
                 if engine is not self.store.engine:
                     engine.dispose()
         where = redact_url(self.settings.broker_url)
-        try:
-            with self.celery.connection_for_write() as conn:
+        # Every wait on the broker bounded by ``timeout``: connecting, and each answer on Redis (a
+        # broker that accepts connections and never answers would outlast the probe's own time-out).
+        bounded = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
+        with self.celery.connection_for_write(transport_options=bounded, connect_timeout=timeout) as conn:
+            try:
                 conn.ensure_connection(max_retries=1, timeout=timeout)
-        except Exception as exc:
-            if alive:
-                return Check("broker", 0, detail=f"the broker does not answer ({one_line(exc)}): not judged")
-            return Check("broker", 1, where, one_line(exc), "start the broker, or point SAS_BROKER_URL at it")
-        if worker is None:
-            return Check("health", 0, detail="database, schema and broker answer")
-        try:
-            replies = self.celery.control.broadcast("sas_clock", destination=[worker], reply=True, timeout=timeout)
-        except Exception as exc:
-            return Check("worker", 1, worker, f"could not ask it: {one_line(exc)}", "check the broker")
+            except Exception as exc:
+                if alive:
+                    return Check("broker", 0, detail=f"the broker does not answer ({one_line(exc)}): not judged")
+                return Check("broker", 1, where, one_line(exc), "start the broker, or point SAS_BROKER_URL at it")
+            if worker is None:
+                return Check("health", 0, detail="database, schema and broker answer")
+            try:
+                replies = self.celery.control.broadcast("sas_clock", destination=[worker], reply=True,
+                                                        timeout=timeout, connection=conn)
+            except Exception as exc:
+                if alive:
+                    return Check("broker", 0, detail=f"the broker does not answer ({one_line(exc)}): not judged")
+                return Check("worker", 1, worker, f"could not ask it: {one_line(exc)}", "check the broker")
         queues = sorted({q for reply in replies or [] for answer in reply.values() for q in answer.get("queues", [])})
         if not replies:
             return Check("worker", 1, worker, f"did not answer within {timeout:g} s",

@@ -4,18 +4,21 @@ app declares — one Deployment per agent, each given the grace period its longe
 What is written (a kustomization; ``kubectl apply -k DIR``):
 
 * ``config.yaml`` — a ConfigMap of the settings every process shares (``SAS_APP``, ``SAS_HOME``,
-  and any ``--env``); ``secret.yaml`` — a Secret holding the URLs and passwords (placeholders to
-  replace, or create the Secret yourself and drop the file);
-* ``migrate.yaml`` — a Job running ``sas migrate`` (safe to run again; removed a while after it
-  succeeds, so the next ``kubectl apply`` runs it again for an upgrade);
+  and any ``--env``); ``secret.yaml`` — a Secret holding the URLs and passwords, written with
+  placeholders only when the folder has none (a filled-in one is never replaced), and left out
+  with ``secret=False`` for a Secret made another way;
+* ``migrate.yaml`` — a Job running ``sas migrate`` (safe to run again), named after the schema
+  revision and the image: a Job's pod cannot be changed, so a new image is a new Job, which runs;
 * ``scheduler.yaml`` — the Scheduler and Supervisor's workers (``sas.scheduler``, ``sas.supervisor``);
-* ``agent-<name>.yaml`` — one Deployment per agent on ``sas.agent.<name>``, its
+* ``agent-<name>.yaml`` — one Deployment per agent on ``sas.agent.<name>`` (its Kubernetes name
+  the agent's in lower case, ``_`` as ``-``: :func:`kube_name`), its
   ``terminationGracePeriodSeconds`` the agent's longest step timeout plus :data:`DRAIN_MARGIN`:
   a scale-down's SIGTERM starts Celery's warm shutdown, which lets every step in hand finish
   (an agent gives up a step at its complete-by) before the pod is killed;
 * ``beat.yaml`` (one replica, replaced rather than rolled: beat sends the Supervisor's sweeps),
   ``dashboard.yaml`` and ``flower.yaml`` (each with its Service);
-* a PodDisruptionBudget beside each Deployment of more than one replica;
+* a PodDisruptionBudget beside each worker's Deployment: a voluntary disruption (a node's drain)
+  takes its pods one at a time;
 * ``keda/`` — a KEDA ``ScaledObject`` per agent, scaling its Deployment on the steps it has to do
   (``sas_agent_outstanding``, from the state store: :mod:`sas_app.store.backlog`), in a
   kustomization of its own for clusters that run KEDA.
@@ -27,7 +30,9 @@ it). The dashboard answers ``/healthz`` and ``/livez``, Flower ``/healthcheck``.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +43,7 @@ import yaml
 from sas_app.definitions.steps import action_name
 from sas_app.definitions.workflow import Workflow
 from sas_app.messaging.routing import SCHEDULER_QUEUE, SUPERVISOR_QUEUE, agent_queue
+from sas_app.store.migrate import SCHEMA_HEAD
 
 #: seconds a worker is given past its longest step to reply, hand back what it has not started
 #: and close its connections, after Kubernetes's SIGTERM
@@ -54,6 +60,17 @@ FLOWER_PORT = 5555
 #: the scratch space every container writes to (beat's schedule, Celery's files); the root file
 #: system is read-only
 SCRATCH = "/tmp"
+#: a Kubernetes object or container name (an RFC 1123 label)
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+class ManifestError(ValueError):
+    """What ``sas kubernetes`` cannot write for this app, and why."""
+
+
+def kube_name(agent: str) -> str:
+    """``agent`` as Kubernetes names its objects and containers: lower case, ``_`` as ``-``."""
+    return agent.lower().replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,8 @@ class Options:
     default_concurrency: int = 4
     replicas: int = 2
     prometheus: str = "http://prometheus-server.monitoring.svc:80"
+    #: write the Secret (placeholders) and list it in the kustomization
+    secret: bool = True
 
 
 def longest_steps(agents: Iterable[str], workflows: Iterable[Workflow]) -> dict[str, float]:
@@ -93,6 +112,19 @@ class Manifests:
     def __init__(self, longest: Mapping[str, float], options: Options) -> None:
         self.longest = dict(sorted(longest.items()))
         self.o = options
+        self.names: dict[str, str] = {}
+        for agent in self.longest:
+            name = kube_name(agent)
+            if name in self.names.values():
+                other = next(a for a, n in self.names.items() if n == name)
+                raise ManifestError(f"agents {other!r} and {agent!r} would both be named {name!r} in Kubernetes "
+                                    "(lower case, '_' as '-'): rename one")
+            longest_name = f"{options.name}-agent-{name}"
+            if not _LABEL.fullmatch(name) or len(longest_name) > 63:
+                raise ManifestError(f"agent {agent!r} gives the Kubernetes name {longest_name!r}: at most 63 "
+                                    "lower-case letters, digits and '-', starting and ending with a letter or "
+                                    "digit; rename the agent or shorten --name")
+            self.names[agent] = name
 
     def concurrency(self, agent: str) -> int:
         return self.o.concurrency.get(agent, self.o.default_concurrency)
@@ -102,15 +134,15 @@ class Manifests:
         files: dict[str, list[dict[str, Any]]] = {
             "config.yaml": [self._meta("ConfigMap", f"{o.name}-config", data={
                 "SAS_APP": o.app, "SAS_HOME": f"{SCRATCH}/sas", **o.env})],
-            "secret.yaml": [self._meta("Secret", f"{o.name}-secrets", type="Opaque",
-                                       stringData=dict(SECRET_PLACEHOLDERS))],
+            **({"secret.yaml": [self._meta("Secret", f"{o.name}-secrets", type="Opaque",
+                                           stringData=dict(SECRET_PLACEHOLDERS))]} if o.secret else {}),
             "migrate.yaml": [self._migrate()],
             "scheduler.yaml": self._worker("scheduler", f"{SCHEDULER_QUEUE},{SUPERVISOR_QUEUE}",
                                            o.default_concurrency, grace=DRAIN_MARGIN * 2),
         }
         for agent, seconds in self.longest.items():
-            files[f"agent-{agent}.yaml"] = self._worker(
-                f"agent-{agent}", agent_queue(agent), self.concurrency(agent), node=agent,
+            files[f"agent-{self.names[agent]}.yaml"] = self._worker(
+                f"agent-{self.names[agent]}", agent_queue(agent), self.concurrency(agent), node=agent,
                 grace=math.ceil(seconds) + DRAIN_MARGIN)
         files["beat.yaml"] = [self._deployment(
             "beat", ["sas", "beat", "--schedule", f"{SCRATCH}/sas/celerybeat-schedule"], replicas=1,
@@ -125,17 +157,20 @@ class Manifests:
         files["kustomization.yaml"] = [{"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                                         "resources": sorted(files)}]
         for agent in self.longest:
-            files[f"keda/scaledobject-{agent}.yaml"] = [self._scaled_object(agent)]
+            files[f"keda/scaledobject-{self.names[agent]}.yaml"] = [self._scaled_object(agent)]
         files["keda/kustomization.yaml"] = [{
             "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
             "resources": sorted(name.split("/", 1)[1] for name in files if name.startswith("keda/scaledobject-"))}]
         return files
 
     def write(self, out: Path) -> list[Path]:
-        """Write every file under ``out`` (its own files replaced; nothing else touched)."""
+        """Write every file under ``out`` (its own files replaced, but for a ``secret.yaml`` already
+        there: it may hold the real passwords; nothing else touched). The files written."""
         written = []
         for name, documents in self.files().items():
             path = out / name
+            if name == "secret.yaml" and path.exists():
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
             header = f"# Written by `sas kubernetes` for {self.o.app}; edit the command's options, not this file.\n"
             path.write_text(header + yaml.safe_dump_all(documents, sort_keys=False, width=110))
@@ -214,23 +249,28 @@ class Manifests:
 
     def _migrate(self) -> dict[str, Any]:
         pod = self._pod("migrate", self._container("migrate", ["sas", "migrate"]), DRAIN_MARGIN, restart="OnFailure")
-        return self._meta("Job", f"{self.o.name}-migrate", "migrate", spec={
+        image = hashlib.sha256(self.o.image.encode()).hexdigest()[:8]
+        return self._meta("Job", f"{self.o.name}-migrate-{SCHEMA_HEAD}-{image}", "migrate", spec={
             "backoffLimit": 10, "ttlSecondsAfterFinished": 600, "template": pod})
 
     def _scaled_object(self, agent: str) -> dict[str, Any]:
+        # No cooldownPeriod: KEDA applies it only to scaling to zero, and these keep one pod. A pod
+        # scaled away drains within its grace period (each step in hand ends by its complete-by).
+        name = f"{self.o.name}-agent-{self.names[agent]}"
         return {
             "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
-            "metadata": {"name": f"{self.o.name}-agent-{agent}", "labels": self._labels(f"agent-{agent}")},
+            "metadata": {"name": name, "labels": self._labels(f"agent-{self.names[agent]}")},
             "spec": {
-                "scaleTargetRef": {"name": f"{self.o.name}-agent-{agent}"},
+                "scaleTargetRef": {"name": name},
                 "minReplicaCount": 1, "maxReplicaCount": 20, "pollingInterval": 15,
-                # scaling down waits out the longest step: each pod drains before it goes
-                "cooldownPeriod": max(300, math.ceil(self.longest[agent]) + DRAIN_MARGIN),
                 "triggers": [{"type": "prometheus", "metadata": {
                     "serverAddress": self.o.prometheus,
                     # every dashboard serves the same gauge: max, not sum
                     "query": f'max(sas_agent_outstanding{{agent="{agent}"}})',
                     # pods = ceil(outstanding steps / worker processes per pod)
-                    "threshold": str(self.concurrency(agent))}}],
+                    "threshold": str(self.concurrency(agent)),
+                    # no series (Prometheus not scraping the dashboard) is an error KEDA reports,
+                    # and the Deployment keeps its pods, rather than a zero that scales it down
+                    "ignoreNullValues": "false"}}],
             },
         }
