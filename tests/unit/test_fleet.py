@@ -20,10 +20,11 @@ from click.testing import CliRunner
 from prometheus_client import generate_latest
 from werkzeug.test import Client
 
-from sas_app import SasApp, Settings
+from sas_app import AgentCall, PermanentError, SasApp, Settings, Step, Workflow
 from sas_app.cli import main
 from sas_app.interfaces.manifests import DRAIN_MARGIN, longest_steps
 from sas_app.store.backlog import backlog
+from sas_app.testing import Environment
 from sas_app.web.metrics import registry_for
 from sas_app.web.site import create_site
 from tests.support import kustomized
@@ -53,6 +54,58 @@ def test_the_backlog_counts_each_agents_steps_due_dispatched_and_retrying_from_t
         pump.execute(reply)
     [svc] = backlog(sas.store, ())
     assert (svc.dispatched, svc.retrying) == (3, 1)  # the deferred step backs off: not outstanding
+
+
+
+@pytest.mark.both_stores
+def test_the_backlog_leaves_out_steps_no_worker_could_take_a_paused_runs_and_undos_queued_behind_one(
+        settings, db_url):
+    """A scaler adds pods for outstanding steps: a step of a paused run, its back-off over, and the
+    undos waiting behind the one being done cannot be sent however many pods there are, so they
+    are not outstanding (they were: a paused incident held every agent scaled up)."""
+    user = SasApp(settings)
+    x, y, z = user.agent("x"), user.agent("y"), user.agent("z")
+
+    @x.action
+    def a(call: AgentCall) -> int:
+        return 1
+
+    @x.undo
+    def undo_a(call: AgentCall) -> int:
+        return 1
+
+    @y.action
+    def c(call: AgentCall) -> int:
+        return 1
+
+    @y.undo
+    def undo_c(call: AgentCall) -> int:
+        return 1
+
+    @z.action
+    def d(call: AgentCall) -> int:
+        raise PermanentError("declined")
+
+    user.register(Workflow("undone", [Step("a", a, compensate=undo_a, timeout=30),
+                                      Step("b", a, compensate=undo_a, timeout=30),
+                                      Step("c", c, compensate=undo_c, timeout=30), Step("d", d, timeout=30)]))
+    user.register(Workflow("held", [Step("a", a, timeout=30, max_failures=5)]))
+    with Environment(user, database_url=None if db_url.startswith("sqlite") else db_url) as env:
+        env.stub(undo_c, hangs=True)  # the first undo (last step first) is being done, and hangs
+        undone = env.start("undone", {})
+        assert [s.name for s in undone.steps if s.name.startswith("undo:") and s.state == "pending"
+                and s.attempt == 0] == ["undo:b", "undo:a"]  # queued behind undo:c
+        env.stub(a, hangs=True)
+        held = env.start("held", {})
+        env.app.pause(held.id, by="ops", reason="incident")
+        env.unstub(a)
+        env.advance(600)  # the paused run's step's back-off is long over
+        env.settle()
+        assert env.get_run(held.id).steps[0].state == "pending"
+        counts = {b.agent: (b.due, b.dispatched, b.outstanding) for b in backlog(env.app.store, ("x", "y", "z"))}
+        assert counts["x"] == (0, 0, 0), counts
+        env.app.resume(held.id, by="ops")
+        assert backlog(env.app.store, ("x",))[0].outstanding == 1  # resumed: the step is the agent's again
 
 
 def test_the_gauges_a_scaled_object_reads_give_each_agents_outstanding_steps(sas, pump):

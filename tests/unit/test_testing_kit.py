@@ -157,6 +157,19 @@ def test_a_permanent_fault_undoes_what_was_done(sas, sas_env):
     assert len(env.calls("billing.refund")) == 1
 
 
+
+def test_advancing_over_a_call_that_hangs_past_the_end_leaves_the_clock_where_the_call_took_it(sas, sas_env):
+    """A call that hangs takes the clock to its complete-by; a stretch that ends before then
+    still advances (it raised that the clock cannot go back), and the clock stays where it is."""
+    env = sas_env(sas)
+    env.stub("mail.notify", hangs=True)
+    env.start("subscription", {"amount": 5.0})
+    started = env.now
+    env.advance(timedelta(days=3, hours=2, seconds=10))  # the wait times out at 2 h; notify hangs 30 s
+    assert env.now >= started + timedelta(days=3, hours=2, seconds=29).total_seconds()
+    assert [c.attempt for c in env.calls("mail.notify")] == [1]
+
+
 def test_the_users_app_is_left_as_it_was(sas, sas_env, tmp_path):
     env = sas_env(sas)
     env.stub("billing.charge", raises=PermanentError("declined"))

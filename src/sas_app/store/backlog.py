@@ -11,7 +11,9 @@ knows nothing of a step about to be sent; the store knows each live step's state
 
 Read on the live-steps partial index (``complete_by IS NOT NULL AND state IN ('pending',
 'running')``): the cost follows the number of live steps, never the table's size. Steps waiting
-in the store (sleeps, waits for an event, child runs) belong to no agent and are left out.
+in the store (sleeps, waits for an event, child runs) belong to no agent and are left out, and so
+are pending steps that cannot be sent however many workers there are: those of a paused run, and
+the undos queued behind the one being done (a run is undone one step at a time).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import and_, case, exists, func, or_, select
 
 from sas_app.states import LIVE_RUN_STATES, StepState
 from sas_app.store.database import Store
@@ -55,7 +57,11 @@ def backlog(store: Store, agents: list[str] | tuple[str, ...] = ()) -> list[Agen
     with store.begin() as tx:
         now = tx.now()
         running = steps.c.state == StepState.RUNNING.value
-        pending = steps.c.state == StepState.PENDING.value
+        earlier = steps.alias("earlier")
+        queued_undo = and_(steps.c.compensates.is_not(None), exists().where(
+            earlier.c.run_id == steps.c.run_id, earlier.c.compensates.is_not(None),
+            earlier.c.position < steps.c.position, earlier.c.state != StepState.COMPLETED.value))
+        pending = and_(steps.c.state == StepState.PENDING.value, runs.c.paused_by.is_(None), ~queued_undo)
         backing_off = and_(pending, steps.c.not_before.is_not(None), steps.c.not_before > now)
         due = and_(pending, or_(steps.c.not_before.is_(None), steps.c.not_before <= now))
         query = (

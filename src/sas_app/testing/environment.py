@@ -155,7 +155,8 @@ class Environment:
         return self.clock.now
 
     def advance(self, duration: float | timedelta) -> None:
-        """Let ``duration`` pass: everything due meanwhile happens at its time, in order."""
+        """Let ``duration`` pass: everything due meanwhile happens at its time, in order. A call
+        that hangs meanwhile takes the clock to its complete-by, which may be past the end."""
         step = float(seconds_of(duration))
         if step < 0:
             raise ValueError(f"time moves forward only: cannot advance by {duration!r}")
@@ -169,7 +170,7 @@ class Environment:
             self.settle()
         else:
             raise AssertionError(f"still busy after {MOST_MOVES} moves of the clock: a loop?")
-        self.clock.move_to(target)
+        self.clock.move_to(max(target, self.clock.now))
         self.settle()
 
     def _next_due(self) -> float | None:
