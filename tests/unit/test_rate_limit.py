@@ -72,6 +72,8 @@ def spaced_by_the_interval(open_slots) -> None:
     slots = open_slots()
     reserved, wait = slots.reserve(key, interval, 0.05)  # the next free slot is ~0.8 s off
     assert not reserved and 0.6 < wait < 0.85
+    reserved, turn = slots.reserve(key, interval, 0.05)
+    assert not reserved and abs(turn - (wait + interval)) < 0.05, "refused calls take turns one interval apart"
     reserved, again = slots.reserve(key, interval, 10.0)
     assert reserved and abs(again - wait) < 0.05, "a refused reservation takes no slot"
     assert slots.reserve(f"{key}:other", interval, 0.0) == (True, 0.0), "each key its own schedule"
@@ -141,6 +143,26 @@ def test_a_call_whose_slot_is_far_off_defers_its_step_without_a_failure(tmp_path
                 and (e.detail or {}).get("reason") == "deferred"]
     assert deferred and all("rate limit of 1/m" in e.detail["message"] for e in deferred)
     assert all(v.step("charge").failure_count == 0 for v in views)
+
+
+
+@pytest.mark.both_stores
+def test_a_burst_far_past_the_limit_defers_each_step_once_and_in_order(tmp_path, sas_env):
+    """Ten orders at once against one call a minute: the first is called, every other is deferred
+    once, to a turn of its own a minute after the one before, and is called then — not sent back
+    to be refused again each time the schedule looks like it has room (each time costing the step
+    an attempt, two transactions and two messages)."""
+    sas, order = app_with_a_limit(tmp_path, "1/m")
+    env = sas_env(sas)
+    runs = [env.start(order, {}, business_key=f"o-{i}") for i in range(10)]
+    views = [env.finish(run) for run in runs]
+
+    assert [v.process_state for v in views] == ["processed"] * 10
+    at = sorted(call.at for call in env.calls("payment.charge"))
+    assert len(at) == 10 and all(later - earlier >= 60 - 1e-6 for earlier, later in pairwise(at)), at
+    deferrals = [sum(1 for e in v.events if (e.detail or {}).get("reason") == "deferred") for v in views]
+    assert deferrals == [0] + [1] * 9, deferrals
+    assert at[-1] - at[0] < 9 * 60 + 30, "each call at its turn, with no turn left unused between"
 
 
 @pytest.mark.both_stores

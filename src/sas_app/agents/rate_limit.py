@@ -10,10 +10,14 @@ database's clock), as for the circuit breakers. The process then sleeps until it
 Calls are so spaced evenly, never in a burst: the service sees at most the limit in any second.
 
 A slot further off than the call can wait (half the time left to its step, at most
-:data:`MAX_WAIT`) is not reserved: the agent defers the step instead (back to pending for about
-that long, no failure counted), so that a process does not sleep through most of its step's time
-and a long backlog of calls waits in the store, not in worker processes. A slot reserved by a call
-that then does not happen (its process died) is simply unused: the limit errs on the slow side.
+:data:`MAX_WAIT`) is not reserved: the agent defers the step instead (back to pending, no failure
+counted), so that a process does not sleep through most of its step's time and a long backlog of
+calls waits in the store, not in worker processes. A refused call takes a turn in a line the
+schedule keeps beside its slots (a second key, moved on by one slot per refusal), and its step
+comes back a little before that turn: a burst of a thousand calls at two a second is deferred once
+each and comes back in order, where coming back "about when the schedule has room" sent them all
+back together, to be refused again and again. A slot reserved by a call that then does not happen
+(its process died), or a turn not taken, is simply unused: the limit errs on the slow side.
 
 With ``key`` an agent limits each key separately — each tenant, say: ``rate_limit_key=lambda call:
 call.payload["tenant"]`` gives every tenant its own 20 a second.
@@ -32,6 +36,7 @@ import redis
 
 from sas_app.errors import WorkflowDefinitionError
 from sas_app.settings import calls_per_second
+from sas_app.store.rate_limits import LINE
 
 #: the longest a call sleeps in its worker for its slot; past it the step is deferred
 MAX_WAIT = 5.0
@@ -54,12 +59,15 @@ class Slots(Protocol):
     def reserve(self, key: str, interval: float, horizon: float) -> tuple[bool, float]:
         """Reserve the first free slot under ``key`` (slots ``interval`` seconds apart) if it
         starts within ``horizon`` seconds. Returns whether it was reserved, and how many seconds
-        from now the first free slot starts (0: now); nothing is reserved when it is later."""
+        from now it starts (0: now). When it is later no slot is reserved: the call takes the next
+        turn in the key's line of refused calls (turns ``interval`` apart, none before the first
+        free slot), and the seconds are until that turn."""
         ...
 
 
-# KEYS[1]: the key; ARGV: interval, horizon (seconds). Returns {reserved 0/1, wait as a string}
-# (Lua numbers reach Redis as integers). The key lives as long as its schedule runs ahead.
+# KEYS[1]: the key, KEYS[2]: its line of refused calls; ARGV: interval, horizon (seconds). Returns
+# {reserved 0/1, wait as a string} (Lua numbers reach Redis as integers). Each key lives as long
+# as its schedule runs ahead.
 _RESERVE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -67,7 +75,10 @@ local interval, horizon = tonumber(ARGV[1]), tonumber(ARGV[2])
 local free = tonumber(redis.call('GET', KEYS[1]) or '0')
 local at = math.max(free, now)
 if at - now > horizon then
-  return {0, tostring(at - now)}
+  local turn = math.max(tonumber(redis.call('GET', KEYS[2]) or '0'), at)
+  local after = turn + interval
+  redis.call('SET', KEYS[2], string.format('%.6f', after), 'PX', math.ceil((after - now) * 1000) + 1000)
+  return {0, tostring(turn - now)}
 end
 redis.call('SET', KEYS[1], string.format('%.6f', at + interval), 'PX', math.ceil((at + interval - now) * 1000) + 1000)
 return {1, tostring(at - now)}
@@ -83,7 +94,7 @@ class RedisSlots:
         self.script = self.redis.register_script(_RESERVE)
 
     def reserve(self, key: str, interval: float, horizon: float) -> tuple[bool, float]:
-        reserved, wait = self.script(keys=[key], args=[repr(interval), repr(horizon)])
+        reserved, wait = self.script(keys=[key, f"{key}{LINE}"], args=[repr(interval), repr(horizon)])
         return bool(int(reserved)), max(float(wait), 0.0)
 
 
@@ -98,7 +109,9 @@ class LocalSlots:
         now = self.clock()
         at = max(self.free.get(key, now), now)
         if at - now > horizon:
-            return False, at - now
+            turn = max(self.free.get(f"{key}{LINE}", at), at)
+            self.free[f"{key}{LINE}"] = turn + interval
+            return False, turn - now
         self.free[key] = at + interval
         return True, at - now
 
@@ -151,9 +164,9 @@ class RateLimit:
             raise RateLimited(f"agent {self.agent!r}: its rate limit of {self.limit} cannot be checked ({exc})",
                               1.0) from exc
         if not reserved:
-            # back about when the schedule has room again; spread, so the deferred do not all
-            # come back at once
-            delay = wait - horizon + random.uniform(0, max(horizon, self.interval))
+            # back a little before its turn, so that the turn's slot is within what it may wait;
+            # spread by a fraction of a slot, never past the turn after it
+            delay = max(wait - horizon / 2, 0.0) + random.uniform(0, min(self.interval, horizon) / 4)
             raise RateLimited(f"agent {self.agent!r} is at its rate limit of {self.limit}; "
                               f"retry in {delay:.1f}s", delay)
         return wait

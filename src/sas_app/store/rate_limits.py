@@ -1,7 +1,8 @@
 """Agents' rate limits in the state store (:class:`sas_app.agents.rate_limit.Slots`), for a
 deployment whose broker is not Redis: one row per limit holding when its next free slot starts
-(the database's clock). A reservation is one UPSERT that moves it on by one slot only when that
-slot starts soon enough; a refused one reads where the schedule ends with a second statement."""
+(the database's clock), and one per limit with refused calls holding its line's next turn. A
+reservation is one UPSERT that moves the slot on only when it starts soon enough; a refused one
+reads where the schedule ends and takes the line's next turn with a second UPSERT."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from sas_app.store.connection import db_now
 from sas_app.store.service_tables import rate_limits
+
+#: what a limit's line of refused calls is kept under, in Redis or here: its key and this
+LINE = ":line"
 
 
 class StoreSlots:
@@ -28,5 +32,10 @@ class StoreSlots:
             reserved = conn.execute(upsert.returning(rate_limits.c.next_at - interval - db_now())).scalar()
             if reserved is not None:
                 return True, max(float(reserved), 0.0)
-            later = conn.execute(select(rate_limits.c.next_at - db_now()).where(rate_limits.c.key == key)).scalar()
-            return False, max(float(later or 0.0), 0.0)
+            free_at = conn.execute(select(rate_limits.c.next_at).where(rate_limits.c.key == key)).scalar()
+            at = self._greatest(free_at if free_at is not None else 0.0, db_now())
+            turn = self._insert(rate_limits).values(key=f"{key}{LINE}", next_at=at + interval)
+            turn = turn.on_conflict_do_update(index_elements=["key"],
+                                              set_={"next_at": self._greatest(rate_limits.c.next_at, at) + interval})
+            wait = conn.execute(turn.returning(rate_limits.c.next_at - interval - db_now())).scalar()
+            return False, max(float(wait or 0.0), 0.0)
