@@ -165,6 +165,32 @@ def test_a_burst_far_past_the_limit_defers_each_step_once_and_in_order(tmp_path,
     assert at[-1] - at[0] < 9 * 60 + 30, "each call at its turn, with no turn left unused between"
 
 
+
+@pytest.mark.both_stores
+def test_a_call_keeps_nine_tenths_of_its_steps_time_whatever_it_waited_for_its_slot(tmp_path, sas_env):
+    """Waiting for a slot is not the call's time: a call waits in its worker at most a tenth of
+    what its step has left, and a slot further off defers the step instead. (Waiting up to half
+    of it left a service that takes 60 % of the timeout to finish past its complete-by, counted
+    as a failed attempt.)"""
+    sas = SasApp(Settings(database_url=f"sqlite:///{tmp_path / 'own.db'}", broker_url="memory://localhost/",
+                          home=tmp_path / "home"))
+    payment = sas.agent("payment", rate_limit="15/m")  # a slot every 4 s
+    left: list[float] = []
+
+    @payment.action
+    def charge(call: AgentCall) -> dict[str, float]:
+        left.append(call.remaining())
+        return {"left": left[-1]}
+
+    order = sas.register(Workflow("order", [Step("charge", charge, timeout=20)]))
+    env = sas_env(sas)
+    views = [env.finish(run) for run in [env.start(order, {}, business_key=f"o-{i}") for i in range(3)]]
+
+    assert [v.process_state for v in views] == ["processed"] * 3
+    assert len(left) == 3 and min(left) >= 18 - 1e-6, left
+    assert all(v.step("charge").failure_count == 0 for v in views)
+
+
 @pytest.mark.both_stores
 def test_with_a_key_each_tenant_has_the_limit_to_itself(tmp_path, sas_env):
     sas, order = app_with_a_limit(tmp_path, "1/s", rate_limit_key=lambda call: call.payload["tenant"])

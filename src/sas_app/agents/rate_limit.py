@@ -9,15 +9,14 @@ Redis (a short Lua script, on Redis's own clock) or in the state store (one UPSE
 database's clock), as for the circuit breakers. The process then sleeps until its slot and calls.
 Calls are so spaced evenly, never in a burst: the service sees at most the limit in any second.
 
-A slot further off than the call can wait (half the time left to its step, at most
-:data:`MAX_WAIT`) is not reserved: the agent defers the step instead (back to pending, no failure
-counted), so that a process does not sleep through most of its step's time and a long backlog of
+A slot further off than the call can wait (a tenth of the time left to its step, at most
+:data:`MAX_WAIT`: the rest is the call's, as its step's timeout promised) is not reserved: the
+agent defers the step instead (back to pending, no failure counted), so that a long backlog of
 calls waits in the store, not in worker processes. A refused call takes a turn in a line the
 schedule keeps beside its slots (a second key, moved on by one slot per refusal), and its step
-comes back a little before that turn: a burst of a thousand calls at two a second is deferred once
-each and comes back in order, where coming back "about when the schedule has room" sent them all
-back together, to be refused again and again. A slot reserved by a call that then does not happen
-(its process died), or a turn not taken, is simply unused: the limit errs on the slow side.
+comes back a little before that turn: a burst far past the limit is deferred about once a step
+and called in order. A slot reserved by a call that then does not happen (its process died), or a
+turn not taken, is simply unused: the limit errs on the slow side.
 
 With ``key`` an agent limits each key separately — each tenant, say: ``rate_limit_key=lambda call:
 call.payload["tenant"]`` gives every tenant its own 20 a second.
@@ -154,10 +153,10 @@ class RateLimit:
 
     def wait(self, call: Any, remaining: float) -> float:
         """Reserve ``call``'s slot: the seconds to sleep before calling. Raises
-        :class:`RateLimited` when no slot starts within half of ``remaining`` (and
+        :class:`RateLimited` when no slot starts within a tenth of ``remaining`` (and
         :data:`MAX_WAIT`), or when the schedule cannot be read."""
         name = self.name(call)
-        horizon = max(min(remaining / 2, MAX_WAIT), 0.0)
+        horizon = max(min(remaining / 10, MAX_WAIT), 0.0)
         try:
             reserved, wait = self._slots().reserve(name, self.interval, horizon)
         except Exception as exc:  # Redis or the store unreachable
