@@ -9,8 +9,9 @@ import pytest
 from celery.exceptions import Reject
 from sqlalchemy import create_engine
 
-from sas_app import AgentCall, PermanentError, StaleAttempt, TransientError
+from sas_app import AgentCall, PermanentError, SasApp, Settings, StaleAttempt, Step, TransientError, Workflow
 from sas_app.agents.agent import STORE_DOWN_PAUSE
+from sas_app.testing.pump import Pump
 from tests.support import wait_for
 
 
@@ -302,3 +303,51 @@ def test_a_step_is_not_run_while_the_database_s_clock_cannot_be_read(sas, pump):
     action = able.action(lambda call: seen.append(call.attempt), name="act")
     sas.celery.tasks[f"sas.agent.able.{action.name}"].run(**message())
     assert seen == [1] and [m.task for m in pump.take("sas.scheduler")] == ["sas.scheduler.step_done"]
+
+
+def test_a_step_taken_over_from_a_reply_goes_to_its_queue_while_the_database_s_clock_cannot_be_read(tmp_path):
+    """The worker that completed a step runs the next one of its agent itself, with no message of
+    its own. If the database's clock cannot be read then, that step's message is published to the
+    agent's queue, to run once the store answers — rejecting the task would hand back the first
+    step's message (already done: dropped), leaving the next step for the Supervisor at its
+    complete-by."""
+    # replies handled in the agent's process, and the next step of the same agent run there
+    sas = SasApp(Settings(database_url=f"sqlite:///{tmp_path / 'state.db'}", broker_url="memory://localhost/",
+                          home=tmp_path / "home", inline_replies=True, eager_steps=8))
+    sas.migrate()
+    clock_readable = [True]
+    blinking = sas.agent("blinking", db_clock=lambda: sas.store.db_clock() if clock_readable[0] else None,
+                         sleep=lambda seconds: None)
+    seen = []
+
+    def first(call: AgentCall) -> dict:
+        seen.append(call.step)
+        clock_readable[0] = False  # the store blinks once this step has run
+        return {}
+
+    def second(call: AgentCall) -> dict:
+        seen.append(call.step)
+        return {}
+
+    sas.register(Workflow("blink", [Step("a", blinking.action(first, name="first"), timeout=30),
+                                    Step("b", blinking.action(second, name="second"), timeout=30)]))
+    pump = Pump(sas)
+    try:
+        run = sas.submit("blink", {}, business_key="blink-1")
+        pump.run(["sas.scheduler"])
+        [message] = pump.take("sas.agent.blinking")
+        pump.execute(message)  # no Reject: the task returns
+
+        assert seen == ["a"]
+        [resent] = pump.take("sas.agent.blinking")
+        assert (resent.task, resent.kwargs["position"], resent.kwargs["attempt"]) == (
+            "sas.agent.blinking.second", 1, 1)
+        clock_readable[0] = True
+        pump.execute(resent)
+        pump.run(["sas.scheduler"])
+        view = sas.get_run(run.id)
+        assert seen == ["a", "b"] and view.process_state == "processed"
+        assert [(s.name, s.attempt) for s in view.steps] == [("a", 1), ("b", 1)]
+    finally:
+        pump.close()
+        sas.store.dispose()

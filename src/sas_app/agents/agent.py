@@ -51,6 +51,7 @@ from sas_app.messaging.routing import (
     STEP_FAILED,
     STEP_FAULTS,
     STEP_NOT_YET,
+    AgentMessage,
     agent_queue,
     agent_task_name,
     confirm_options,
@@ -114,6 +115,10 @@ class Replies(Protocol):
 
     def still_running(self, run_id: str, position: int, attempt: int) -> bool:
         """Whether the store still waits for this attempt: a message delivered a second time."""
+
+    def resend(self, message: AgentMessage) -> bool:
+        """Publish a step's message to its agent's queue: a step this process took over from a
+        reply and cannot run now. Whether the broker took it."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -291,10 +296,14 @@ class Agent:
                 # span of its own: there is no task of its own for Celery's instrumentation to trace
                 with tracing.span("sas.eager_step", run_id=taken.run_id, position=taken.position,
                                   attempt=taken.attempt):
-                    self.execute(self.actions[taken.action], json.loads(json.dumps(taken.kwargs)), handover)
+                    self.execute(self.actions[taken.action], json.loads(json.dumps(taken.kwargs)), handover,
+                                 taken=taken)
 
     def execute(self, action: AgentAction[Any] | UndoAction[Any], message: dict[str, Any],
-                handover: Handover | None = None, *, redelivered: bool = False) -> None:
+                handover: Handover | None = None, *, redelivered: bool = False,
+                taken: AgentMessage | None = None) -> None:
+        """Run one step's message (``taken``: a step this process took over from the reply of the
+        step before it, with no message of its own in the broker)."""
         db_now = self.db_clock() if self.db_clock else None
         try:
             call = AgentCall.from_message(message, db_now, self.clock)
@@ -306,6 +315,11 @@ class Agent:
             # Its time left cannot be judged: the message may have waited past its complete-by, and
             # a retry may be under way. Not run: back to the queue, for when the store answers
             # (dropping it would spend an attempt on the store's outage).
+            if taken is not None and self.replies is not None:
+                # no message of its own to hand back (a Reject would requeue the first step's)
+                log.warning("%s: the database's clock cannot be read; not run, sent to its queue", where)
+                self.replies.resend(taken)
+                return
             log.warning("%s: the database's clock cannot be read; not run, back to the queue", where)
             self._back_to_the_queue(where)
         timeout = timeout_of(message)

@@ -36,7 +36,9 @@ from sas_app.messaging.routing import (
     STEP_LOST,
     STEP_NOT_YET,
     Advance,
+    AgentMessage,
     Router,
+    keeping,
 )
 from sas_app.settings import Settings, instance_id
 from sas_app.states import LIVE_RUN_STATES, Cause, EventKind, RunState, SignalStatus, StepState
@@ -399,6 +401,13 @@ class Scheduler:
         complete-by passed at most SAS_QUEUE_WAIT_MAX ago; when it now ends, or None to drop it."""
         with self.store.begin() as tx:
             return tx.steps.start_late(run_id, position, attempt, self.settings.queue_wait_max, self.instance_id)
+
+    def resend(self, message: AgentMessage) -> bool:
+        """Publish ``message``, a step an agent's process took over from a reply and cannot run
+        now: a worker takes it from the agent's queue as any other. Whether the broker took it
+        (if not, the Supervisor recovers the step at its complete-by)."""
+        with keeping(None):
+            return self.router.send(message)
 
     def still_running(self, run_id: str, position: int, attempt: int) -> bool:
         """Whether the store still waits for this attempt (an agent got its message a second time)."""
