@@ -315,8 +315,12 @@ def redact_url(url: str) -> str:
     (``redis://:password@host``) or in the path and query (a chat webhook's token)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    try:
+        port = parts.port
+    except ValueError:  # not a number: the URL is wrong, and the error that follows says so
+        port = None
+    if port:
+        host = f"{host}:{port}"
     return f"{parts.scheme}://{host}/…" if parts.scheme else "(url)"
 
 

@@ -303,11 +303,17 @@ def test_agents_get_kubernetes_names_and_two_that_would_share_one_are_refused(sa
     assert scaled["spec"]["scaleTargetRef"]["name"] == "sas-agent-idle-agent"
     assert scaled["spec"]["triggers"][0]["metadata"]["query"] == 'max(sas_agent_outstanding{agent="idle_Agent"})'
 
+    long_name = "shop-" + "x" * 40  # the migration Job's name would be 67 characters
+    result = sas_cli("kubernetes", "--image", "x:1", "--out", str(tmp_path / "long"), "--name", long_name, code=2)
+    assert f"the Job would be named '{long_name}-migrate-" in result.output and "shorten --name" in result.output
+    assert not (tmp_path / "long").exists()
+
     CLI_APP.agent("idle-agent")
     again = tmp_path / "again"
-    result = sas_cli("kubernetes", "--image", "x:1", "--out", str(again), code=2)
+    result = sas_cli("kubernetes", "--image", "x:1", "--out", str(again), "--env", "SAS_TEST_ONLY_HERE=1", code=2)
     assert "agents 'idle-agent' and 'idle_Agent' would both be named 'idle-agent'" in result.output
     assert not again.exists()
+    assert "SAS_TEST_ONLY_HERE" not in os.environ  # --env is the loaded app's, not the caller's
 
 
 def test_a_filled_in_secret_is_kept_and_no_secret_leaves_it_to_you(sas_cli, tmp_path):
@@ -323,7 +329,11 @@ def test_a_filled_in_secret_is_kept_and_no_secret_leaves_it_to_you(sas_cli, tmp_
     secret.write_text(filled)
     result = sas_cli("kubernetes", "--image", "x:2", "--out", str(out))
     assert secret.read_text() == filled
-    assert f"{secret} kept as it was" in result.output
+    assert f"{secret} kept as it was" in result.output and "does not match" not in result.output
+    renamed = sas_cli("kubernetes", "--image", "x:2", "--out", str(out), "--name", "shop")
+    assert secret.read_text() == filled  # kept, and the mismatch said
+    assert "does not match the manifests: it names the Secret 'sas-secrets', the pods read shop-secrets" in \
+        renamed.output
     [secret_object] = [o for o in kustomized(out) if o["kind"] == "Secret"]
     assert "s3cret" in secret_object["stringData"]["SAS_DATABASE_URL"]
 
@@ -395,6 +405,12 @@ def test_sas_health_gives_up_on_a_broker_that_never_answers_within_its_timeout(t
                "SAS_BROKER_URL": f"{scheme}://guest:guest@127.0.0.1:{silent.getsockname()[1]}/"}
         for args, code, said in [([], 1, "unhealthy: broker: "),
                                  (["--worker", "payment@pod", "--alive"], 0, "ok: the broker does not answer")]:
+            if scheme == "redis" and not args:  # and a URL no connection can be made of: one line too
+                bad = subprocess.run([sys.executable, "-m", "sas_app.cli", "health", "--alive", "--worker", "p@pod"],
+                                     env={**env, "SAS_BROKER_URL": "redis://127.0.0.1:notaport/"},
+                                     capture_output=True, text=True, timeout=30)
+                assert (bad.returncode, bad.stderr) == (1, ""), bad.stderr
+                assert bad.stdout.startswith("unhealthy: broker: ") and "check SAS_BROKER_URL" in bad.stdout
             started = time.monotonic()
             done = subprocess.run([sys.executable, "-m", "sas_app.cli", "health", "--timeout", "1", *args], env=env,
                                   capture_output=True, text=True, timeout=30)

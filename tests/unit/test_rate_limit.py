@@ -79,18 +79,37 @@ def spaced_by_the_interval(open_slots) -> None:
     assert slots.reserve(f"{key}:other", interval, 0.0) == (True, 0.0), "each key its own schedule"
 
 
+def a_stale_line_is_forgotten_once_the_schedule_is_idle(slots, wait=time.sleep) -> None:
+    """Twenty calls turned away whose steps never come back (their runs cancelled) leave the line
+    four seconds ahead; once the schedule has been idle, a call turned away waits for the slots'
+    own schedule, not behind those twenty turns."""
+    key, interval = f"sas:rate:test-{uuid.uuid4().hex[:8]}", 0.2
+    assert slots.reserve(key, interval, 10.0) == (True, 0.0)
+    turns = [slots.reserve(key, interval, 0.0) for _ in range(20)]
+    assert all(not reserved for reserved, _ in turns) and turns[-1][1] > 3.5
+    wait(0.3)  # past the one reserved slot: the schedule is idle
+    assert slots.reserve(key, interval, 10.0) == (True, 0.0)
+    reserved, turn = slots.reserve(key, interval, 0.0)
+    assert not reserved and turn < 0.3, turn
+    # a tenant's key that reads like a line is a schedule of its own
+    assert slots.reserve(f"{key}:line", interval, 0.0) == (True, 0.0)
+
+
 def test_slots_in_one_process():
     spaced_by_the_interval(partial(lambda slots: slots, LocalSlots()))
+    a_stale_line_is_forgotten_once_the_schedule_is_idle(LocalSlots())
 
 
 @pytest.mark.both_stores
 def test_slots_in_the_state_store(sas):
     spaced_by_the_interval(sas.store.rate_slots)
+    a_stale_line_is_forgotten_once_the_schedule_is_idle(sas.store.rate_slots(), sas.test_clock.advance)
 
 
 @pytest.mark.integration
 def test_slots_in_redis():
     spaced_by_the_interval(lambda: RedisSlots(REDIS))
+    a_stale_line_is_forgotten_once_the_schedule_is_idle(RedisSlots(REDIS))
 
 
 # -- an agent with a limit, in the test kit (the store's schedule, on the virtual clock) ----------

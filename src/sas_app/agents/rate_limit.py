@@ -14,9 +14,11 @@ A slot further off than the call can wait (a tenth of the time left to its step,
 agent defers the step instead (back to pending, no failure counted), so that a long backlog of
 calls waits in the store, not in worker processes. A refused call takes a turn in a line the
 schedule keeps beside its slots (a second key, moved on by one slot per refusal), and its step
-comes back a little before that turn: a burst far past the limit is deferred about once a step
-and called in order. A slot reserved by a call that then does not happen (its process died), or a
-turn not taken, is simply unused: the limit errs on the slow side.
+comes back a little before that turn: a burst far past the limit is deferred about once a step.
+(New calls still take free slots as they come, so under a steady load past the limit a step may
+be turned away again, and calls are not strictly in order.) A slot reserved by a call that then
+does not happen (its process died) is simply unused: the limit errs on the slow side. Turns
+nobody comes back for (their runs cancelled) are forgotten as soon as the schedule is idle.
 
 With ``key`` an agent limits each key separately — each tenant, say: ``rate_limit_key=lambda call:
 call.payload["tenant"]`` gives every tenant its own 20 a second.
@@ -35,7 +37,7 @@ import redis
 
 from sas_app.errors import WorkflowDefinitionError
 from sas_app.settings import calls_per_second
-from sas_app.store.rate_limits import LINE
+from sas_app.store.rate_limits import PREFIX, line_of
 
 #: the longest a call sleeps in its worker for its slot; past it the step is deferred
 MAX_WAIT = 5.0
@@ -58,9 +60,10 @@ class Slots(Protocol):
     def reserve(self, key: str, interval: float, horizon: float) -> tuple[bool, float]:
         """Reserve the first free slot under ``key`` (slots ``interval`` seconds apart) if it
         starts within ``horizon`` seconds. Returns whether it was reserved, and how many seconds
-        from now it starts (0: now). When it is later no slot is reserved: the call takes the next
-        turn in the key's line of refused calls (turns ``interval`` apart, none before the first
-        free slot), and the seconds are until that turn."""
+        from now it starts (0: now; the schedule was idle, and its line is dropped). When it is
+        later no slot is reserved: the call takes the next turn in the key's line of refused calls
+        (turns ``interval`` apart, none before the first free slot), and the seconds are until that
+        turn."""
         ...
 
 
@@ -79,6 +82,9 @@ if at - now > horizon then
   redis.call('SET', KEYS[2], string.format('%.6f', after), 'PX', math.ceil((after - now) * 1000) + 1000)
   return {0, tostring(turn - now)}
 end
+if free <= now then
+  redis.call('DEL', KEYS[2])
+end
 redis.call('SET', KEYS[1], string.format('%.6f', at + interval), 'PX', math.ceil((at + interval - now) * 1000) + 1000)
 return {1, tostring(at - now)}
 """
@@ -93,7 +99,7 @@ class RedisSlots:
         self.script = self.redis.register_script(_RESERVE)
 
     def reserve(self, key: str, interval: float, horizon: float) -> tuple[bool, float]:
-        reserved, wait = self.script(keys=[key, f"{key}{LINE}"], args=[repr(interval), repr(horizon)])
+        reserved, wait = self.script(keys=[key, line_of(key)], args=[repr(interval), repr(horizon)])
         return bool(int(reserved)), max(float(wait), 0.0)
 
 
@@ -108,9 +114,11 @@ class LocalSlots:
         now = self.clock()
         at = max(self.free.get(key, now), now)
         if at - now > horizon:
-            turn = max(self.free.get(f"{key}{LINE}", at), at)
-            self.free[f"{key}{LINE}"] = turn + interval
+            turn = max(self.free.get(line_of(key), at), at)
+            self.free[line_of(key)] = turn + interval
             return False, turn - now
+        if at == now:  # idle: a line left from a burst is stale
+            self.free.pop(line_of(key), None)
         self.free[key] = at + interval
         return True, at - now
 
@@ -145,11 +153,11 @@ class RateLimit:
     def name(self, call: Any) -> str:
         """The schedule ``call`` takes its slot in: the agent's, or its key's (a long key hashed)."""
         if self.key is None:
-            return f"sas:rate:{self.agent}"
+            return f"{PREFIX}{self.agent}"
         key = str(self.key(call))
         if len(key) > 64:
             key = hashlib.sha256(key.encode()).hexdigest()
-        return f"sas:rate:{self.agent}:{key}"
+        return f"{PREFIX}{self.agent}:{key}"
 
     def wait(self, call: Any, remaining: float) -> float:
         """Reserve ``call``'s slot: the seconds to sleep before calling. Raises

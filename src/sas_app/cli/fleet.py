@@ -96,8 +96,13 @@ def kubernetes(ctx: Context, image: str, out: Path, env: tuple[str, ...], concur
     longest step), the Scheduler, beat, the dashboard and Flower, a migration Job, probes, budgets
     and KEDA ScaledObjects. Apply with kubectl apply -k OUT."""
     settings = _pairs(env, "--env")
-    os.environ.update(settings)  # before the app is loaded: it is loaded as the pods will load it
-    app = ctx.app
+    before = dict(os.environ)
+    os.environ.update(settings)  # while the app is loaded: it is loaded as the pods will load it
+    try:
+        app = ctx.app
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
     per_agent: dict[str, int] = {}
     for agent, value in _pairs(concurrency, "--concurrency").items():
         if agent not in app.agents:
@@ -119,6 +124,9 @@ def kubernetes(ctx: Context, image: str, out: Path, env: tuple[str, ...], concur
         click.echo(path)
     if secret and out / "secret.yaml" not in written:
         click.echo(f"{out / 'secret.yaml'} kept as it was (it may hold your passwords)")
+        differs = manifests.kept_secret_differs(out)
+        if differs:
+            click.echo(f"warning: {out / 'secret.yaml'} does not match the manifests: {differs}", err=True)
 
 
 COMMANDS = [health, backlog, kubernetes]

@@ -136,7 +136,11 @@ class Doctor:
         # Every wait on the broker bounded by ``timeout``: connecting, and each answer on Redis (a
         # broker that accepts connections and never answers would outlast the probe's own time-out).
         bounded = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
-        with self.celery.connection_for_write(transport_options=bounded, connect_timeout=timeout) as conn:
+        try:
+            conn = self.celery.connection_for_write(transport_options=bounded, connect_timeout=timeout)
+        except Exception as exc:  # a URL the transport cannot even make a connection of
+            return Check("broker", 1, where, one_line(exc), "check SAS_BROKER_URL")
+        with conn:
             try:
                 conn.ensure_connection(max_retries=1, timeout=timeout)
             except Exception as exc:

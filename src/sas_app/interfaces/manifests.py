@@ -119,12 +119,15 @@ class Manifests:
                 other = next(a for a, n in self.names.items() if n == name)
                 raise ManifestError(f"agents {other!r} and {agent!r} would both be named {name!r} in Kubernetes "
                                     "(lower case, '_' as '-'): rename one")
-            longest_name = f"{options.name}-agent-{name}"
-            if not _LABEL.fullmatch(name) or len(longest_name) > 63:
-                raise ManifestError(f"agent {agent!r} gives the Kubernetes name {longest_name!r}: at most 63 "
-                                    "lower-case letters, digits and '-', starting and ending with a letter or "
-                                    "digit; rename the agent or shorten --name")
             self.names[agent] = name
+        for document in (d for documents in self.files().values() for d in documents if "metadata" in d):
+            named = document["metadata"]["name"]
+            if not _LABEL.fullmatch(named) or len(named) > 63:
+                owner = next((a for a, n in self.names.items() if named.endswith(f"-agent-{n}")), None)
+                raise ManifestError(
+                    f"the {document['kind']} would be named {named!r}: Kubernetes wants at most 63 lower-case "
+                    "letters, digits and '-', starting and ending with a letter or digit; "
+                    + (f"rename the agent {owner!r} or " if owner else "") + "shorten --name")
 
     def concurrency(self, agent: str) -> int:
         return self.o.concurrency.get(agent, self.o.default_concurrency)
@@ -162,6 +165,22 @@ class Manifests:
             "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
             "resources": sorted(name.split("/", 1)[1] for name in files if name.startswith("keda/scaledobject-"))}]
         return files
+
+    def kept_secret_differs(self, out: Path) -> str | None:
+        """What a ``secret.yaml`` already in ``out`` (kept by :meth:`write`) lacks that the
+        manifests expect — the Secret's name, a key — or None."""
+        path = out / "secret.yaml"
+        if not self.o.secret or not path.exists():
+            return None
+        try:
+            [kept] = yaml.safe_load_all(path.read_text())
+            name, keys = kept["metadata"]["name"], set(kept.get("stringData") or {}) | set(kept.get("data") or {})
+        except (yaml.YAMLError, ValueError, KeyError, TypeError):
+            return "it is not one Secret"
+        if name != f"{self.o.name}-secrets":
+            return f"it names the Secret {name!r}, the pods read {self.o.name}-secrets"
+        missing = sorted(set(SECRET_PLACEHOLDERS) - keys)
+        return f"it has no {', '.join(missing)}" if missing else None
 
     def write(self, out: Path) -> list[Path]:
         """Write every file under ``out`` (its own files replaced, but for a ``secret.yaml`` already
