@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sas_app import InvalidOperation, RunState, Step, UnknownRun, Workflow
+from sas_app import AgentCall, EventKind, InvalidOperation, RunState, SasApp, Settings, Step, UnknownRun, Workflow
+from sas_app.testing import Environment
 from tests.support import expire
 from tests.testapp import CALLS
 
@@ -218,3 +219,33 @@ def test_actions_the_state_does_not_allow_are_refused_and_change_nothing(sas, pu
 def test_an_unknown_run_is_a_clear_error(sas):
     with pytest.raises(UnknownRun, match="no run with id 'nope'"):
         sas.cancel("nope", by="x")
+
+
+def test_a_paused_runs_step_is_left_alone_until_resume_not_asked_about_every_pick_up_time(tmp_path, db_url):
+    """A paused run's step whose back-off is over waits for the run's resume, which asks the
+    Scheduler about it: the Supervisor does not ask again every pick-up time meanwhile — 119
+    requeue events, and as many messages, in a paused hour — nor does ``sas doctor`` call it
+    overdue. Resumed, it runs."""
+    user = SasApp(Settings(database_url=f"sqlite:///{tmp_path / 'own.db'}", broker_url="memory://localhost/",
+                           home=tmp_path / "home"))
+    held = user.agent("held")
+
+    @held.action
+    def work(call: AgentCall) -> int:
+        return 1
+
+    user.register(Workflow("held", [Step("work", work, timeout=30, max_failures=5)]))
+    with Environment(user, database_url=None if db_url.startswith("sqlite") else db_url) as env:
+        env.stub(work, hangs=True)
+        run = env.start("held", {})
+        env.app.pause(run.id, by="dan", reason="incident")
+        env.unstub(work)
+        requeued = sum(1 for e in env.get_run(run.id).events if e.kind == EventKind.REQUEUE.value)
+        env.advance(3600)
+
+        view = env.get_run(run.id)
+        assert view.step("work").state == "pending" and view.run.paused_by == "dan"
+        assert sum(1 for e in view.events if e.kind == EventKind.REQUEUE.value) == requeued
+        assert env.app.store.overdue(60).count == 0
+        env.app.resume(run.id, by="dan", reason="all clear")
+        assert env.finish(run).process_state == "processed"

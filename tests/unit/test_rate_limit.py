@@ -147,8 +147,8 @@ def test_calls_are_spaced_by_the_limit(tmp_path, sas_env):
 
 @pytest.mark.both_stores
 def test_a_call_whose_slot_is_far_off_defers_its_step_without_a_failure(tmp_path, sas_env):
-    """At one call a minute and a 30 s step, the second call's slot is past what it may wait (half
-    its time): its step is deferred — back in the store, no worker holding it, no failure — and
+    """At one call a minute and a 30 s step, the second call's slot is past what it may wait (a
+    tenth of its time): its step is deferred — back in the store, no worker holding it, no failure — and
     called when its slot comes."""
     sas, order = app_with_a_limit(tmp_path, "1/m")
     env = sas_env(sas)
@@ -182,7 +182,6 @@ def test_a_burst_far_past_the_limit_defers_each_step_once_and_in_order(tmp_path,
     deferrals = [sum(1 for e in v.events if (e.detail or {}).get("reason") == "deferred") for v in views]
     assert deferrals == [0] + [1] * 9, deferrals
     assert at[-1] - at[0] < 9 * 60 + 30, "each call at its turn, with no turn left unused between"
-
 
 
 @pytest.mark.both_stores

@@ -27,6 +27,9 @@ _LIVE_STEP_STATES = (StepState.PENDING.value, StepState.RUNNING.value)
 #: while its message waits in its queue (or taken late) its later ``not_before``
 _STEP_DUE = case((and_(steps.c.state == StepState.RUNNING.value, steps.c.not_before > steps.c.complete_by),
                   steps.c.not_before), else_=steps.c.complete_by)
+#: a live step the Supervisor acts on: any but a pending step of a paused run (its resume asks the
+#: Scheduler about it)
+_ITS_TO_ACT_ON = or_(steps.c.state != StepState.PENDING.value, runs.c.paused_by.is_(None))
 #: runs a deadline still applies to (one being undone is past it, or was stopped for another reason)
 _BEFORE_DEADLINE = (RunState.PENDING.value, RunState.PROCESSING.value)
 
@@ -69,7 +72,7 @@ class Diagnosis:
                             # a step left alone while its message waits in its queue is due at its not_before
                             or_(steps.c.state != StepState.RUNNING.value, steps.c.not_before.is_(None),
                                 steps.c.not_before < before),
-                            runs.c.process_state.in_(LIVE_RUN_STATES)))
+                            runs.c.process_state.in_(LIVE_RUN_STATES), _ITS_TO_ACT_ON))
         past_deadline = select(runs.c.id).where(runs.c.process_state.in_(_BEFORE_DEADLINE), runs.c.deadline < before)
         rows = union_all(due_runs, due_steps, past_deadline).subquery()
         return self._found(select(rows.c[0]))
@@ -104,7 +107,7 @@ class Diagnosis:
         soonest = union_all(
             select(func.min(runs.c.complete_by)).where(runs.c.process_state.in_(DUE_RUN_STATES)),
             select(func.min(_STEP_DUE)).join(runs, runs.c.id == steps.c.run_id)
-            .where(steps.c.state.in_(_LIVE_STEP_STATES), runs.c.process_state.in_(LIVE_RUN_STATES)),
+            .where(steps.c.state.in_(_LIVE_STEP_STATES), runs.c.process_state.in_(LIVE_RUN_STATES), _ITS_TO_ACT_ON),
             select(func.min(runs.c.deadline)).where(runs.c.process_state.in_(_BEFORE_DEADLINE)),
             select(func.min(child.c.updated_at) + pickup_timeout)
             .join(steps, and_(child.c.parent_run_id == steps.c.run_id, child.c.parent_position == steps.c.position))

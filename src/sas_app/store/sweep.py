@@ -117,7 +117,8 @@ class SweepTx(Part):
         not claimed, a live run asked about and not looked at (:meth:`RunTx.ask`), a step whose
         back-off is over (all three: a lost message) — and a step waiting in the store whose time
         has come (a sleep, a wait's timeout, a poll: its complete-by is its ``not_before``, and no
-        message was ever meant to wake it). Their complete-by is pushed forward and their run ids
+        message was ever meant to wake it), unless its run is paused. Their complete-by is pushed
+        forward and their run ids
         returned, ``(stalled, woken)``, to be asked about again. Two statements whatever the number
         (each an UPDATE of the rows a ``SKIP LOCKED`` select took), and their events in the
         transaction's one insert."""
@@ -138,7 +139,9 @@ class SweepTx(Part):
         stalled_steps = (
             select(steps.c.id)
             .join(runs, runs.c.id == steps.c.run_id)
-            .where(steps.c.state == StepState.PENDING.value, steps.c.complete_by < now, _LIVE)
+            # a paused run's steps wait for its resume, which asks the Scheduler itself
+            .where(steps.c.state == StepState.PENDING.value, steps.c.complete_by < now, _LIVE,
+                   runs.c.paused_by.is_(None))
             .order_by(steps.c.complete_by)
             .limit(limit)
             .with_for_update(skip_locked=True, of=[steps, runs])
