@@ -106,6 +106,8 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         handles = []
         for i, fault in enumerate(plan_faults(orders, fault_rate, rng)):
             _unless(asked)
+            if i % 20 == 0:  # a process gone while the orders go in: say so now, not after the last
+                _all_running(procs, [*ports, "scheduler", "agents", "beat"])
             payload: dict[str, Any] = {"amount": round(rng.uniform(5, 200), 2),
                                        "items": [{"sku": f"sku-{n}", "qty": 1} for n in range(rng.randint(1, 3))]}
             if fault:

@@ -38,6 +38,7 @@ for line, source in SAMPLES:
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if p.files or p.run], ids=lambda p: p.name)
+@pytest.mark.timeout(600)  # a worker and beat, the samples, ruff, the page's own tests: each bounded below
 def test_each_python_sample_runs(page: Page, tmp_path: Path) -> None:
     for name, source in page.files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
