@@ -161,7 +161,9 @@ def test_a_permanent_fault_after_two_steps_undoes_both_in_reverse_once(stack, sh
 
 
 def test_an_undo_whose_agent_is_killed_is_recovered(stack, stack_env):
-    shop = shop_app(stack_env, charge_timeout=3.0, step_timeout=5.0)  # the undo of reserve_stock gets its 5 s
+    # the undo of reserve_stock gets its 10 s: its second attempt, on an agent worker just
+    # restarted, must not pass its complete-by on a busy machine (a third attempt)
+    shop = shop_app(stack_env, charge_timeout=3.0, step_timeout=10.0)
     shop.migrate()
     stack.up()
     handle = shop.submit("order", {"amount": 5, "faults": {"charge": "permanent", "release": "latency:2"}},
