@@ -25,7 +25,7 @@ from sqlalchemy import and_, case, exists, func, or_, select
 
 from sas_app.states import LIVE_RUN_STATES, StepState
 from sas_app.store.database import Store
-from sas_app.store.tables import runs, steps
+from sas_app.store.tables import WAITING_FOR_RESUME, runs, steps
 from sas_app.store.transitions import run_in
 
 #: the counts of a backlog that are states of its steps (``sas_agent_backlog``'s ``state`` label)
@@ -61,7 +61,7 @@ def backlog(store: Store, agents: list[str] | tuple[str, ...] = ()) -> list[Agen
         queued_undo = and_(steps.c.compensates.is_not(None), exists().where(
             earlier.c.run_id == steps.c.run_id, earlier.c.compensates.is_not(None),
             earlier.c.position < steps.c.position, earlier.c.state != StepState.COMPLETED.value))
-        pending = and_(steps.c.state == StepState.PENDING.value, runs.c.paused_by.is_(None), ~queued_undo)
+        pending = and_(steps.c.state == StepState.PENDING.value, ~WAITING_FOR_RESUME, ~queued_undo)
         backing_off = and_(pending, steps.c.not_before.is_not(None), steps.c.not_before > now)
         due = and_(pending, or_(steps.c.not_before.is_(None), steps.c.not_before <= now))
         query = (

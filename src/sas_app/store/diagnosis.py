@@ -18,7 +18,7 @@ from sqlalchemy import Engine, Select, and_, case, exists, func, literal, or_, s
 from sas_app.states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, EventKind, RunState, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.service_tables import supervisors
-from sas_app.store.tables import DUE_RUN_STATES, events, outbox, runs, steps
+from sas_app.store.tables import DUE_RUN_STATES, WAITING_FOR_RESUME, events, outbox, runs, steps
 
 #: runs that are the Scheduler's or its agents' to move on (a paused run waits for an operator)
 _WORKING = (RunState.PENDING.value, *LIVE_RUN_STATES)
@@ -27,9 +27,6 @@ _LIVE_STEP_STATES = (StepState.PENDING.value, StepState.RUNNING.value)
 #: while its message waits in its queue (or taken late) its later ``not_before``
 _STEP_DUE = case((and_(steps.c.state == StepState.RUNNING.value, steps.c.not_before > steps.c.complete_by),
                   steps.c.not_before), else_=steps.c.complete_by)
-#: a live step the Supervisor acts on: any but a pending step of a paused run (its resume asks the
-#: Scheduler about it)
-_ITS_TO_ACT_ON = or_(steps.c.state != StepState.PENDING.value, runs.c.paused_by.is_(None))
 #: runs a deadline still applies to (one being undone is past it, or was stopped for another reason)
 _BEFORE_DEADLINE = (RunState.PENDING.value, RunState.PROCESSING.value)
 
@@ -72,7 +69,7 @@ class Diagnosis:
                             # a step left alone while its message waits in its queue is due at its not_before
                             or_(steps.c.state != StepState.RUNNING.value, steps.c.not_before.is_(None),
                                 steps.c.not_before < before),
-                            runs.c.process_state.in_(LIVE_RUN_STATES), _ITS_TO_ACT_ON))
+                            runs.c.process_state.in_(LIVE_RUN_STATES), ~WAITING_FOR_RESUME))
         past_deadline = select(runs.c.id).where(runs.c.process_state.in_(_BEFORE_DEADLINE), runs.c.deadline < before)
         rows = union_all(due_runs, due_steps, past_deadline).subquery()
         return self._found(select(rows.c[0]))
@@ -107,7 +104,8 @@ class Diagnosis:
         soonest = union_all(
             select(func.min(runs.c.complete_by)).where(runs.c.process_state.in_(DUE_RUN_STATES)),
             select(func.min(_STEP_DUE)).join(runs, runs.c.id == steps.c.run_id)
-            .where(steps.c.state.in_(_LIVE_STEP_STATES), runs.c.process_state.in_(LIVE_RUN_STATES), _ITS_TO_ACT_ON),
+            .where(steps.c.state.in_(_LIVE_STEP_STATES), runs.c.process_state.in_(LIVE_RUN_STATES),
+                   ~WAITING_FOR_RESUME),
             select(func.min(runs.c.deadline)).where(runs.c.process_state.in_(_BEFORE_DEADLINE)),
             select(func.min(child.c.updated_at) + pickup_timeout)
             .join(steps, and_(child.c.parent_run_id == steps.c.run_id, child.c.parent_position == steps.c.position))

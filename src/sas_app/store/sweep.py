@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, tuple_, update
 from sas_app.states import LIVE_RUN_STATES, Cause, EventKind, RunState, StepState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import RunRow, StepRow, as_row
-from sas_app.store.tables import DUE_RUN_STATES, alerts, events, runs, steps
+from sas_app.store.tables import DUE_RUN_STATES, WAITING_FOR_RESUME, alerts, events, runs, steps
 from sas_app.store.transitions import Part, run_in
 
 _LIVE = run_in(*LIVE_RUN_STATES)  # through the run's primary key: see run_in
@@ -139,9 +139,8 @@ class SweepTx(Part):
         stalled_steps = (
             select(steps.c.id)
             .join(runs, runs.c.id == steps.c.run_id)
-            # a paused run's steps wait for its resume, which asks the Scheduler itself
             .where(steps.c.state == StepState.PENDING.value, steps.c.complete_by < now, _LIVE,
-                   runs.c.paused_by.is_(None))
+                   ~WAITING_FOR_RESUME)
             .order_by(steps.c.complete_by)
             .limit(limit)
             .with_for_update(skip_locked=True, of=[steps, runs])

@@ -24,12 +24,13 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    and_,
     text,
     true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from sas_app.states import RUN_STATES, STEP_STATES
+from sas_app.states import RUN_STATES, STEP_STATES, StepState
 
 metadata = MetaData()
 
@@ -211,6 +212,11 @@ Index(
     postgresql_where=text("state = 'pending' AND (sleep IS NOT NULL OR sleep_until IS NOT NULL OR event IS NOT NULL)"),
     sqlite_where=text("state = 'pending' AND (sleep IS NOT NULL OR sleep_until IS NOT NULL OR event IS NOT NULL)"),
 )
+
+#: a step of a paused run that is due to be sent (a query joining ``steps`` and ``runs``): it
+#: waits for the run's resume, which asks the Scheduler about it — no worker could take it, and
+#: the Supervisor does not chase it meanwhile
+WAITING_FOR_RESUME = and_(steps.c.state == StepState.PENDING.value, runs.c.paused_by.is_not(None))
 
 # A run's history, append-only: every transition of the run and its steps, alerts, operators'
 # actions, signals and refused late replies, with who did it and when.
