@@ -70,3 +70,23 @@ def test_sas_retention_adds_a_beat_schedule(settings):
     assert app.celery.conf.beat_schedule[PURGE]["task"] == PURGE
     with pytest.raises(ValueError, match="is not a duration"):
         SasApp(replace(settings, retention="a month"))
+
+
+def test_a_purge_forgets_idle_rate_limit_schedules_and_keeps_busy_ones(sas):
+    slots = sas.store.rate_slots()
+    now = sas.store.now()
+    assert slots.reserve("sas:rate:pay:quiet-tenant", 0.1, 1.0) == (True, 0.0)
+    assert slots.reserve("sas:rate:pay:busy-tenant", 7200.0, 1.0) == (True, 0.0)  # free again in two hours
+    assert slots.reserve("sas:rate:pay:busy-tenant", 7200.0, 1.0)[0] is False  # turned away: a line
+    pass_time(sas, now + 3700, "an hour and more")
+
+    done = purge(sas.store, 30 * 86400, ["processed"])
+    assert (done.runs, done.schedules) == (0, 1)
+    from sas_app.store.service_tables import rate_limits
+
+    with sas.store.engine.connect() as conn:
+        left = sorted(conn.execute(select(rate_limits.c.key)).scalars())
+    assert left == ["sas:rate-line:pay:busy-tenant", "sas:rate:pay:busy-tenant"]
+    # the quiet tenant is as free as before, the busy one as busy
+    assert slots.reserve("sas:rate:pay:quiet-tenant", 0.1, 1.0) == (True, 0.0)
+    assert slots.reserve("sas:rate:pay:busy-tenant", 7200.0, 1.0)[0] is False

@@ -150,8 +150,9 @@ def purge(ctx: Context, older_than: str, states: str, batch: int, dry_run: bool)
     with ctx.app.audit.acting(Actor.cli(), "purge", target=f"{','.join(chosen)} older than {older_than}"):
         done = purge_runs(ctx.app.store, seconds, chosen, batch=batch)
     rate = done.runs / done.seconds if done.seconds else 0.0
+    idle = f"; {done.schedules} idle rate-limit schedule(s)" if done.schedules else ""
     click.echo(f"deleted {done.runs} run(s) and {done.rows} row(s) in all, in {done.seconds:.1f} s "
-               f"({rate:.0f} runs/s)")
+               f"({rate:.0f} runs/s){idle}")
 
 
 @click.command()

@@ -3,7 +3,9 @@ runs that ended that long ago, with their steps, events, signals, alerts and not
 bounded batches (one transaction each: the hot path waits for at most one batch); with
 ``SAS_RETENTION=30d`` beat does it every ten minutes (``sas.retention.purge`` on the Supervisor's
 queue, at most ``MAX_BATCHES`` batches a time). A run not finished is never deleted, nor a child run
-whose parent is not; ``error`` runs only when named (they wait for an operator).
+whose parent is not; ``error`` runs only when named (they wait for an operator). Each purge also
+deletes the rate limits' schedules idle for :data:`IDLE_RATE_LIMIT` seconds (see
+:meth:`~sas_app.store.retention.RetentionQueries.purge_idle_rate_limits`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ log = logging.getLogger(__name__)
 MAX_BATCHES = 20
 BATCH = 1000
 INTERVAL = 600.0
+#: seconds a rate limit's schedule has been idle before a purge deletes it
+IDLE_RATE_LIMIT = 3600.0
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -56,6 +60,8 @@ class Purged:
     runs: int
     rows: int
     seconds: float
+    #: idle rate-limit schedules deleted
+    schedules: int = 0
 
 
 def purge(store: Store, older_than: float, states: Sequence[str], *, batch: int = BATCH,
@@ -67,7 +73,8 @@ def purge(store: Store, older_than: float, states: Sequence[str], *, batch: int 
         total_runs, total_rows, batches = total_runs + deleted, total_rows + rows, batches + 1
         if deleted < batch:
             break
-    return Purged(total_runs, total_rows, time.perf_counter() - started)
+    schedules = store.purge_idle_rate_limits(IDLE_RATE_LIMIT)
+    return Purged(total_runs, total_rows, time.perf_counter() - started, schedules)
 
 
 class Retention:
@@ -90,6 +97,7 @@ class Retention:
         if self.older_than is None:
             return Purged(0, 0, 0.0)
         done = purge(self.store, self.older_than, self.states, max_batches=MAX_BATCHES)
-        if done.runs:
-            log.info("retention: %d finished run(s) deleted (%d rows) in %.1f s", done.runs, done.rows, done.seconds)
+        if done.runs or done.schedules:
+            log.info("retention: %d finished run(s) deleted (%d rows) in %.1f s, %d idle rate-limit schedule(s)",
+                     done.runs, done.rows, done.seconds, done.schedules)
         return done

@@ -1,7 +1,10 @@
 """Retention: finished runs older than a cutoff, deleted with every row that refers to them —
 steps, events, signals, alerts, outbox notifications — one bounded batch per transaction, so a
 purge holds no lock on the hot path's rows for longer than a batch. A run that is not finished is
-never deleted, nor a child run whose parent is not finished (its parent may not have read its end)."""
+never deleted, nor a child run whose parent is not finished (its parent may not have read its end).
+A purge also forgets the rate limits' schedules that have been idle a while (a row per key, a
+tenant's say, when no Redis keeps them with an expiry): a schedule whose time has passed is read
+as a free one, so deleting it changes nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from sqlalchemy import Engine, delete, exists, func, select
 
 from sas_app.states import TERMINAL_RUN_STATES
 from sas_app.store.connection import db_now
+from sas_app.store.service_tables import rate_limits
 from sas_app.store.tables import alerts, events, outbox, runs, signals, steps
 
 _PARENT = runs.alias("parent")
@@ -49,3 +53,10 @@ class RetentionQueries:
                 rows += conn.execute(delete(table).where(table.c.run_id.in_(ids))).rowcount
             rows += conn.execute(delete(runs).where(runs.c.id.in_(ids))).rowcount
             return len(ids), rows
+
+    def purge_idle_rate_limits(self, idle_for: float) -> int:
+        """Delete the rate limits' schedules and lines whose time passed more than ``idle_for``
+        seconds ago; how many. A reservation holding one (moving its time on) keeps it: the
+        delete waits for it and finds the row's new time."""
+        with self.engine.begin() as conn:
+            return int(conn.execute(delete(rate_limits).where(rate_limits.c.next_at < db_now() - idle_for)).rowcount)

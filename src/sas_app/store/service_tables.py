@@ -53,7 +53,8 @@ breakers = Table(
 
 #: Agents' rate limits shared by the fleet, when no Redis holds them (see
 #: sas_app.agents.rate_limit): one row per limit (per agent, or per agent and key), when its next
-#: free slot starts (the database's clock).
+#: free slot starts (the database's clock), and one per limit's line of refused calls; a purge
+#: deletes those idle for an hour.
 rate_limits = Table(
     "rate_limits",
     metadata,
