@@ -14,7 +14,7 @@ from sas_app import WaitFor, Workflow
 from sas_app.store.tables import runs
 from sas_app.web.dashboard import create_dashboard
 from sas_app.web.people import parse_basic_auth
-from tests.support import sweep_after_expiry
+from tests.support import sweep_after_expiry, wait_for
 
 
 @pytest.fixture
@@ -134,13 +134,18 @@ def test_current_alerts_are_those_whose_run_still_needs_someone(client, filled, 
     assert 'sas_alerts_current{kind="failed"} 1.0' in client.get("/metrics").get_data(as_text=True)
 
 
-def test_the_metrics_count_what_the_history_holds(client, filled):
+def test_the_metrics_count_what_the_history_holds(client, filled, sas, pump):
+    sas.submit("three", {}, business_key="in-flight")
+    pump.run(["sas.scheduler"])  # its first step sent, not yet taken
     text = client.get("/metrics").get_data(as_text=True)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
 
-    assert samples[("sas_runs", (("state", "processed"), ("workflow", "three")))] == 3
-    assert samples[("sas_runs", (("state", "compensated"), ("workflow", "saga")))] == 1
+    # the gauge holds the open runs (the one in flight); the finished are the counter's
+    assert {labels: n for (name, labels), n in samples.items() if name == "sas_runs"} == {
+        (("state", "processing"), ("workflow", "three")): 1}
+    assert samples[("sas_runs_finished_total", (("state", "processed"), ("workflow", "three")))] == 3
+    assert samples[("sas_runs_finished_total", (("state", "compensated"), ("workflow", "saga")))] == 1
     assert samples[("sas_step_duration_seconds_count", (("agent", "svc"),))] >= 11
     assert samples[("sas_alerts_total", (("kind", "failed"),))] == 1
     assert samples[("sas_compensations_total", (("workflow", "saga"),))] == 1
@@ -201,7 +206,7 @@ def test_counters_appear_only_once_they_hold_the_whole_history(sas, filled):
     history_counters = ("sas_runs_finished", "sas_step_", "sas_recoveries", "sas_compensations", "sas_alerts",
                         "sas_stale_replies")
     assert not [name for name, _ in first if name.startswith(history_counters)]
-    assert first[("sas_runs", (("state", "processed"), ("workflow", "three")))] == 3  # gauges are read at once
+    assert first[("sas_runs_waiting", (("kind", "sleep"),))] == 0  # gauges are read at once
 
     for _ in range(100):
         samples = samples_of(registry)
@@ -385,3 +390,29 @@ def test_a_run_page_shows_each_attempt_s_transient_faults(client, env, sas):
     page = client.get(f"/runs/{handle.id}").get_data(as_text=True)
     row = next(r for r in page.split("<tr") if 'data-kind="faults"' in r)
     assert "2 transient faults: second busy; then: second busy" in row
+
+
+def test_a_scrape_never_waits_for_sas_doctors_examination(sas, pump):
+    """Only the first scrape waits for an examination; later ones answer with the last one's
+    findings while the next is made in the background (it asks the workers for up to a second)."""
+    from prometheus_client import CollectorRegistry
+
+    from sas_app.web.metrics import StoreCollector
+
+    handle = sas.submit("three", {}, business_key="left")
+    pump.run(["sas.scheduler"])
+    sas.pause(handle.id, by="ops")
+    pump.run()
+    with sas.store.engine.begin() as conn:  # its pause lifted behind sas_app's back: stranded
+        conn.execute(update(runs).where(runs.c.id == handle.id).values(paused_by=None))
+    collector = StoreCollector(sas, margin=0.0, doctor_every=0.0)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    stranded = ("sas_doctor_problems", (("check", "stranded_runs"),))
+    assert samples_of(registry)[stranded] == 1
+
+    with sas.store.engine.begin() as conn:  # paused again: nothing stranded any more
+        conn.execute(update(runs).where(runs.c.id == handle.id).values(paused_by="ops"))
+    samples = samples_of(registry)  # answered at once, with what the last examination found
+    assert samples[stranded] == 1 and collector.examining is not None and collector.examining.is_alive()
+    wait_for(lambda: samples_of(registry)[stranded] == 0, 15, "a later examination to find it gone")

@@ -107,9 +107,11 @@ class Observer:
     def now(self) -> float:
         return self.store.now()
 
-    def runs_by_workflow_and_state(self) -> list[tuple[str, str, int]]:
-        query = select(runs.c.workflow, runs.c.process_state, func.count()).group_by(
-            runs.c.workflow, runs.c.process_state)
+    def open_runs_by_workflow_and_state(self) -> list[tuple[str, str, int]]:
+        """The runs not finished, or in error, by workflow and state: read through the runs' state
+        index, so the cost follows the open runs, never the history a store keeps."""
+        query = (select(runs.c.workflow, runs.c.process_state, func.count())
+                 .where(_NEEDS_SOMEONE).group_by(runs.c.workflow, runs.c.process_state))
         with self.engine.connect() as conn:
             return [(w, s, int(n)) for w, s, n in conn.execute(query)]
 

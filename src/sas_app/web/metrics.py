@@ -7,12 +7,15 @@ reading only the events written since the last one. Every process on every host 
 no multiprocess directory and no push gateway; like any Prometheus counter they start from the
 history in the store when the dashboard starts, and ``rate()`` reads them as usual.
 
-Series: ``sas_runs{workflow,state}``, ``sas_runs_finished_total{workflow,state}``,
+Series: ``sas_runs{workflow,state}`` (runs not finished, or in error),
+``sas_runs_finished_total{workflow,state}``,
 ``sas_step_duration_seconds{agent}`` (dispatch to completion), ``sas_recoveries_total{agent,cause}``
 (``expired``: the Supervisor found it past complete-by; ``worker_lost``; ``deferred``: its breaker
-was open), ``sas_step_failures_total{agent}``,
+was open or its rate limit full; ``silent``: past complete-by, never taken by a worker),
+``sas_step_failures_total{agent}``,
 ``sas_compensations_total{workflow}``, ``sas_alerts_total{kind}``, ``sas_alerts_current{kind}`` (alerts
-whose run is in error or unfinished), ``sas_stale_replies_total``,
+whose run is in error or unfinished), ``sas_runs_waiting{kind}`` (runs waiting in the store:
+``sleep``, ``event``, ``slot``), ``sas_stale_replies_total``,
 ``sas_supervisor_sweeps_total{instance}``, ``sas_supervisor_last_sweep_age_seconds{instance}``,
 ``sas_breaker_state{agent}`` (0 closed, 1 half-open, 2 open),
 ``sas_agent_backlog{agent,state}`` (each agent's steps ``due``, ``dispatched`` and ``retrying``:
@@ -21,12 +24,18 @@ workers scale on), ``sas_agent_oldest_dispatched_seconds{agent}``,
 ``sas_metrics_caught_up`` (0 while a dashboard started over a long history is still reading it,
 ``MAX_BATCHES`` x ``BATCH`` events a scrape: the counters are left out until then, so that
 ``rate()`` never sees the history arrive as a burst), ``sas_doctor_problems{check}`` (what ``sas
-doctor`` counts, each check made at most every ``DOCTOR_EVERY`` seconds; one it could not make is
-left out) and ``sas_doctor_ok`` (1 when every check holds).
+doctor`` counts, its checks made every ``DOCTOR_EVERY`` seconds in the background, attempts ended
+twice over the last ``DOCTOR_SINCE`` seconds; one it could not make is left out) and
+``sas_doctor_ok`` (1 when every check holds; both absent until the first examination answers).
+
+Every gauge reads what is live — open runs, live steps, the waiting ones — through a partial or
+leading-column index, so a scrape costs what is in flight, not the history the store keeps:
+finished runs are counted by ``sas_runs_finished_total``, not by ``sas_runs``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -44,6 +53,8 @@ from sas_app.store.observe import HistoryEvent, Observer
 if TYPE_CHECKING:
     from sas_app.app import SasApp
 
+log = logging.getLogger(__name__)
+
 #: step duration buckets, seconds
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 #: events younger than this (by the database's clock) wait for the next scrape: a transaction
@@ -56,11 +67,18 @@ CAUSES = frozenset(c.value for c in Cause)
 #: seconds between two examinations of ``sas doctor``'s checks (they read every live run and ask
 #: the workers, for up to a second)
 DOCTOR_EVERY = 30.0
+#: seconds of history the scrape's examinations read for attempts ended twice (``sas doctor``
+#: reads a day): what each reads follows the events of this window
+DOCTOR_SINCE = 3600.0
+#: seconds the first scrape waits for the first examination (later ones never wait)
+FIRST_EXAMINATION_WAIT = 5.0
 
 
 class StoreCollector(Collector):
-    def __init__(self, sas: SasApp, margin: float = MARGIN, batch: int = BATCH, max_batches: int = MAX_BATCHES) -> None:
+    def __init__(self, sas: SasApp, margin: float = MARGIN, batch: int = BATCH, max_batches: int = MAX_BATCHES,
+                 doctor_every: float = DOCTOR_EVERY) -> None:
         self.sas = sas
+        self.doctor_every = doctor_every
         self.margin = margin
         self.batch = batch
         self.max_batches = max_batches
@@ -75,7 +93,10 @@ class StoreCollector(Collector):
         self.stale = 0
         self.durations: dict[str, list[int]] = {}
         self.duration_sums: dict[str, float] = {}
-        self.examined: tuple[float, list[Check]] | None = None
+        self.examined: list[Check] | None = None
+        self.examining: threading.Thread | None = None
+        self.examination_began = 0.0
+        self.doctor_lock = threading.Lock()
 
     def follow(self) -> bool:
         """Count the events written since the last scrape, in id order, up to the first one younger
@@ -166,8 +187,10 @@ class StoreCollector(Collector):
         yield durations
 
     def _gauges(self) -> Iterator[Metric]:
-        yield family(GaugeMetricFamily, "sas_runs", "Runs by workflow and state, now", ["workflow", "state"],
-                     (((workflow, state), n) for workflow, state, n in self.observer.runs_by_workflow_and_state()))
+        yield family(GaugeMetricFamily, "sas_runs",
+                     "Runs not finished (pending, processing, compensating) or in error, by workflow and state, now",
+                     ["workflow", "state"],
+                     (((workflow, state), n) for workflow, state, n in self.observer.open_runs_by_workflow_and_state()))
         yield family(GaugeMetricFamily, "sas_alerts_current", "Alerts whose run is in error or not finished, by kind",
                      ["kind"], (((kind,), n) for kind, n in self.observer.current_alerts_by_kind()))
         waiting = dict(self.observer.waiting_by_kind())
@@ -198,16 +221,37 @@ class StoreCollector(Collector):
                      "Seconds since each agent's longest-dispatched running step was sent", ["agent"],
                      (((a.agent,), a.oldest) for a in agents))
         checks = self._doctor()
-        yield family(GaugeMetricFamily, "sas_doctor_problems", "What sas doctor finds wrong, by check (0: healthy)",
-                     ["check"], (((c.name,), c.count) for c in checks if c.count is not None))
-        yield GaugeMetricFamily("sas_doctor_ok", "1 when every check of sas doctor holds, else 0",
-                                value=1 if all(c.ok for c in checks) else 0)
+        if checks:  # none yet: the first examination has not answered
+            yield family(GaugeMetricFamily, "sas_doctor_problems", "What sas doctor finds wrong, by check (0: healthy)",
+                         ["check"], (((c.name,), c.count) for c in checks if c.count is not None))
+            yield GaugeMetricFamily("sas_doctor_ok", "1 when every check of sas doctor holds, else 0",
+                                    value=1 if all(c.ok for c in checks) else 0)
 
     def _doctor(self) -> list[Check]:
-        """``sas doctor``'s checks, made again once :data:`DOCTOR_EVERY` seconds have passed."""
-        if self.examined is None or time.monotonic() - self.examined[0] >= DOCTOR_EVERY:
-            self.examined = (time.monotonic(), self.sas.doctor.examine(timeout=1.0))
-        return self.examined[1]
+        """The latest examination of ``sas doctor``'s checks. A new one begins once ``doctor_every``
+        seconds have passed since the last began, in a thread of its own: a scrape never waits for
+        it (it reads the store and asks the workers, for up to a second), so the series a fleet
+        scales on stay prompt — but the first scrape, which waits up to
+        :data:`FIRST_EXAMINATION_WAIT` seconds for a first answer."""
+        with self.doctor_lock:
+            if self.examining is None and (self.examined is None
+                                           or time.monotonic() - self.examination_began >= self.doctor_every):
+                self.examination_began = time.monotonic()
+                self.examining = threading.Thread(target=self._examine, name="sas-metrics-doctor", daemon=True)
+                self.examining.start()
+            examining = self.examining
+        if self.examined is None and examining is not None:
+            examining.join(FIRST_EXAMINATION_WAIT)
+        return self.examined or []
+
+    def _examine(self) -> None:
+        try:
+            self.examined = self.sas.doctor.examine(timeout=1.0, since=DOCTOR_SINCE)
+        except Exception:  # the last examination stands; the next scrape past the interval tries again
+            log.exception("metrics: sas doctor's examination failed")
+        finally:
+            with self.doctor_lock:
+                self.examining = None
 
 
 def cause_of(detail: dict[str, Any]) -> str:
