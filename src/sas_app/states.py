@@ -82,7 +82,8 @@ class Cause(Word):
 
     EXPIRED = "expired"  # its complete-by passed (found by the Supervisor)
     WORKER_LOST = "worker_lost"  # its worker process died (reported by the worker's main process)
-    DEFERRED = "deferred"  # its agent did not call the service (its breaker open): no failure counted
+    #: its agent did not call the service (its breaker open, or its rate limit full): no failure counted
+    DEFERRED = "deferred"
     #: its complete-by passed and its agent never said it took it (a message lost with the broker, a
     #: worker killed whole): no failure counted, up to the step's ``max_failures`` such times
     SILENT = "silent"

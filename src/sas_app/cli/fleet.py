@@ -94,7 +94,8 @@ def kubernetes(ctx: Context, image: str, out: Path, env: tuple[str, ...], concur
                replicas: int, prometheus: str, name: str, secret: bool) -> None:
     """Write Kubernetes manifests for this app: a Deployment per agent (its grace period from its
     longest step), the Scheduler, beat, the dashboard and Flower, a migration Job, probes, budgets
-    and KEDA ScaledObjects. Apply with kubectl apply -k OUT."""
+    and KEDA ScaledObjects. Apply with kubectl apply -k OUT, the ScaledObjects with kubectl apply -k
+    OUT/keda."""
     settings = _pairs(env, "--env")
     before = dict(os.environ)
     os.environ.update(settings)  # while the app is loaded: it is loaded as the pods will load it
