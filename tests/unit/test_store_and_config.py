@@ -13,6 +13,7 @@ from sas_app.store.migrate import SCHEMA_HEAD, alembic_config, schema_problem
 from sas_app.store.schema import metadata
 
 
+@pytest.mark.both_stores
 def test_migrations_build_exactly_the_models_schema_and_can_run_again(db_url):
     migrate(db_url)
     migrate(db_url)

@@ -53,11 +53,12 @@ class ChildTx(Part):
 
     def children_ended(self, older_than: float, limit: int) -> list[str]:
         """Runs with a step still waiting for a child that ended more than ``older_than`` seconds
-        ago: the message that should have told them was lost (the Supervisor asks again)."""
+        ago: the message that should have told them was lost (the Supervisor asks again). Read
+        from the steps running with no complete-by (a partial index: a child's step has none)."""
         rows = self.conn.execute(
             select(steps.c.run_id).distinct()
             .join(runs, and_(runs.c.parent_run_id == steps.c.run_id, runs.c.parent_position == steps.c.position))
-            .where(steps.c.child.is_not(None), steps.c.state == StepState.RUNNING.value,
+            .where(steps.c.child.is_not(None), steps.c.state == StepState.RUNNING.value, steps.c.complete_by.is_(None),
                    runs.c.process_state.in_(TERMINAL_RUN_STATES), runs.c.updated_at < db_now() - older_than)
             .limit(limit)
         )

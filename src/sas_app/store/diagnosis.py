@@ -13,10 +13,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, and_, case, exists, func, literal, or_, select, union_all
+from sqlalchemy import Engine, Select, and_, case, exists, func, literal, or_, select, union_all
 
 from sas_app.states import LIVE_RUN_STATES, TERMINAL_RUN_STATES, EventKind, RunState, StepState
 from sas_app.store.connection import db_now
+from sas_app.store.history import first_event_since
 from sas_app.store.service_tables import supervisors
 from sas_app.store.tables import DUE_RUN_STATES, WAITING_FOR_RESUME, events, outbox, runs, steps
 
@@ -29,33 +30,6 @@ _STEP_DUE = case((and_(steps.c.state == StepState.RUNNING.value, steps.c.not_bef
                   steps.c.not_before), else_=steps.c.complete_by)
 #: runs a deadline still applies to (one being undone is past it, or was stopped for another reason)
 _BEFORE_DEADLINE = (RunState.PENDING.value, RunState.PROCESSING.value)
-
-
-def first_event_since(conn: Connection, since: float) -> int | None:
-    """The id of the first event written in the last ``since`` seconds (None: none was), by a
-    binary search of the events' primary key: ids grow as events are written, and so, but for the
-    moments concurrent transactions overlap, do their times. Some sixty look-ups by key at most,
-    where a filter on the time alone would read the whole history (``at`` has no index: one would
-    cost every event written)."""
-    low, high = conn.execute(select(func.min(events.c.id), func.max(events.c.id))).one()
-    if high is None:
-        return None
-    moment = conn.execute(select(db_now() - since)).scalar_one()
-
-    def at_or_after(position: int) -> tuple[int, float]:
-        row = conn.execute(select(events.c.id, events.c.at).where(events.c.id >= position)
-                           .order_by(events.c.id).limit(1)).one()
-        return int(row.id), float(row.at)
-
-    if at_or_after(high)[1] < moment:
-        return None
-    while low < high:  # the first position whose next event is recent enough
-        middle = (low + high) // 2
-        if at_or_after(middle)[1] >= moment:
-            high = middle
-        else:
-            low = middle + 1
-    return at_or_after(low)[0]
 
 
 def stranded() -> Select[tuple[str]]:

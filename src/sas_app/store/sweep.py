@@ -16,6 +16,7 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, tuple_, update
 
 from sas_app.states import LIVE_RUN_STATES, Cause, EventKind, RunState, StepState
 from sas_app.store.connection import db_now
+from sas_app.store.history import first_event_since
 from sas_app.store.rows import RunRow, StepRow, as_row
 from sas_app.store.tables import DUE_RUN_STATES, WAITING_FOR_RESUME, alerts, events, runs, steps
 from sas_app.store.transitions import Part, run_in
@@ -219,15 +220,23 @@ class SweepTx(Part):
 
     def recent_completions(self, agent: str, window: float, most: int = 50) -> tuple[list[float], float]:
         """When ``agent``'s last ``most`` steps completed within the last ``window`` seconds,
-        newest first, and now (the store's clock)."""
+        newest first, and now (the store's clock): read from the window's events (their
+        completions, newest first, each step's agent by its key), so that the cost follows the
+        window's events, never the steps the store keeps."""
         now = float(self.conn.execute(select(db_now())).scalar_one())
+        first = first_event_since(self.conn, window)
+        if first is None:
+            return [], now
         done = self.conn.execute(
-            select(steps.c.completed_at)
-            .where(steps.c.agent == agent, steps.c.completed_at >= now - window)
-            .order_by(steps.c.completed_at.desc())
+            select(events.c.at)
+            .join(steps, and_(steps.c.run_id == events.c.run_id, steps.c.position == events.c.position))
+            .where(events.c.id >= first, events.c.kind == EventKind.TRANSITION.value,
+                   events.c.to_state == StepState.COMPLETED.value, events.c.position.is_not(None),
+                   events.c.at >= now - window, steps.c.agent == agent)
+            .order_by(events.c.id.desc())
             .limit(most)
         ).scalars().all()
-        return [float(t) for t in done], now
+        return sorted((float(t) for t in done), reverse=True), now
 
     def paced_retries_due_last(self, agent: str) -> float | None:
         """When the last of ``agent``'s paced retries still to come is due (the next one paced goes

@@ -44,6 +44,8 @@ DUE_RUN_STATES = ("pending", "processing", "compensating")
 #: the predicates of the Supervisor's partial indexes (migrations 0015, 0017)
 RUNS_DUE = "complete_by IS NOT NULL AND process_state IN ('pending', 'processing', 'compensating')"
 STEPS_LIVE_DUE = "complete_by IS NOT NULL AND state IN ('pending', 'running')"
+#: the predicate of the partial index of steps running with no complete-by of their own (migration 0023)
+STEPS_RUNNING_UNTIMED = "state = 'running' AND complete_by IS NULL"
 
 # One row per run: the pattern's ProcessState (``process_state``), its payload, who holds it now
 # (``locked_by``) and when the Supervisor looks at it next (``complete_by``), its deadline, its
@@ -204,6 +206,17 @@ Index(
     steps.c.complete_by,
     postgresql_where=text(STEPS_LIVE_DUE),
     sqlite_where=text(STEPS_LIVE_DUE),
+)
+# The steps running with no complete-by of their own: each waits for its child run, or for its
+# fan-out's branches. The Supervisor's look for children that ended starts from them, so it reads
+# the steps in that wait, never the whole table; a step with a complete-by (every step an agent
+# runs) has no entry, so the hot path writes none.
+Index(
+    "ix_steps_running_untimed",
+    steps.c.run_id,
+    steps.c.position,
+    postgresql_where=text(STEPS_RUNNING_UNTIMED),
+    sqlite_where=text(STEPS_RUNNING_UNTIMED),
 )
 # The steps waiting in the store (asleep, or for an event), by kind: what sas_runs_waiting counts.
 Index(

@@ -1,14 +1,15 @@
-"""What ``sas doctor`` reads of the history: an attempt that left ``running`` twice (which the
-fencing token rules out, so one found is a bug to report), within the window of the history asked
-for — found by the events' primary key, not by reading every event. On SQLite here and, as
-integration tests, on PostgreSQL."""
+"""What periodic looks read of a window of the history, found by the events' primary key rather
+than by reading every event: ``sas doctor``'s attempts that left ``running`` twice (which the
+fencing token rules out, so one found is a bug to report), and an agent's recent completions (the
+pace the at-risk look and the retries' pacing read). On SQLite here and, as integration tests, on
+PostgreSQL."""
 
 from __future__ import annotations
 
 import pytest
 from sqlalchemy import insert
 
-from sas_app.store.diagnosis import first_event_since
+from sas_app.store.history import first_event_since
 from sas_app.store.tables import events
 from tests.support import pass_time
 
@@ -58,3 +59,21 @@ def test_the_first_event_of_a_window_is_found_by_its_key(sas, pump):
     pass_time(sas, sas.store.now() + 100, "the history to age")
     with sas.store.engine.connect() as conn:
         assert first_event_since(conn, 50) is None
+
+
+def test_an_agents_recent_completions_are_those_of_the_window_newest_first(sas, pump):
+    sas.submit("three", {}, business_key="long-ago")
+    pump.run()
+    pass_time(sas, sas.store.now() + 600, "ten minutes")
+    for i in range(3):
+        sas.submit("three", {}, business_key=f"now-{i}")
+        pump.run()
+        pass_time(sas, sas.store.now() + 1, "a second")
+
+    with sas.store.begin() as tx:
+        done, now = tx.sweep.recent_completions("svc", 60)
+        few, _ = tx.sweep.recent_completions("svc", 60, most=4)
+        nobody, _ = tx.sweep.recent_completions("nobody", 60)
+    assert len(done) == 9 and done == sorted(done, reverse=True)  # three runs of three steps
+    assert all(now - 60 <= t <= now for t in done)
+    assert few == done[:4] and nobody == []
