@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Engine, delete, exists, func, select
+from sqlalchemy import Engine, delete, exists, func, select, union_all
 
 from sas_app.states import TERMINAL_RUN_STATES
 from sas_app.store.connection import db_now
@@ -20,12 +20,17 @@ from sas_app.store.tables import alerts, events, outbox, runs, signals, steps
 _PARENT = runs.alias("parent")
 
 
-def _purgeable(older_than: float, states: Sequence[str]):  # type: ignore[no-untyped-def]
+def _old_enough(older_than: float):  # type: ignore[no-untyped-def]
+    """A finished run's other conditions: it ended ``older_than`` seconds ago, and its parent, if
+    it has one, has finished too."""
     cutoff = db_now() - older_than
     parent_not_done = exists(select(1).where(_PARENT.c.id == runs.c.parent_run_id,
                                              _PARENT.c.process_state.not_in(TERMINAL_RUN_STATES)))
-    return (runs.c.process_state.in_([s for s in states if s in TERMINAL_RUN_STATES]),
-            runs.c.created_at < cutoff, runs.c.updated_at < cutoff, ~parent_not_done)
+    return runs.c.created_at < cutoff, runs.c.updated_at < cutoff, ~parent_not_done
+
+
+def _purgeable(older_than: float, states: Sequence[str]):  # type: ignore[no-untyped-def]
+    return runs.c.process_state.in_([s for s in states if s in TERMINAL_RUN_STATES]), *_old_enough(older_than)
 
 
 class RetentionQueries:
@@ -41,9 +46,22 @@ class RetentionQueries:
         """Delete up to ``limit`` finished runs (in ``states``) that ended more than ``older_than``
         seconds ago, oldest first, and every row of theirs, in one transaction. Returns the runs
         and the rows deleted."""
+        chosen = [s for s in states if s in TERMINAL_RUN_STATES]
+        if not chosen:
+            return 0, 0
+        # Each state's oldest, read from the index by state and age. The runs a purge never takes
+        # (in error, or a child of a live run) stay at the head of the index of all runs by age,
+        # and a walk from there reads past every one of them at every batch. BETWEEN, not "=":
+        # with an equality the state drops out of the order asked for, and for a common state
+        # PostgreSQL walks the index by age all the same.
+        each = [select(runs.c.id, runs.c.created_at)
+                .where(runs.c.process_state.between(state, state), *_old_enough(older_than))
+                .order_by(runs.c.process_state, runs.c.created_at).limit(limit).subquery() for state in chosen]
+        oldest = union_all(*(select(part.c.id, part.c.created_at) for part in each)).subquery()
+        candidates = select(oldest.c.id).order_by(oldest.c.created_at).limit(limit)
         with self.engine.begin() as conn:
             ids = list(conn.execute(
-                select(runs.c.id).where(*_purgeable(older_than, states)).order_by(runs.c.created_at).limit(limit)
+                select(runs.c.id).where(runs.c.id.in_(candidates), *_purgeable(older_than, states))
                 .with_for_update(skip_locked=True, of=runs)
             ).scalars())
             if not ids:
