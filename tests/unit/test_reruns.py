@@ -100,6 +100,26 @@ def test_a_run_in_error_is_rerun_from_its_failed_step_once_fixed_keeping_what_ca
         ("rerun", new.id)]
 
 
+def test_a_run_in_error_needs_someone_no_more_once_it_is_rerun(shop):
+    """Its alert leaves the current ones, and the run the open runs' gauge: the new run carries on,
+    and the old one refuses every action (an alert on sas_alerts_current would never clear)."""
+    from sas_app.store.observe import Observer
+
+    env, _ = shop
+    observer = Observer(env.app.store)
+    old = env.run("plain", {"amount": 30}, business_key="o-9")
+    assert observer.current_alerts_by_kind() == [("failed", 1)]
+    assert observer.open_runs_by_workflow_and_state() == [("plain", "error", 1)]
+    assert [a.run_id for a in observer.alerts(10, current=True)] == [old.id]
+
+    FIXED["charge"] = True
+    new = env.finish(env.app.rerun(old.id, "charge", by="ops").id)
+    assert new.state is RunState.PROCESSED
+    assert observer.current_alerts_by_kind() == [] and observer.open_runs_by_workflow_and_state() == []
+    assert observer.alerts(10, current=True) == []
+    assert [a.run_id for a in observer.alerts(10, current=False)] == [old.id]
+
+
 def test_a_compensated_run_is_rerun_from_its_first_undone_step_not_after_it(shop):
     env, a = shop
     old = env.run("saga", {"amount": 5}, business_key="s-1")

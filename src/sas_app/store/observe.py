@@ -1,11 +1,11 @@
 """Read-only queries for people and monitoring: the dashboard's pages and the Prometheus metrics.
 
 Nothing here writes. The runs list is :meth:`Store.list_runs`; an alert is current while its run is in one of
-:data:`sas_app.states.OPEN_RUN_STATES`. Queries walk an index where one
+:data:`sas_app.states.OPEN_RUN_STATES` (one in error until it is rerun). Queries walk an index where one
 serves: runs by creation time (the chart), workflows by the workflow/key index, events by their
 primary key (the metrics follow the append-only history, so every process on every host is counted
-without counters of their own), alerts by id; the counts of runs by state read every run
-(bench/dashboard.py measures them).
+without counters of their own), alerts by id; the metrics' counts of runs by state read the open
+runs only (bench/dashboard.py measures them).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from sqlalchemy import case, func, literal, or_, select
+from sqlalchemy import and_, case, func, literal, or_, select
 
 from sas_app.states import OPEN_RUN_STATES, RunState, StepState
 from sas_app.store.database import Store
@@ -49,7 +49,10 @@ class SupervisorView:
 
 
 #: an alert is current while its run still needs someone: in error, or not finished
-_NEEDS_SOMEONE = runs.c.process_state.in_(OPEN_RUN_STATES)
+#: a run in error until it is rerun (the new run carries on, and the old refuses every action), or
+#: not finished
+_NEEDS_SOMEONE = and_(runs.c.process_state.in_(OPEN_RUN_STATES),
+                      or_(runs.c.process_state != RunState.ERROR.value, runs.c.rerun_as.is_(None)))
 
 #: a Supervisor not heard from for this long is left out (and its row deleted by the next sweep)
 FORGET_SUPERVISOR_AFTER = 3600.0
@@ -108,8 +111,8 @@ class Observer:
         return self.store.now()
 
     def open_runs_by_workflow_and_state(self) -> list[tuple[str, str, int]]:
-        """The runs not finished, or in error, by workflow and state: read through the runs' state
-        index, so the cost follows the open runs, never the history a store keeps."""
+        """The runs not finished, or in error and not rerun, by workflow and state: read through
+        the runs' state index, so the cost follows the open runs, never the history a store keeps."""
         query = (select(runs.c.workflow, runs.c.process_state, func.count())
                  .where(_NEEDS_SOMEONE).group_by(runs.c.workflow, runs.c.process_state))
         with self.engine.connect() as conn:
@@ -135,7 +138,7 @@ class Observer:
 
     def alerts(self, limit: int, current: bool | None = None) -> list[AlertView]:
         """The newest alerts with their run's workflow, key and state now. ``current``: only those
-        whose run still needs someone (in error, or not finished: see :data:`OPEN_RUN_STATES`);
+        whose run still needs someone (in error and not rerun, or not finished: see :data:`OPEN_RUN_STATES`);
         False: only those whose run has since finished."""
         query = (select(alerts, runs.c.workflow, runs.c.business_key, runs.c.process_state)
                  .join(runs, runs.c.id == alerts.c.run_id, isouter=True)

@@ -7,14 +7,14 @@ reading only the events written since the last one. Every process on every host 
 no multiprocess directory and no push gateway; like any Prometheus counter they start from the
 history in the store when the dashboard starts, and ``rate()`` reads them as usual.
 
-Series: ``sas_runs{workflow,state}`` (runs not finished, or in error),
+Series: ``sas_runs{workflow,state}`` (runs not finished, or in error and not rerun),
 ``sas_runs_finished_total{workflow,state}``,
 ``sas_step_duration_seconds{agent}`` (dispatch to completion), ``sas_recoveries_total{agent,cause}``
 (``expired``: the Supervisor found it past complete-by; ``worker_lost``; ``deferred``: its breaker
 was open or its rate limit full; ``silent``: past complete-by, never taken by a worker),
 ``sas_step_failures_total{agent}``,
 ``sas_compensations_total{workflow}``, ``sas_alerts_total{kind}``, ``sas_alerts_current{kind}`` (alerts
-whose run is in error or unfinished), ``sas_runs_waiting{kind}`` (runs waiting in the store:
+whose run is in error and not rerun, or unfinished), ``sas_runs_waiting{kind}`` (runs waiting in the store:
 ``sleep``, ``event``, ``slot``), ``sas_stale_replies_total``,
 ``sas_supervisor_sweeps_total{instance}``, ``sas_supervisor_last_sweep_age_seconds{instance}``,
 ``sas_breaker_state{agent}`` (0 closed, 1 half-open, 2 open),
@@ -188,11 +188,12 @@ class StoreCollector(Collector):
 
     def _gauges(self) -> Iterator[Metric]:
         yield family(GaugeMetricFamily, "sas_runs",
-                     "Runs not finished (pending, processing, compensating) or in error, by workflow and state, now",
-                     ["workflow", "state"],
+                     "Runs not finished (pending, processing, compensating) or in error and not rerun, "
+                     "by workflow and state", ["workflow", "state"],
                      (((workflow, state), n) for workflow, state, n in self.observer.open_runs_by_workflow_and_state()))
-        yield family(GaugeMetricFamily, "sas_alerts_current", "Alerts whose run is in error or not finished, by kind",
-                     ["kind"], (((kind,), n) for kind, n in self.observer.current_alerts_by_kind()))
+        yield family(GaugeMetricFamily, "sas_alerts_current",
+                     "Alerts whose run is in error (not rerun) or not finished, by kind", ["kind"],
+                     (((kind,), n) for kind, n in self.observer.current_alerts_by_kind()))
         waiting = dict(self.observer.waiting_by_kind())
         yield family(GaugeMetricFamily, "sas_runs_waiting",
                      "Runs waiting in the store now: asleep, for an event, for a slot of their concurrency key",
