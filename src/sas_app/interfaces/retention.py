@@ -71,7 +71,7 @@ def purge(store: Store, older_than: float, states: Sequence[str], *, batch: int 
     while max_batches is None or batches < max_batches:
         deleted, rows = store.purge_batch(older_than, states, batch)
         total_runs, total_rows, batches = total_runs + deleted, total_rows + rows, batches + 1
-        if deleted < batch:
+        if deleted == 0:  # a short batch may be runs another transaction held: the next goes on
             break
     schedules = store.purge_idle_rate_limits(IDLE_RATE_LIMIT)
     return Purged(total_runs, total_rows, time.perf_counter() - started, schedules)

@@ -45,13 +45,14 @@ class RetentionQueries:
     def purge_batch(self, older_than: float, states: Sequence[str], limit: int) -> tuple[int, int]:
         """Delete up to ``limit`` finished runs (in ``states``) that ended more than ``older_than``
         seconds ago, oldest first, and every row of theirs, in one transaction. Returns the runs
-        and the rows deleted."""
-        chosen = [s for s in states if s in TERMINAL_RUN_STATES]
+        and the rows deleted. Runs another transaction holds are left for a later batch, so a
+        batch may delete fewer than ``limit`` while older runs remain."""
+        chosen = sorted({s for s in states if s in TERMINAL_RUN_STATES})
         if not chosen:
             return 0, 0
-        # Each state's oldest, read from the index by state and age. The runs a purge never takes
-        # (in error, or a child of a live run) stay at the head of the index of all runs by age,
-        # and a walk from there reads past every one of them at every batch. BETWEEN, not "=":
+        # Each state's oldest, read from the index by state and age. The runs of the states a
+        # purge does not take (error, unless named) stay at the head of the index of all runs by
+        # age, and a walk from there reads past every one of them at every batch. BETWEEN, not "=":
         # with an equality the state drops out of the order asked for, and for a common state
         # PostgreSQL walks the index by age all the same.
         each = [select(runs.c.id, runs.c.created_at)

@@ -24,9 +24,10 @@ workers scale on), ``sas_agent_oldest_dispatched_seconds{agent}``,
 ``sas_metrics_caught_up`` (0 while a dashboard started over a long history is still reading it,
 ``MAX_BATCHES`` x ``BATCH`` events a scrape: the counters are left out until then, so that
 ``rate()`` never sees the history arrive as a burst), ``sas_doctor_problems{check}`` (what ``sas
-doctor`` counts, its checks made every ``DOCTOR_EVERY`` seconds in the background, attempts ended
-twice over the last ``DOCTOR_SINCE`` seconds; one it could not make is left out) and
-``sas_doctor_ok`` (1 when every check holds; both absent until the first examination answers).
+doctor`` counts, its checks made in the background, started by a scrape at most every
+``DOCTOR_EVERY`` seconds, attempts ended twice over the last ``DOCTOR_SINCE`` seconds; a scrape
+answers with the last examination's findings; one check it could not make is left out) and
+``sas_doctor_ok`` (1 when every check holds; both absent while no examination has answered).
 
 Every gauge reads what is live — open runs, live steps, the waiting ones — through a partial or
 leading-column index, so a scrape costs what is in flight, not the history the store keeps:
@@ -229,11 +230,12 @@ class StoreCollector(Collector):
                                     value=1 if all(c.ok for c in checks) else 0)
 
     def _doctor(self) -> list[Check]:
-        """The latest examination of ``sas doctor``'s checks. A new one begins once ``doctor_every``
-        seconds have passed since the last began, in a thread of its own: a scrape never waits for
-        it (it reads the store and asks the workers, for up to a second), so the series a fleet
-        scales on stay prompt — but the first scrape, which waits up to
-        :data:`FIRST_EXAMINATION_WAIT` seconds for a first answer."""
+        """The latest examination of ``sas doctor``'s checks. A scrape that comes ``doctor_every``
+        seconds or more after the last began starts the next, in a thread of its own, and answers
+        with the last one's findings: it does not wait for it (it reads the store and asks the
+        workers, for up to a second), so the series a fleet scales on stay prompt. Only while no
+        examination has answered — the first, or after one failed — does a scrape wait, up to
+        :data:`FIRST_EXAMINATION_WAIT` seconds."""
         with self.doctor_lock:
             if self.examining is None and (self.examined is None
                                            or time.monotonic() - self.examination_began >= self.doctor_every):
@@ -248,7 +250,8 @@ class StoreCollector(Collector):
     def _examine(self) -> None:
         try:
             self.examined = self.sas.doctor.examine(timeout=1.0, since=DOCTOR_SINCE)
-        except Exception:  # the last examination stands; the next scrape past the interval tries again
+        except Exception:  # no findings rather than old ones: the doctor's series are left out
+            self.examined = None
             log.exception("metrics: sas doctor's examination failed")
         finally:
             with self.doctor_lock:
