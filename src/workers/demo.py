@@ -102,12 +102,13 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         procs.beat("beat", wait=False)
         procs.wait_ready(*services)
 
+        watched = [*ports, "scheduler", "agents", "beat"]
         prefix = f"demo-{stamp}-{seed}"
         handles = []
         for i, fault in enumerate(plan_faults(orders, fault_rate, rng)):
             _unless(asked)
             if i % 20 == 0:  # a process gone while the orders go in: say so now, not after the last
-                _all_running(procs, [*ports, "scheduler", "agents", "beat"])
+                _all_running(procs, watched)
             payload: dict[str, Any] = {"amount": round(rng.uniform(5, 200), 2),
                                        "items": [{"sku": f"sku-{n}", "qty": 1} for n in range(rng.randint(1, 3))]}
             if fault:
@@ -123,7 +124,7 @@ def run_demo(orders: int, fault_rate: float, seed: int, timeout: float, as_json:
         with progress:
             while True:
                 _unless(asked)
-                _all_running(procs, [*ports, "scheduler", "agents", "beat"])
+                _all_running(procs, watched)
                 counts = sas.store.count_states(ids)  # this demo's runs, not the store's
                 done = sum(counts.get(s, 0) for s in RunState if s.finished)
                 progress.update(bar, completed=done, description="  ".join(

@@ -48,9 +48,8 @@ class SupervisorView:
     gone: bool = False
 
 
-#: an alert is current while its run still needs someone: in error, or not finished
-#: a run in error until it is rerun (the new run carries on, and the old refuses every action), or
-#: not finished
+#: an alert is current while its run still needs someone: in error until it is rerun (the new run
+#: carries on, and the old refuses every action), or not finished
 _NEEDS_SOMEONE = and_(runs.c.process_state.in_(OPEN_RUN_STATES),
                       or_(runs.c.process_state != RunState.ERROR.value, runs.c.rerun_as.is_(None)))
 

@@ -29,8 +29,13 @@ def _old_enough(older_than: float):  # type: ignore[no-untyped-def]
     return runs.c.created_at < cutoff, runs.c.updated_at < cutoff, ~parent_not_done
 
 
+def _finished(states: Sequence[str]) -> list[str]:
+    """The finished states among ``states``, each once: the only ones a purge takes."""
+    return sorted({s for s in states if s in TERMINAL_RUN_STATES})
+
+
 def _purgeable(older_than: float, states: Sequence[str]):  # type: ignore[no-untyped-def]
-    return runs.c.process_state.in_([s for s in states if s in TERMINAL_RUN_STATES]), *_old_enough(older_than)
+    return runs.c.process_state.in_(_finished(states)), *_old_enough(older_than)
 
 
 class RetentionQueries:
@@ -47,7 +52,7 @@ class RetentionQueries:
         seconds ago, oldest first, and every row of theirs, in one transaction. Returns the runs
         and the rows deleted. Runs another transaction holds are left for a later batch, so a
         batch may delete fewer than ``limit`` while older runs remain."""
-        chosen = sorted({s for s in states if s in TERMINAL_RUN_STATES})
+        chosen = _finished(states)
         if not chosen:
             return 0, 0
         # Each state's oldest, read from the index by state and age. The runs of the states a

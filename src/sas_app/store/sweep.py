@@ -119,10 +119,9 @@ class SweepTx(Part):
         back-off is over (all three: a lost message) — and a step waiting in the store whose time
         has come (a sleep, a wait's timeout, a poll: its complete-by is its ``not_before``, and no
         message was ever meant to wake it), unless its run is paused. Their complete-by is pushed
-        forward and their run ids
-        returned, ``(stalled, woken)``, to be asked about again. Two statements whatever the number
-        (each an UPDATE of the rows a ``SKIP LOCKED`` select took), and their events in the
-        transaction's one insert."""
+        forward and their run ids returned, ``(stalled, woken)``, to be asked about again. Two
+        statements whatever the number (each an UPDATE of the rows a ``SKIP LOCKED`` select took),
+        and their events in the transaction's one insert."""
         now = db_now()
         stalled_runs = (
             select(runs.c.id)

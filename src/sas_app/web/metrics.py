@@ -71,7 +71,7 @@ DOCTOR_EVERY = 30.0
 #: seconds of history the scrape's examinations read for attempts ended twice (``sas doctor``
 #: reads a day): what each reads follows the events of this window
 DOCTOR_SINCE = 3600.0
-#: seconds the first scrape waits for the first examination (later ones never wait)
+#: seconds a scrape waits for an examination while none has answered (the first, or after one failed)
 FIRST_EXAMINATION_WAIT = 5.0
 
 
@@ -223,7 +223,7 @@ class StoreCollector(Collector):
                      "Seconds since each agent's longest-dispatched running step was sent", ["agent"],
                      (((a.agent,), a.oldest) for a in agents))
         checks = self._doctor()
-        if checks:  # none yet: the first examination has not answered
+        if checks:  # none while no examination has answered
             yield family(GaugeMetricFamily, "sas_doctor_problems", "What sas doctor finds wrong, by check (0: healthy)",
                          ["check"], (((c.name,), c.count) for c in checks if c.count is not None))
             yield GaugeMetricFamily("sas_doctor_ok", "1 when every check of sas doctor holds, else 0",
