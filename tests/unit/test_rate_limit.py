@@ -43,18 +43,19 @@ def test_a_bad_rate_limit_is_refused_where_it_is_written(tmp_path):
 # -- the shared schedule, on each place it is kept --------------------------------------------------
 
 
-def spaced_by_the_interval(open_slots) -> None:
+def spaced_by_the_interval(open_slots, clock=time.time) -> None:
     """Eight processes (threads, each with its own connection) reserve at once: every slot is its
-    own, one interval after another, on one clock."""
+    own, one interval after another, on one clock — the schedule's own (``clock``: the virtual one
+    the embedded store reads in the test kit, which stands still however long a thread waits)."""
     key, interval = f"sas:rate:test-{uuid.uuid4().hex[:8]}", 0.1
     starts: list[tuple[float, float]] = []  # each slot's start as seen here: no earlier, no later
     lock = threading.Lock()
 
     def reserve() -> None:
         slots = open_slots()
-        before = time.time()
+        before = clock()
         reserved, wait = slots.reserve(key, interval, 10.0)
-        after = time.time()
+        after = clock()
         assert reserved
         with lock:  # the wait counts from the schedule's clock, read between before and after
             starts.append((before + wait, after + wait))
@@ -102,7 +103,7 @@ def test_slots_in_one_process():
 
 @pytest.mark.both_stores
 def test_slots_in_the_state_store(sas):
-    spaced_by_the_interval(sas.store.rate_slots)
+    spaced_by_the_interval(sas.store.rate_slots, sas.test_clock)
     a_stale_line_is_forgotten_once_the_schedule_is_idle(sas.store.rate_slots(), sas.test_clock.advance)
 
 
