@@ -4,6 +4,7 @@ the Supervisor, the client and the operators. Build as many as you like in one p
 
 from __future__ import annotations
 
+import gc
 import importlib
 import inspect
 import logging
@@ -134,6 +135,11 @@ class SasApp:
     def _worker_init(self, sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is self.celery:
             handover.watch_for_drain()  # before the pool's processes are forked: they share it
+            # What is loaded by now (Celery, the app, its workflows) lives as long as the worker:
+            # frozen, the garbage collector never walks it again — neither in the collection
+            # Celery makes before forking each pool process nor in the worker's later full ones —
+            # and the forked processes do not copy the memory pages those walks would write to.
+            gc.freeze()
 
     def _after_fork(self, **_: Any) -> None:
         # A forked worker child must not share its parent's database connections.
