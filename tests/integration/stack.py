@@ -40,10 +40,12 @@ class Stack(Processes):
                       for name in ("payment", "warehouse")}
 
     def services(self, wait: bool = True) -> None:
-        """The example's remote services: payment and warehouse."""
+        """The example's remote services: payment and warehouse (as ``sas payment-service`` runs
+        them, without loading the app first: harness/service.py)."""
         for name, port in self.ports.items():
-            self.sas(name, f"{name}-service", "--port", str(port), "--ledger", str(self.home / f"{name}-ledger.db"),
-                     ready=Ready(url=f"http://127.0.0.1:{port}/health"), wait=False)
+            self.start(name, [sys.executable, "-m", "harness.service", "--name", name, "--port", str(port),
+                              "--ledger", str(self.home / f"{name}-ledger.db")],
+                       ready=Ready(url=f"http://127.0.0.1:{port}/health"), wait=False)
         if wait:
             self.wait_ready(*self.ports)
 

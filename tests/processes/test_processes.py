@@ -227,3 +227,27 @@ def test_the_chaos_runs_proxy_drops_its_connections_and_refuses_new_ones_while_c
     finally:
         proxy.close()
         echo.close()
+
+
+def test_a_stacks_remote_services_stop_once_their_harness_is_killed_outright(tmp_path):
+    """The integration tests' stack starts the example's services without the ``sas`` command
+    (harness/service.py): a test process killed outright (its timeout, the OOM killer) leaves
+    no service behind on a port, as it leaves no worker."""
+    marker = f"SAS_TEST_HARNESS={tmp_path}"
+    with subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from tests.integration.stack import Stack, free_port
+        home = Path({str(tmp_path)!r})
+        stack = Stack(home, {{"SAS_TEST_HARNESS": str(home), "PAYMENT_SERVICE_URL": f"http://127.0.0.1:{{free_port()}}",
+                             "WAREHOUSE_SERVICE_URL": f"http://127.0.0.1:{{free_port()}}"}})
+        stack.services()
+        print(stack.requests_seen(), flush=True)
+        time.sleep(120)
+        """)], stdout=subprocess.PIPE, text=True) as harness:
+        try:
+            assert harness.stdout is not None and harness.stdout.readline().strip() == "{}"  # both answer
+            assert len(live_processes_with(marker)) == 2
+        finally:
+            harness.kill()
+    wait_for(lambda: live_processes_with(marker) == [], 10, "both services to be gone")

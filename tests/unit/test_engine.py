@@ -360,20 +360,20 @@ def test_two_supervisors_sweeping_at_once_recover_each_step_once(sas, pump, sett
 
 def test_supervisors_recover_a_fleet_of_expired_steps_in_batches_each_once_and_in_a_statement_per_batch(
         sas, pump, settings):
-    """A fleet of agents died: 240 steps expired at once, three Supervisors sweeping together
-    in batches of 40 recover each exactly once; a batch costs as many statements whatever its size;
+    """A fleet of agents died: 120 steps expired at once, three Supervisors sweeping together
+    in batches of 20 recover each exactly once; a batch costs as many statements whatever its size;
     the Scheduler then starts every one again."""
     apps = [SasApp(replace(sas.settings, sweep_batch=batch), clock=sas.test_clock)  # the same store and clock
-            for batch in (5, 40, 40, 40)]
+            for batch in (5, 20, 20, 20)]
     for app in apps:
         install_test_workflows(app)
     # Steps of 2 s, not "three"'s 0.3 s: these apps' agents time each call on the real clock, and
-    # 720 calls in one pump could see one pass its complete-by in a stall.
+    # 360 calls in one pump could see one pass its complete-by in a stall.
     fleet = [Step(name, "svc.work", timeout=2) for name in ("first", "second", "third")]
     for app in (sas, *apps):
         app.workflow("fleet", fleet)
     handles = sas.submit_many([Submission("fleet", {"script": {"first": ["hang", "ok"]}}, f"fleet{i}")
-                               for i in range(240)])
+                               for i in range(120)])
     pump.run()
     for h in handles:
         expire(sas, h.handle.id)
@@ -382,8 +382,8 @@ def test_supervisors_recover_a_fleet_of_expired_steps_in_batches_each_once_and_i
         assert len(apps[0].supervisor.sweep_once().retried) == 5
     few = len(statements)
     with statements_run(apps[1].store.engine) as statements:
-        assert len(apps[1].supervisor.sweep_once().retried) == 40
-    assert len(statements) == few, "a batch of 40 costs the statements of a batch of 5"
+        assert len(apps[1].supervisor.sweep_once().retried) == 20
+    assert len(statements) == few, "a batch of 20 costs the statements of a batch of 5"
 
     barrier = threading.Barrier(3)
     reports = []
@@ -401,7 +401,7 @@ def test_supervisors_recover_a_fleet_of_expired_steps_in_batches_each_once_and_i
         app.store.dispose()
 
     recovered = [r[0] for report in reports for r in report.retried]
-    assert len(recovered) == 240 - 45 and len(set(recovered)) == len(recovered)
+    assert len(recovered) == 120 - 25 and len(set(recovered)) == len(recovered)
     for h in handles:
         [first] = [s for s in sas.store.get_steps(h.handle.id) if s.position == 0]
         assert (first.state, first.failure_count) == ("pending", 1)
@@ -411,7 +411,7 @@ def test_supervisors_recover_a_fleet_of_expired_steps_in_batches_each_once_and_i
     # the Scheduler restarts each batch in one go once the back-off is over, and every order completes
     for h in handles:
         backoff_over(sas, h.handle.id)
-    sas.supervisor.sweep()  # the 45 the probes took
+    sas.supervisor.sweep()  # the 25 the probes took
     for h in handles:
         backoff_over(sas, h.handle.id)
     pump.run(limit=10_000)
