@@ -416,3 +416,44 @@ def test_a_scrape_never_waits_for_sas_doctors_examination(sas, pump):
     samples = samples_of(registry)  # answered at once, with what the last examination found
     assert samples[stranded] == 1 and collector.examining is not None and collector.examining.is_alive()
     wait_for(lambda: samples_of(registry)[stranded] == 0, 15, "a later examination to find it gone")
+
+
+@pytest.mark.both_stores
+def test_a_dashboard_started_later_resumes_from_the_counters_checkpoint(sas, pump, filled):
+    """A dashboard restarted over a long history resumes from the furthest checkpoint any replica
+    saved: its counters appear at once, and keep what a purge has deleted since."""
+    from prometheus_client import CollectorRegistry
+    from sqlalchemy import delete, func, select
+
+    from sas_app.store.tables import events
+    from sas_app.web.metrics import CHECKPOINT, StoreCollector
+
+    def dashboard(**options) -> CollectorRegistry:
+        registry = CollectorRegistry()
+        registry.register(StoreCollector(sas, margin=0.0, checkpoint_every=0.0, **options))
+        return registry
+
+    before = samples_of(dashboard())
+    finished = ("sas_runs_finished_total", (("state", "processed"), ("workflow", "three")))
+    assert before[("sas_metrics_caught_up", ())] == 1 and before[finished] == 3
+    with sas.store.engine.connect() as conn:
+        newest = conn.execute(select(func.max(events.c.id))).scalar()
+    assert sas.store.checkpoint(CHECKPOINT)[0] == newest
+
+    sas.submit("three", {}, business_key="ok-after")  # more history, then the old one purged
+    pump.run()
+    sas.test_clock.advance(0.01)
+    with sas.store.engine.begin() as conn:
+        conn.execute(delete(events).where(events.c.id <= newest))
+
+    resumed = samples_of(dashboard())
+    assert resumed[("sas_metrics_caught_up", ())] == 1 and resumed[finished] == 4
+    assert resumed[("sas_recoveries_total", (("agent", "svc"), ("cause", "expired")))] == 1
+    assert resumed[("sas_alerts_total", (("kind", "failed"),))] == 1
+
+    # a replica behind the checkpoint never moves it back; one saved in another form is not resumed
+    furthest = sas.store.checkpoint(CHECKPOINT)
+    sas.store.save_checkpoint(CHECKPOINT, newest, {"form": 1})
+    assert sas.store.checkpoint(CHECKPOINT) == furthest
+    sas.store.save_checkpoint(CHECKPOINT, furthest[0] + 1, {**furthest[1], "form": 0})
+    assert samples_of(dashboard()).get(finished, 0) == 1  # the history left: the run after the purge

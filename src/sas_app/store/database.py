@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sas_app.messaging.routing import Notification
 from sas_app.store.audit import AuditQueries
 from sas_app.store.breakers import StoreState
+from sas_app.store.checkpoints import CheckpointQueries
 from sas_app.store.children import ChildTx
 from sas_app.store.compensation import CompensationTx
 from sas_app.store.connection import Clock, db_now, make_engine
@@ -112,7 +113,7 @@ class Tx(TxBase):
         return RerunTx(self)
 
 
-class Store(Queries, Diagnosis, RetentionQueries, TokenQueries, AuditQueries):
+class Store(Queries, Diagnosis, RetentionQueries, TokenQueries, AuditQueries, CheckpointQueries):
     """The durable truth: runs, steps and their history. ``clock`` (SQLite only) replaces the
     database's clock, for tests that move time forward instead of waiting."""
 

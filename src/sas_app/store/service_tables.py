@@ -4,7 +4,7 @@ looks, and agents' circuit breakers kept in the store. Times are the database's 
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Double, String, Table
+from sqlalchemy import JSON, BigInteger, Column, Double, String, Table
 
 from sas_app.store.tables import metadata
 
@@ -62,4 +62,16 @@ rate_limits = Table(
     Column("next_at", Double, nullable=False),
 )
 
-__all__ = ["breakers", "looks", "rate_limits", "schedules", "supervisors"]
+#: How far a reader of the events table has counted (the dashboard's Prometheus counters:
+#: sas_app.web.metrics): the id of the last event counted and the counts, by the reader's name. A
+#: dashboard started over a long history resumes from it instead of reading the history whole.
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("last_id", BigInteger, nullable=False),
+    Column("state", JSON, nullable=False),
+    Column("at", Double, nullable=False),
+)
+
+__all__ = ["breakers", "checkpoints", "looks", "rate_limits", "schedules", "supervisors"]

@@ -4,8 +4,11 @@ The store is the truth, so the metrics come from it rather than from counters ke
 process: gauges are read at each scrape (runs by state, Supervisors' heartbeats, breakers), and the
 counters and histograms follow the append-only ``events`` table by its primary key, each scrape
 reading only the events written since the last one. Every process on every host is counted, with
-no multiprocess directory and no push gateway; like any Prometheus counter they start from the
-history in the store when the dashboard starts, and ``rate()`` reads them as usual.
+no multiprocess directory and no push gateway; they start from the history in the store when the
+dashboard starts, and ``rate()`` reads them as usual. What they have counted is saved in the store
+at most every ``CHECKPOINT_EVERY`` seconds (:mod:`sas_app.store.checkpoints`): a dashboard started
+later resumes from the furthest checkpoint any replica saved instead of reading the whole history
+again, and its counters keep what a purge has deleted since.
 
 Series: ``sas_runs{workflow,state}`` (runs not finished, or in error and not rerun),
 ``sas_runs_finished_total{workflow,state}``,
@@ -45,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
+from sqlalchemy.exc import SQLAlchemyError
 
 from sas_app.interfaces.doctor import Check
 from sas_app.states import TERMINAL_RUN_STATES, Cause, EventKind, RunState, StepState
@@ -73,13 +77,24 @@ DOCTOR_EVERY = 30.0
 DOCTOR_SINCE = 3600.0
 #: seconds a scrape waits for an examination while none has answered (the first, or after one failed)
 FIRST_EXAMINATION_WAIT = 5.0
+#: the name the counters' checkpoint is saved under, and the form of what it holds: a checkpoint of
+#: another form (or other buckets) is not resumed from, and the counters read the history again
+CHECKPOINT = "metrics-counters"
+CHECKPOINT_FORM = 1
+#: seconds between two saves of the counters' checkpoint by one dashboard
+CHECKPOINT_EVERY = 60.0
 
 
 class StoreCollector(Collector):
     def __init__(self, sas: SasApp, margin: float = MARGIN, batch: int = BATCH, max_batches: int = MAX_BATCHES,
-                 doctor_every: float = DOCTOR_EVERY) -> None:
+                 doctor_every: float = DOCTOR_EVERY, checkpoint_every: float = CHECKPOINT_EVERY) -> None:
         self.sas = sas
         self.doctor_every = doctor_every
+        self.checkpoint_every = checkpoint_every
+        self.restored = False
+        self.caught_up = False
+        self.saved_id = 0
+        self.saved_at = float("-inf")
         self.margin = margin
         self.batch = batch
         self.max_batches = max_batches
@@ -119,6 +134,48 @@ class StoreCollector(Collector):
                 return True
         return False
 
+    def _restore(self) -> None:
+        """Resume from the furthest checkpoint a dashboard saved, if it was counted as here."""
+        saved = self.sas.store.checkpoint(CHECKPOINT)
+        self.restored = True
+        if saved is None:
+            return
+        last_id, state = saved
+        if not isinstance(state, dict) or state.get("form") != CHECKPOINT_FORM or state.get("buckets") != list(BUCKETS):
+            log.info("the counters' checkpoint was saved in another form: reading the history again")
+            return
+        self.finished = _counts(state["finished"])
+        self.recoveries = _counts(state["recoveries"])
+        self.failures = _counts(state["failures"])
+        self.compensations = _counts(state["compensations"])
+        self.alerts = _counts(state["alerts"])
+        self.stale = int(state["stale"])
+        self.durations = {agent: [int(n) for n in counts] for agent, counts in state["durations"].items()}
+        self.duration_sums = {agent: float(total) for agent, total in state["duration_sums"].items()}
+        self.last_id = self.saved_id = last_id
+
+    def _save(self, caught_up: bool) -> None:
+        """Save what is counted, if it moved on and the last save is ``checkpoint_every`` old, or
+        the counters have just caught up with the history. A save that fails is left to the next
+        scrape: the counters it would have saved are in hand."""
+        first_caught_up, self.caught_up = caught_up and not self.caught_up, self.caught_up or caught_up
+        if self.last_id <= self.saved_id or (time.monotonic() - self.saved_at < self.checkpoint_every
+                                             and not first_caught_up):
+            return
+        state = {
+            "form": CHECKPOINT_FORM, "buckets": list(BUCKETS),
+            "finished": _rows(self.finished), "recoveries": _rows(self.recoveries), "failures": _rows(self.failures),
+            "compensations": _rows(self.compensations), "alerts": _rows(self.alerts), "stale": self.stale,
+            "durations": self.durations, "duration_sums": self.duration_sums,
+        }
+        try:
+            self.sas.store.save_checkpoint(CHECKPOINT, self.last_id, state)
+        except SQLAlchemyError as exc:
+            log.warning("the counters' checkpoint was not saved (%s); the next scrape tries again",
+                        str(exc).splitlines()[0])
+            return
+        self.saved_id, self.saved_at = self.last_id, time.monotonic()
+
     def _count(self, e: HistoryEvent) -> None:
         detail = e.detail if isinstance(e.detail, dict) else {}
         if e.kind == EventKind.ALERT:
@@ -157,7 +214,10 @@ class StoreCollector(Collector):
             # Counters appear only once they hold the whole history: a counter climbing through
             # the history over several scrapes would read to rate() as a burst of activity, while
             # one that reappears at its full value after a gap continues where it left off.
+            if not self.restored:
+                self._restore()
             caught_up = self.follow()
+            self._save(caught_up)
             if caught_up:
                 yield from self._counters()
         yield GaugeMetricFamily("sas_metrics_caught_up", "1 once the counters hold the store's whole history "
@@ -274,6 +334,15 @@ def family(kind: type[CounterMetricFamily] | type[GaugeMetricFamily], name: str,
     for key, value in sorted(samples):
         metric.add_metric(list(key), value)
     return metric
+
+
+def _rows(counts: Counter[Any]) -> list[list[Any]]:
+    """A counter keyed by label values as JSON: one ``[*labels, count]`` row a key."""
+    return [[*key, n] for key, n in sorted(counts.items())]
+
+
+def _counts(rows: list[list[Any]]) -> Counter[Any]:
+    return Counter({tuple(row[:-1]): int(row[-1]) for row in rows})
 
 
 def registry_for(sas: SasApp, margin: float = MARGIN) -> CollectorRegistry:
