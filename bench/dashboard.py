@@ -65,6 +65,7 @@ def timed(client: Any, path: str, samples: int) -> dict[str, float]:
 def measure(args: argparse.Namespace, size: int) -> dict[str, Any]:
     from sas_app import SasApp, Settings, migrate
     from sas_app.web.dashboard import create_dashboard
+    from sas_app.web.metrics import CHECKPOINT
 
     url = fresh_database(args.postgres, "sas_bench_dashboard")
     migrate(url)
@@ -97,10 +98,12 @@ def measure(args: argparse.Namespace, size: int) -> dict[str, Any]:
     print(f"  {size:>8} runs: /metrics scrapes (ms) {scrapes}; caught up after {caught_up_after} scrapes, "
           f"step durations counted {counted}", flush=True)
     # a dashboard restarted over the same history resumes from the counters' checkpoint
+    saved = app.store.checkpoint(CHECKPOINT)
     started = time.perf_counter()
     body = create_dashboard(app).test_client().get("/metrics").get_data(as_text=True)
     restarted = {"first_scrape_ms": round(1000 * (time.perf_counter() - started), 1),
-                 "caught_up": "sas_metrics_caught_up 1.0" in body, "steps_counted": steps_counted(body)}
+                 "caught_up": "sas_metrics_caught_up 1.0" in body, "steps_counted": steps_counted(body),
+                 "resumed_after_event": None if saved is None else saved[0]}
     print(f"  {size:>8} runs: restarted, first /metrics scrape {restarted['first_scrape_ms']} ms, caught up "
           f"{restarted['caught_up']}, step durations counted {restarted['steps_counted']}", flush=True)
     app.store.dispose()

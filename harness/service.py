@@ -25,7 +25,20 @@ def _stop_when_orphaned(harness: int) -> None:
     os._exit(0)  # a service holds nothing to finish: its ledger commits each request
 
 
+def _passed_on(harness: int) -> bool:
+    """Started by a process the harness started (a wrapper), the harness still running: the
+    wrapper's to watch."""
+    if os.getppid() == harness:
+        return False
+    try:
+        os.kill(harness, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 if __name__ == "__main__":
-    if os.environ.get(LIFELINE, "").isdigit():
-        threading.Thread(target=_stop_when_orphaned, args=(int(os.environ[LIFELINE]),), daemon=True).start()
+    harness = os.environ.get(LIFELINE, "")
+    if harness.isdigit() and not _passed_on(int(harness)):
+        threading.Thread(target=_stop_when_orphaned, args=(int(harness),), daemon=True).start()
     remote_service.main()

@@ -19,6 +19,7 @@ from celery import Celery
 from celery.signals import (
     beat_init,
     celeryd_after_setup,
+    worker_before_create_process,
     worker_init,
     worker_process_init,
     worker_ready,
@@ -125,7 +126,9 @@ class SasApp:
         self.schedules = Schedules(self.store, self.settings, self.router, self.workflows, self.celery)
         self.retention = Retention(self.store, self.settings, self.celery)
         self.doctor = Doctor(self.store, self.celery, self.settings, lambda: [a.queue for a in self.agents.values()])
+        self._frozen = False
         worker_init.connect(self._worker_init, weak=True)
+        worker_before_create_process.connect(self._before_first_fork, weak=True)
         worker_process_init.connect(self._after_fork, weak=True)
         worker_ready.connect(self._worker_ready, weak=True)
         worker_shutting_down.connect(self._worker_shutting_down, weak=True)
@@ -135,10 +138,16 @@ class SasApp:
     def _worker_init(self, sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is self.celery:
             handover.watch_for_drain()  # before the pool's processes are forked: they share it
-            # What is loaded by now (Celery, the app, its workflows) lives as long as the worker:
-            # frozen, the garbage collector never walks it again — neither in the collection
-            # Celery makes before forking each pool process nor in the worker's later full ones —
-            # and the forked processes do not copy the memory pages those walks would write to.
+
+    def _before_first_fork(self, **_: Any) -> None:
+        """Before a prefork pool forks its first process: what is loaded by now (Celery, the app,
+        its workflows) lives as long as the worker. Frozen, the garbage collector never walks it
+        again — neither in the collection Celery makes before forking each pool process nor in the
+        worker's later full ones — and the forked processes do not copy the memory pages those walks
+        would write to. Once only: a pool process replaced later would freeze the garbage of the
+        worker's work since, for good."""
+        if not self._frozen:
+            self._frozen = True
             gc.freeze()
 
     def _after_fork(self, **_: Any) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -77,10 +78,11 @@ DOCTOR_EVERY = 30.0
 DOCTOR_SINCE = 3600.0
 #: seconds a scrape waits for an examination while none has answered (the first, or after one failed)
 FIRST_EXAMINATION_WAIT = 5.0
-#: the name the counters' checkpoint is saved under, and the form of what it holds: a checkpoint of
-#: another form (or other buckets) is not resumed from, and the counters read the history again
-CHECKPOINT = "metrics-counters"
+#: the form of what the counters' checkpoint holds (raised when what is counted changes), and the
+#: name it is saved under, which says that form and the buckets: a dashboard that counts otherwise
+#: (another version, during a rolling upgrade) keeps a checkpoint of its own
 CHECKPOINT_FORM = 1
+CHECKPOINT = f"metrics-counters-{CHECKPOINT_FORM}-{zlib.crc32(repr(BUCKETS).encode()):08x}"
 #: seconds between two saves of the counters' checkpoint by one dashboard
 CHECKPOINT_EVERY = 60.0
 
@@ -92,7 +94,7 @@ class StoreCollector(Collector):
         self.doctor_every = doctor_every
         self.checkpoint_every = checkpoint_every
         self.restored = False
-        self.caught_up = False
+        self.saved_caught_up = False
         self.saved_id = 0
         self.saved_at = float("-inf")
         self.margin = margin
@@ -135,35 +137,34 @@ class StoreCollector(Collector):
         return False
 
     def _restore(self) -> None:
-        """Resume from the furthest checkpoint a dashboard saved, if it was counted as here."""
+        """Resume from the furthest checkpoint saved by a dashboard that counts as this one does
+        (its name says how); one that cannot be read is left, and the history read again."""
         saved = self.sas.store.checkpoint(CHECKPOINT)
         self.restored = True
         if saved is None:
             return
         last_id, state = saved
-        if not isinstance(state, dict) or state.get("form") != CHECKPOINT_FORM or state.get("buckets") != list(BUCKETS):
-            log.info("the counters' checkpoint was saved in another form: reading the history again")
+        try:
+            counted = [_counts(state[name]) for name in ("finished", "recoveries", "failures", "compensations",
+                                                          "alerts")]
+            stale = int(state["stale"])
+            durations = {str(agent): [int(n) for n in buckets] for agent, buckets in state["durations"].items()}
+            duration_sums = {str(agent): float(total) for agent, total in state["duration_sums"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("the counters' checkpoint cannot be read (%s): reading the history again", exc)
             return
-        self.finished = _counts(state["finished"])
-        self.recoveries = _counts(state["recoveries"])
-        self.failures = _counts(state["failures"])
-        self.compensations = _counts(state["compensations"])
-        self.alerts = _counts(state["alerts"])
-        self.stale = int(state["stale"])
-        self.durations = {agent: [int(n) for n in counts] for agent, counts in state["durations"].items()}
-        self.duration_sums = {agent: float(total) for agent, total in state["duration_sums"].items()}
+        self.finished, self.recoveries, self.failures, self.compensations, self.alerts = counted
+        self.stale, self.durations, self.duration_sums = stale, durations, duration_sums
         self.last_id = self.saved_id = last_id
 
     def _save(self, caught_up: bool) -> None:
         """Save what is counted, if it moved on and the last save is ``checkpoint_every`` old, or
-        the counters have just caught up with the history. A save that fails is left to the next
-        scrape: the counters it would have saved are in hand."""
-        first_caught_up, self.caught_up = caught_up and not self.caught_up, self.caught_up or caught_up
-        if self.last_id <= self.saved_id or (time.monotonic() - self.saved_at < self.checkpoint_every
-                                             and not first_caught_up):
+        the counters have caught up with the history since the last save. A save that fails is
+        left to the next scrape: the counters it would have saved are in hand."""
+        due = time.monotonic() - self.saved_at >= self.checkpoint_every or (caught_up and not self.saved_caught_up)
+        if self.last_id <= self.saved_id or not due:
             return
         state = {
-            "form": CHECKPOINT_FORM, "buckets": list(BUCKETS),
             "finished": _rows(self.finished), "recoveries": _rows(self.recoveries), "failures": _rows(self.failures),
             "compensations": _rows(self.compensations), "alerts": _rows(self.alerts), "stale": self.stale,
             "durations": self.durations, "duration_sums": self.duration_sums,
@@ -175,6 +176,7 @@ class StoreCollector(Collector):
                         str(exc).splitlines()[0])
             return
         self.saved_id, self.saved_at = self.last_id, time.monotonic()
+        self.saved_caught_up = self.saved_caught_up or caught_up
 
     def _count(self, e: HistoryEvent) -> None:
         detail = e.detail if isinstance(e.detail, dict) else {}
