@@ -6,16 +6,15 @@ count is one UPDATE that changes no row while the count is zero."""
 from __future__ import annotations
 
 from sqlalchemy import Engine, Integer, String, cast, delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
-from sas_app.store.connection import db_now
+from sas_app.store.connection import db_now, dialect_insert
 from sas_app.store.service_tables import breakers
 
 
 class StoreState:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        self._insert = dialect_insert(engine.dialect.name)
 
     def get(self, key: str) -> str | None:
         with self.engine.connect() as conn:

@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
-from sas_app.store.connection import db_now
+from sas_app.store.connection import db_now, dialect_insert
 from sas_app.store.service_tables import checkpoints
 from sas_app.store.tables import events
 
@@ -36,8 +35,8 @@ class CheckpointQueries:
 
     def save_checkpoint(self, name: str, last_id: int, state: Any) -> None:
         """Save ``state`` as counted up to ``last_id``, unless a checkpoint further on is saved."""
-        insert = (postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert)(checkpoints)
-        upsert = insert.values(name=name, last_id=last_id, state=state, at=db_now())
+        upsert = dialect_insert(self.engine.dialect.name)(checkpoints).values(
+            name=name, last_id=last_id, state=state, at=db_now())
         upsert = upsert.on_conflict_do_update(
             index_elements=["name"], where=checkpoints.c.last_id < upsert.excluded.last_id,
             set_={"last_id": upsert.excluded.last_id, "state": upsert.excluded.state, "at": upsert.excluded.at})

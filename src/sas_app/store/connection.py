@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Double, Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -45,6 +46,13 @@ class db_now(FunctionElement[float]):
 
     type = Double()
     inherit_cache = True
+
+
+def dialect_insert(dialect: str) -> Callable[..., Any]:
+    """The INSERT construct of the store's database (``engine.dialect.name``), PostgreSQL's or
+    SQLite's: each has ``on_conflict_do_update`` and ``on_conflict_do_nothing``, which plain
+    SQLAlchemy's has not."""
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
 
 
 @compiles(db_now)

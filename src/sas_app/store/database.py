@@ -14,7 +14,6 @@ from functools import cached_property
 from typing import Any
 
 from sqlalchemy import bindparam, delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from sas_app.messaging.routing import Notification
 from sas_app.store.audit import AuditQueries
@@ -22,7 +21,7 @@ from sas_app.store.breakers import StoreState
 from sas_app.store.checkpoints import CheckpointQueries
 from sas_app.store.children import ChildTx
 from sas_app.store.compensation import CompensationTx
-from sas_app.store.connection import Clock, db_now, make_engine
+from sas_app.store.connection import Clock, db_now, dialect_insert, make_engine
 from sas_app.store.diagnosis import Diagnosis
 from sas_app.store.fan_out import FanOutTx
 from sas_app.store.hot_path import HotPathTx
@@ -127,7 +126,7 @@ class Store(Queries, Diagnosis, RetentionQueries, TokenQueries, AuditQueries, Ch
         self.engine = make_engine(url, clock, prepared=prepared)
         self._clock_offset = 0.0
         self._clock_checked: float | None = None
-        insert_fn = postgresql.insert if self.is_postgresql else sqlite.insert
+        insert_fn = dialect_insert(self.engine.dialect.name)
         recovered = bindparam("b_recovered", type_=supervisors.c.recovered.type)
         upsert = insert_fn(supervisors).values(instance=bindparam("b_instance"), sweeps=1, recovered=recovered,
                                                last_sweep_at=db_now())

@@ -8,9 +8,8 @@ reads where the schedule ends and takes the line's next turn with a second UPSER
 from __future__ import annotations
 
 from sqlalchemy import Engine, delete, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
-from sas_app.store.connection import db_now
+from sas_app.store.connection import db_now, dialect_insert
 from sas_app.store.service_tables import rate_limits
 
 #: how every limit's key starts (:meth:`sas_app.agents.rate_limit.RateLimit.name`)
@@ -27,7 +26,7 @@ class StoreSlots:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         postgres = engine.dialect.name == "postgresql"
-        self._insert = postgresql.insert if postgres else sqlite.insert
+        self._insert = dialect_insert(engine.dialect.name)
         self._greatest = func.greatest if postgres else func.max
 
     def reserve(self, key: str, interval: float, horizon: float) -> tuple[bool, float]:

@@ -3,26 +3,21 @@ two beats — or one restarted mid-tick — handle it once, and the live runs a 
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from sas_app.states import RunState
-from sas_app.store.connection import db_now
+from sas_app.store.connection import db_now, dialect_insert
 from sas_app.store.rows import RunRow, as_row
 from sas_app.store.service_tables import schedules
 from sas_app.store.tables import runs
 from sas_app.store.transitions import Part
-
-_INSERT: dict[str, Any] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 
 
 class ScheduleTx(Part):
     def lock_schedule(self, name: str) -> float:
         """The schedule's last tick, its row held until commit; a schedule seen for the first
         time starts from now (no run for ticks before it existed)."""
-        self.conn.execute(_INSERT[self.conn.dialect.name](schedules)
+        self.conn.execute(dialect_insert(self.conn.dialect.name)(schedules)
                           .values(name=name, last_tick=db_now(), updated_at=db_now())
                           .on_conflict_do_nothing(index_elements=["name"]))
         return float(self.conn.execute(select(schedules.c.last_tick).where(schedules.c.name == name)

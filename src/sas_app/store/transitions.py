@@ -14,11 +14,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, func, insert, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from sas_app.messaging.routing import Advance, Notification
 from sas_app.states import EventKind, Word
-from sas_app.store.connection import PG_NOW, db_now
+from sas_app.store.connection import PG_NOW, db_now, dialect_insert
 from sas_app.store.prepared import rows
 from sas_app.store.recordset import insert_from_json, rows_parameter
 from sas_app.store.tables import alerts, events, outbox, runs
@@ -125,9 +124,8 @@ class TxBase:
     def record_alert(self, dedup_key: str, run_id: str, position: int | None, kind: str, attempt: int | None,
                      reason: str, actor: str, detail: dict[str, Any]) -> bool:
         """Store an alert once per ``dedup_key`` (and its event); False if it was raised before."""
-        dialect_insert = postgresql.insert if self.is_postgresql else sqlite.insert
         inserted = self.conn.execute(
-            dialect_insert(alerts)
+            dialect_insert(self.conn.dialect.name)(alerts)
             .values(dedup_key=dedup_key, run_id=run_id, position=position, kind=kind, attempt=attempt,
                     reason=reason, at=db_now())
             .on_conflict_do_nothing(index_elements=["dedup_key"])
