@@ -1,7 +1,8 @@
 """Where the CPU goes during a bench run, per component, read from /proc (no profiler attached):
 the CPU time of each component's processes, sampled before and after the load, divided by the
-steps it ran. A process that exits in between loses its share (worker pools, database
-backends and the broker live through a run, so nothing that matters does)."""
+steps it ran. A process that exits in between is counted through its parent, where the parent is
+of the same component (a database server's backends, which end with their client's connection);
+otherwise it loses its share (worker pools live through a run)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,16 @@ def cpu_seconds(pid: int) -> float:
     except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime: fields 14 and 15 of stat
+
+
+def reaped_seconds(pid: int) -> float:
+    """Seconds the children of ``pid`` that have exited and that it has waited for ran on a CPU,
+    theirs included (``stat``'s cutime and cstime: whole clock ticks in all). 0 once ``pid`` has gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0.0
+    return (int(fields[13]) + int(fields[14])) / TICK  # cutime, cstime: fields 16 and 17 of stat
 
 
 def started(pid: int) -> str:
@@ -76,14 +87,23 @@ class CpuMeter:
     Each process is counted from its own reading at :meth:`start` (or from nothing, if it started
     since). A process of the component that exits in between — a database backend of another
     client, an autovacuum worker — loses its share since the start, and no more: subtracting one
-    total from another, what it had run before the start would be taken off the others' share."""
+    total from another, what it had run before the start would be taken off the others' share.
 
-    def __init__(self, parts: dict[str, Pids]) -> None:
+    Except in the components named in ``reaping``, whose processes' children are of the component
+    too (a database server's, whose backends are its postmaster's children): there what a child
+    ran until it exited is read from its parent's count of the children it reaped, less what it
+    had run before the start. Without it, a client that opens and closes connections would take
+    the work of its backends out of the database's figure."""
+
+    def __init__(self, parts: dict[str, Pids], reaping: Iterable[str] = ()) -> None:
         self.parts = {**parts, "submitter": lambda: [os.getpid()]}
-        self.before: dict[str, dict[tuple[int, str], float]] = {}
+        self.reaping = set(reaping)
+        self.before: dict[str, dict[tuple[int, str], tuple[float, float]]] = {}
 
-    def _sample(self) -> dict[str, dict[tuple[int, str], float]]:
-        return {name: {(pid, started(pid)): cpu_seconds(pid) for pid in pids()} for name, pids in self.parts.items()}
+    def _sample(self) -> dict[str, dict[tuple[int, str], tuple[float, float]]]:
+        return {name: {(pid, started(pid)): (cpu_seconds(pid), reaped_seconds(pid) if name in self.reaping else 0.0)
+                       for pid in pids()}
+                for name, pids in self.parts.items()}
 
     def start(self) -> None:
         self.before = self._sample()
@@ -92,9 +112,14 @@ class CpuMeter:
         """Milliseconds of CPU per step of each component since :meth:`start`, and their total,
         as flat ``cpu_<component>_ms`` figures."""
         after = self._sample()
-        spent = {name: sum(max(seconds - self.before.get(name, {}).get(key, 0.0), 0.0)
-                           for key, seconds in processes.items())
-                 for name, processes in after.items()}
+        spent = {}
+        for name, processes in after.items():
+            before = self.before.get(name, {})
+            seconds = sum(max(ran - before.get(key, (0.0, 0.0))[0], 0.0) for key, (ran, _) in processes.items())
+            if name in self.reaping:
+                seconds += sum(reaped - before[key][1] for key, (_, reaped) in processes.items() if key in before)
+                seconds -= sum(ran for key, (ran, _) in before.items() if key not in processes)
+            spent[name] = max(seconds, 0.0)
         figures = {f"cpu_{name}_ms": 1000 * seconds / steps for name, seconds in spent.items()}
         figures["cpu_total_ms"] = 1000 * sum(spent.values()) / steps
         return figures

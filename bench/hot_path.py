@@ -70,7 +70,7 @@ def level(clients: int, runs: int, admin_url: str) -> dict[str, float]:
     share = max(runs // clients, 1)
     procs = [context.Process(target=_client, args=(i, share, go, done, finish)) for i in range(clients)]
     steps = share * clients * len(WORKFLOW[1])
-    postgres = CpuMeter({"postgres": named("postgres")})
+    postgres = CpuMeter({"postgres": named("postgres")}, reaping=["postgres"])
     for proc in procs:
         proc.start()
     try:

@@ -55,7 +55,7 @@ SELECT count(*) FROM c
 
 def _measure(send: Callable[[int], None], count: int) -> float:
     """PostgreSQL's CPU in ms a statement for ``count`` calls of ``send(i)``."""
-    meter = CpuMeter({"postgres": named("postgres")})
+    meter = CpuMeter({"postgres": named("postgres")}, reaping=["postgres"])
     meter.start()
     for i in range(count):
         send(i)

@@ -80,8 +80,13 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def servers() -> dict[str, Pids]:
-    """PostgreSQL's processes and the broker's (Redis or RabbitMQ), for the CPU breakdown."""
+    """PostgreSQL's processes and the broker's (Redis or RabbitMQ), for the CPU breakdown: each
+    counts its children that exit (:data:`SERVERS`)."""
     return {"postgres": named("postgres"), "broker": named("redis-server", "beam.smp")}
+
+
+#: the components of :func:`servers`, whose exited processes their parents reaped (``CpuMeter``'s ``reaping``)
+SERVERS = ("postgres", "broker")
 
 
 def workers(**pids: int) -> dict[str, Pids]:
@@ -156,7 +161,7 @@ def sas_contender(args: argparse.Namespace, db_url: str, broker: str, logs: Path
         scheduler, agent = procs.procs["scheduler"], procs.procs["agent"]
         meter = CpuMeter({**workers(agent=agent.pid, scheduler=scheduler.pid),
                           "beat": lambda: [procs.procs["beat"].pid], **servers(),
-                          **({"pooler": named("pgbouncer")} if args.pgbouncer else {})})
+                          **({"pooler": named("pgbouncer")} if args.pgbouncer else {})}, reaping=SERVERS)
 
         def repetition(rep: int) -> dict[str, Any]:
             idle = []
@@ -230,7 +235,7 @@ def celery_contender(args: argparse.Namespace, broker: str, logs: Path) -> Itera
         procs.start("chain-1", [*celery_cli, "-n", "chain1@%h"], ready=CELERY_READY)
         procs.start("chain-2", [*celery_cli, "-n", "chain2@%h"], ready=CELERY_READY)
         meter = CpuMeter({**workers(chain1=procs.procs["chain-1"].pid, chain2=procs.procs["chain-2"].pid),
-                          **servers()})
+                          **servers()}, reaping=SERVERS)
 
         def repetition(rep: int) -> dict[str, Any]:
             key = f"bench:chain:{rep}"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench.cpu import CpuMeter, cpu_seconds
+from bench.cpu import CpuMeter, children, cpu_seconds
 
 pytestmark = pytest.mark.bench
 
@@ -49,4 +49,50 @@ def test_a_process_that_exits_during_the_measurement_takes_nothing_from_the_othe
                 proc.communicate("")
     # the second process's 0.3 s and its interpreter's start: nothing taken off for the first, and
     # none of what the first ran before the start counted either (that would be 1,300 ms and more)
+    assert 250 <= spent_ms < 1000, spent_ms
+
+
+#: a server that starts spinning children (``keep S``: one that stays; ``spin S``: one that ends)
+#: and ends the kept ones (``release``), waiting for each that ends; it answers each line "done"
+SERVER = f"""
+import subprocess, sys
+held = []
+for line in sys.stdin:
+    command, *seconds = line.split()
+    if command == "release":
+        for child in held:
+            child.communicate("")
+        held.clear()
+    else:
+        child = subprocess.Popen([sys.executable, "-c", {SPIN!r}, *seconds], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        child.stdout.readline()
+        held.append(child) if command == "keep" else child.communicate("")
+    print("done", flush=True)
+"""
+
+
+def test_a_servers_children_that_exit_during_the_measurement_are_counted_through_it():
+    """A database server's backends end with their client's connection: a client that opens and
+    closes connections must not take their work out of the server's figure, nor add what a backend
+    ran before the measurement."""
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert server.stdin is not None and server.stdout is not None
+
+    def say(line: str) -> None:
+        server.stdin.write(line + "\n")
+        server.stdin.flush()
+        assert server.stdout.readline() == "done\n"
+
+    try:
+        say("keep 1.0")  # a backend that worked before the measurement, and ends during it
+        meter = CpuMeter({"server": lambda: [server.pid, *children(server.pid)]}, reaping=["server"])
+        meter.start()
+        say("release")
+        say("spin 0.3")  # one that starts, works and ends during it
+        spent_ms = meter.per_step(1)["cpu_server_ms"]
+    finally:
+        server.communicate("")
+    # the second child's 0.3 s and its interpreter's start; not the first's 1 s before the start
     assert 250 <= spent_ms < 1000, spent_ms

@@ -6,6 +6,7 @@ and that the broker still shows (and Flower reads) its URL as redis://."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -82,6 +83,37 @@ def test_a_pooler_that_loses_prepared_statements_costs_one_transaction(db_url, c
         with store.begin() as tx:  # a fresh connection, and nothing prepared from now on
             assert tx.runs.lock_run("no-such-run") is None
         assert statements and not any(s.startswith(("EXECUTE", "PREPARE")) for s in statements)
+    finally:
+        store.dispose()
+
+
+def test_a_worker_of_threads_keeps_its_connections(db_url):
+    """Eight slots of a worker of threads (``-P threads -c 8``) in transactions at once, then all
+    idle, twenty times: they open eight connections once and keep them, where a pool that closed
+    what it held idle over five opened three new backends each time (each preparing the hot
+    statements again)."""
+    migrate(db_url)
+    store = Store(db_url)
+    slots, rounds = 8, 20
+    together = threading.Barrier(slots, timeout=30)
+    backends: list[int] = []
+
+    def slot() -> None:
+        for _ in range(rounds):
+            with store.begin() as tx:
+                assert tx.runs.lock_run("no-such-run") is None
+                backends.append(tx.conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+                together.wait()  # every slot holds a connection
+            together.wait()  # every slot has given its connection back
+
+    try:
+        threads = [threading.Thread(target=slot) for _ in range(slots)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(backends) == slots * rounds
+        assert len(set(backends)) == slots
     finally:
         store.dispose()
 

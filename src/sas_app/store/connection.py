@@ -40,6 +40,10 @@ PG_CLOCK_SETTING = "sas.now"
 CONNECTION_LIMITS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
                      "keepalives_count": 3, "tcp_user_timeout": 30_000}
 
+#: the most PostgreSQL connections one process holds at once, which a worker of threads shares
+#: among its slots
+POOL_SIZE = 10
+
 
 class db_now(FunctionElement[float]):
     """The database's clock, in epoch seconds: every deadline is compared against this."""
@@ -89,10 +93,15 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
     any other lost connection: the transaction fails and what it was doing is retried or recovered.
 
     With ``prepared`` (SAS_PREPARED_STATEMENTS), on psycopg2, the statements marked for it are
-    prepared on each connection (see :mod:`~sas_app.store.prepared`)."""
+    prepared on each connection (see :mod:`~sas_app.store.prepared`).
+
+    A process opens at most :data:`POOL_SIZE` connections, as it needs them, and keeps each one it
+    opened. A pool that closed the connections it kept over a smaller number (SQLAlchemy's
+    ``max_overflow``) would, in a worker of threads with more slots than that, open a new
+    connection every few dozen steps: a new PostgreSQL backend, and the statements prepared again."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        engine = create_engine(url, pool_size=5, max_overflow=5, connect_args=connection_limits(url))
+        engine = create_engine(url, pool_size=POOL_SIZE, max_overflow=0, connect_args=connection_limits(url))
         if prepared and engine.dialect.driver == "psycopg2":
             install_prepared(engine)
         if clock is not None:
