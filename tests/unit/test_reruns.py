@@ -118,6 +118,12 @@ def test_a_run_in_error_needs_someone_no_more_once_it_is_rerun(shop):
     assert observer.current_alerts_by_kind() == [] and observer.open_runs_by_workflow_and_state() == []
     assert observer.alerts(10, current=True) == []
     assert [a.run_id for a in observer.alerts(10, current=False)] == [old.id]
+    dashboard = create_dashboard(env.app).test_client()
+    overview = dashboard.get("/").get_data(as_text=True)  # its tile counts the runs someone must see to
+    assert re.search(r'data-state="error"[^>]*><span>error</span><b>0</b>', overview)
+    assert "1 more run in error was rerun and needs nobody" in overview
+    listed = dashboard.get("/runs?state=error").get_data(as_text=True)
+    assert f'class="muted rerun-as" href="/runs/{new.id}"' in listed
 
 
 def test_a_compensated_run_is_rerun_from_its_first_undone_step_not_after_it(shop):

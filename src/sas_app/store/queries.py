@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, and_, func, or_, select
 
+from sas_app.states import RunState
 from sas_app.store.connection import db_now
 from sas_app.store.rows import EventRow, RunRow, SignalRow, StepRow, as_row
 from sas_app.store.service_tables import schedules
@@ -105,6 +106,13 @@ class Queries:
         query = select(runs.c.process_state, func.count()).group_by(runs.c.process_state)
         with self.engine.connect() as conn:
             return {state: count for state, count in conn.execute(query)}
+
+    def count_errors_rerun(self) -> int:
+        """The runs in error that have been rerun: they need nobody, their rerun carries on."""
+        query = select(func.count()).select_from(runs).where(runs.c.process_state == RunState.ERROR.value,
+                                                             runs.c.rerun_as.is_not(None))
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
 
     def count_events(self, kind: str, run_id: str | None = None) -> int:
         query = select(func.count()).select_from(events).where(events.c.kind == str(kind))

@@ -93,6 +93,7 @@ def create_dashboard(sas: SasApp, *, basic_auth: Sequence[tuple[str, str]] = (),
         window = min(max(request.args.get("window", 3600.0, type=float) or 3600.0, 60.0), 7 * 86400.0)
         interval = sas.settings.supervisor_interval
         return render_template("overview.html", counts=sas.store.count_runs_by_state(),
+                               rerun=sas.store.count_errors_rerun(),
                                chart=chart(observer, now, window), supervisors=observer.supervisors(interval),
                                interval=interval, alerts=observer.alerts(10, current=True),
                                earlier=observer.count_alerts(current=False), waiting=observer.waiting(20), now=now)
