@@ -211,6 +211,7 @@ class Store(Queries, Diagnosis, RetentionQueries, TokenQueries, AuditQueries, Ch
         if not self.is_postgresql:
             yield None
             return
+        psycopg2 = self.engine.dialect.driver == "psycopg2"
         raw = self.engine.raw_connection()
         conn: Any = raw.driver_connection
         raw.detach()  # LISTEN and autocommit stay on this connection, never on a pooled one
@@ -220,6 +221,8 @@ class Store(Queries, Diagnosis, RetentionQueries, TokenQueries, AuditQueries, Ch
                 cursor.execute(f"LISTEN {RUN_DONE_CHANNEL}")
 
             def wait(seconds: float) -> set[str]:
+                if not psycopg2:  # psycopg 3: a generator of the notifications as they arrive
+                    return {note.payload for note in conn.notifies(timeout=max(seconds, 0.0), stop_after=1)}
                 if select_module.select([conn], [], [], max(seconds, 0.0)) == ([], [], []):
                     return set()
                 conn.poll()

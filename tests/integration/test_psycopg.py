@@ -1,0 +1,92 @@
+"""The state store through psycopg 3 (``postgresql+psycopg://``) as well as psycopg2: runs go
+through, a submitter waiting on a run hears of its end, and ``SAS_PREPARED_STATEMENTS=false``
+turns off psycopg 3's own preparing, which a pooler in transaction mode does not keep; left on
+there, a lost prepared statement costs one transaction, as through psycopg2."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from sas_app import SasApp, Settings, migrate
+from sas_app.store import Store
+from tests.support import Pump
+from tests.testapp import install_test_workflows
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def psycopg_url(db_url: str) -> str:
+    """This test's database, reached through psycopg 3."""
+    return make_url(db_url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def test_runs_go_through_and_a_waiting_submitter_hears_of_their_end(psycopg_url, tmp_path):
+    app = SasApp(Settings(database_url=psycopg_url, broker_url="memory://localhost/", home=tmp_path,
+                          task_events=False, inline_replies=False))
+    install_test_workflows(app, timeout=10)
+    app.migrate()
+    pump = Pump(app)
+    pump.purge()
+    try:
+        with app.store.listen_for_finished_runs() as listen:
+            assert listen is not None
+            started = time.monotonic()
+            assert listen(0.3) == set()  # nothing ended: it waits its time out, no longer
+            assert 0.25 <= time.monotonic() - started < 5
+            handles = [app.submit("three", {}, business_key=f"p3-{i}") for i in range(3)]
+            pump.run()
+            heard: set[str] = set()
+            deadline = time.monotonic() + 10
+            while len(heard) < 3 and time.monotonic() < deadline:
+                heard |= listen(deadline - time.monotonic())
+        assert heard == {h.id for h in handles}
+        assert [h.wait(10).process_state for h in handles] == ["processed"] * 3
+    finally:
+        app.store.dispose()
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_the_setting_decides_whether_psycopg_3_prepares(psycopg_url, prepared):
+    migrate(psycopg_url)
+    store = Store(psycopg_url, prepared=prepared)
+    try:
+        for _ in range(8):  # psycopg 3 prepares a statement the fifth time a connection runs it
+            with store.begin() as tx:
+                assert tx.runs.lock_run("no-such-run") is None
+        with store.engine.connect() as conn:  # the same connection: the process's only one
+            kept = conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one()
+        assert (kept > 0) is prepared
+    finally:
+        store.dispose()
+
+
+def test_a_pooler_that_loses_psycopg_3s_prepared_statements_costs_one_transaction(psycopg_url, caplog):
+    migrate(psycopg_url)
+    store = Store(psycopg_url)
+
+    def lock_runs(times: int) -> None:
+        for _ in range(times):
+            with store.begin() as tx:
+                assert tx.runs.lock_run("no-such-run") is None
+
+    try:
+        lock_runs(8)  # prepared by now
+        with store.engine.connect() as conn:  # what a pooler in transaction mode does, unknown to psycopg
+            conn.connection.driver_connection.pgconn.exec_(b"DEALLOCATE ALL")
+
+        with caplog.at_level(logging.ERROR, logger="sas_app.store.prepared"), \
+                pytest.raises(DBAPIError, match="does not exist"):
+            lock_runs(1)
+
+        assert "Set SAS_PREPARED_STATEMENTS=false" in caplog.text
+        lock_runs(8)  # a fresh connection, which prepares nothing
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one() == 0
+    finally:
+        store.dispose()
