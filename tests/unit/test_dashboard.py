@@ -472,22 +472,27 @@ def test_a_dashboard_started_later_resumes_from_the_counters_checkpoint(sas, pum
     assert scraped_by_a_new_dashboard(sas)[FINISHED] == 1
 
 
-def test_on_sqlite_a_checkpoint_past_the_newest_event_is_not_resumed_from(sas, pump):
-    """SQLite gives an event the table's largest id plus one: once a purge has deleted the newest
-    events, the next ones take their ids, and a dashboard resuming past them would never count them."""
-    from sqlalchemy import delete
+@pytest.mark.both_stores
+def test_after_a_purge_of_the_newest_events_the_next_ones_are_counted(sas, pump):
+    """Once a purge has deleted every run, the next events are counted by a dashboard that had read
+    up to the purged ones, running or restarted. SQLite used to give a new row the table's largest
+    id plus one: the next events took the purged ones' ids, and the dashboard never read them."""
+    from prometheus_client import CollectorRegistry
 
-    from sas_app.store.tables import events
+    from sas_app.states import TERMINAL_RUN_STATES
+    from sas_app.web.metrics import StoreCollector
 
     for key in ("a", "b"):
         sas.submit("three", {}, business_key=key)
     pump.run()
     sas.test_clock.advance(0.01)
-    assert scraped_by_a_new_dashboard(sas)[FINISHED] == 2  # its checkpoint saved past these events
-    with sas.store.engine.begin() as conn:
-        conn.execute(delete(events))  # every run purged
-    sas.submit("three", {}, business_key="c")  # its events take the first ids again
+    running = CollectorRegistry()
+    running.register(StoreCollector(sas, margin=0.0, checkpoint_every=0.0))
+    assert samples_of(running)[FINISHED] == 2  # read up to the newest event, and saved there
+    assert sas.store.purge_batch(0.0, sorted(TERMINAL_RUN_STATES), 100)[0] == 2  # every run, every event
+    sas.submit("three", {}, business_key="c")
     pump.run()
     sas.test_clock.advance(0.01)
 
-    assert scraped_by_a_new_dashboard(sas)[FINISHED] == 1
+    assert samples_of(running)[FINISHED] == 3
+    assert scraped_by_a_new_dashboard(sas)[FINISHED] == 3  # resumed from the checkpoint

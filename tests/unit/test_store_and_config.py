@@ -6,11 +6,13 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import delete, insert, inspect, select
 
 from sas_app import SasApp, Settings, fault_points, migrate
 from sas_app.store import Store
 from sas_app.store.migrate import SCHEMA_HEAD, alembic_config, schema_problem
 from sas_app.store.schema import metadata
+from sas_app.store.tables import events
 
 
 @pytest.mark.both_stores
@@ -23,6 +25,27 @@ def test_migrations_build_exactly_the_models_schema_and_can_run_again(db_url):
     assert schema_problem(store.engine) is None  # the store at the newest migration is what this code needs
     store.dispose()
     assert diff == []
+
+
+def test_an_embedded_store_upgraded_keeps_its_events_and_never_gives_an_id_twice(tmp_path):
+    """Revision 0025 builds SQLite's events table again with AUTOINCREMENT: the events keep their
+    ids, and once the newest are deleted (a purge) the next one takes a new id, not theirs."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    migrate(url, "0024")
+    store = Store(url)
+    row = {"run_id": "r-1", "kind": "transition", "at": 1.0}
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(insert(events), [row, row, row])
+        migrate(url)
+        with store.engine.begin() as conn:
+            assert list(conn.execute(select(events.c.id).order_by(events.c.id)).scalars()) == [1, 2, 3]
+            conn.execute(delete(events).where(events.c.id >= 2))
+            conn.execute(insert(events), [row])
+            assert list(conn.execute(select(events.c.id).order_by(events.c.id)).scalars()) == [1, 4]
+            assert [i["name"] for i in inspect(conn).get_indexes("events")] == ["ix_events_run"]
+    finally:
+        store.dispose()
 
 
 def test_the_revision_every_process_checks_its_store_against_is_the_newest_migration():

@@ -7,31 +7,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select
+from sqlalchemy import Engine, select
 
 from sas_app.store.connection import db_now, dialect_insert
 from sas_app.store.service_tables import checkpoints
-from sas_app.store.tables import events
 
 
 class CheckpointQueries:
     engine: Engine
 
     def checkpoint(self, name: str) -> tuple[int, Any] | None:
-        """The last event's id and the state saved under ``name``, if any was. On SQLite, where an
-        event's id is the table's largest plus one, a purge that deleted the newest events gives
-        their ids to the next ones: a checkpoint past the newest event would skip those, and is
-        deleted instead of returned (PostgreSQL's ids come from a sequence and are never reused)."""
-        newest = select(func.max(events.c.id)).scalar_subquery()
-        with self.engine.begin() as conn:
-            row = conn.execute(select(checkpoints.c.last_id, checkpoints.c.state, newest.label("newest"))
+        """The last event's id and the state saved under ``name``, if any was. An event's id is
+        never given twice (PostgreSQL's sequence; SQLite's ``AUTOINCREMENT``), so events written
+        after a purge of the newest ones are still past it."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(checkpoints.c.last_id, checkpoints.c.state)
                                .where(checkpoints.c.name == name)).first()
-            if row is None:
-                return None
-            if self.engine.dialect.name == "sqlite" and (row.newest is None or row.last_id > row.newest):
-                conn.execute(delete(checkpoints).where(checkpoints.c.name == name))
-                return None
-        return int(row.last_id), row.state
+        return None if row is None else (int(row.last_id), row.state)
 
     def save_checkpoint(self, name: str, last_id: int, state: Any) -> None:
         """Save ``state`` as counted up to ``last_id``, unless a checkpoint further on is saved."""

@@ -247,6 +247,10 @@ events = Table(
     Column("actor", String(200)),
     Column("at", Double, nullable=False),
     Column("detail", _json),
+    # on SQLite, never an id given twice: without it a new row takes the largest id plus one, and
+    # after a purge of the newest events the next ones would take their ids (PostgreSQL's sequence
+    # never gives one twice)
+    sqlite_autoincrement=True,
 )
 Index("ix_events_run", events.c.run_id, events.c.id)
 
