@@ -41,6 +41,14 @@ def reaped_seconds(pid: int) -> float:
     return (int(fields[13]) + int(fields[14])) / TICK  # cutime, cstime: fields 16 and 17 of stat
 
 
+def parent(pid: int) -> int:
+    """The id of ``pid``'s parent (``stat``'s fourth field); 0 once it has gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return 0
+
+
 def started(pid: int) -> str:
     """When ``pid`` started (``/proc/<pid>/stat``'s start time, in clock ticks since boot): with
     the id, it names one process even if the id is used again. Empty once the process has gone."""
@@ -93,16 +101,22 @@ class CpuMeter:
     too (a database server's, whose backends are its postmaster's children): there what a child
     ran until it exited is read from its parent's count of the children it reaped, less what it
     had run before the start. Without it, a client that opens and closes connections would take
-    the work of its backends out of the database's figure."""
+    the work of its backends out of the database's figure. A process there whose parent is not
+    one of the component's loses its share, as elsewhere."""
 
     def __init__(self, parts: dict[str, Pids], reaping: Iterable[str] = ()) -> None:
         self.parts = {**parts, "submitter": lambda: [os.getpid()]}
         self.reaping = set(reaping)
-        self.before: dict[str, dict[tuple[int, str], tuple[float, float]]] = {}
+        self.before: dict[str, dict[tuple[int, str], tuple[float, float, tuple[int, str]]]] = {}
 
-    def _sample(self) -> dict[str, dict[tuple[int, str], tuple[float, float]]]:
-        return {name: {(pid, started(pid)): (cpu_seconds(pid), reaped_seconds(pid) if name in self.reaping else 0.0)
-                       for pid in pids()}
+    def _sample(self) -> dict[str, dict[tuple[int, str], tuple[float, float, tuple[int, str]]]]:
+        """Each component's processes: their CPU, the CPU of the children they reaped (only in
+        the components reaping) and their parent, each process named by its id and start."""
+        def reading(pid: int, reaping: bool) -> tuple[float, float, tuple[int, str]]:
+            ppid = parent(pid)
+            return cpu_seconds(pid), reaped_seconds(pid) if reaping else 0.0, (ppid, started(ppid))
+
+        return {name: {(pid, started(pid)): reading(pid, name in self.reaping) for pid in pids()}
                 for name, pids in self.parts.items()}
 
     def start(self) -> None:
@@ -115,10 +129,14 @@ class CpuMeter:
         spent = {}
         for name, processes in after.items():
             before = self.before.get(name, {})
-            seconds = sum(max(ran - before.get(key, (0.0, 0.0))[0], 0.0) for key, (ran, _) in processes.items())
+            seconds = sum(max(ran - before[key][0] if key in before else ran, 0.0)
+                          for key, (ran, _, _) in processes.items())
             if name in self.reaping:
-                seconds += sum(reaped - before[key][1] for key, (_, reaped) in processes.items() if key in before)
-                seconds -= sum(ran for key, (ran, _) in before.items() if key not in processes)
+                both = processes.keys() & before.keys()
+                seconds += sum(processes[key][1] - before[key][1] for key in both)
+                # an exited process's whole CPU is in its parent's count now, if its parent is one of
+                # these: take off what it had run before the start
+                seconds -= sum(ran for key, (ran, _, up) in before.items() if key not in processes and up in both)
             spent[name] = max(seconds, 0.0)
         figures = {f"cpu_{name}_ms": 1000 * seconds / steps for name, seconds in spent.items()}
         figures["cpu_total_ms"] = 1000 * sum(spent.values()) / steps

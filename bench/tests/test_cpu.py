@@ -29,14 +29,16 @@ def spinner(seconds: float) -> subprocess.Popen[str]:
     return proc
 
 
-def test_a_process_that_exits_during_the_measurement_takes_nothing_from_the_others_share():
+@pytest.mark.parametrize("reaping", [[], ["component"]])
+def test_a_process_that_exits_during_the_measurement_takes_nothing_from_the_others_share(reaping):
     """A database backend that worked before the measurement and ends during it (another client's,
     an autovacuum worker) must not be counted as negative work: the component's figure is what its
-    other processes ran meanwhile."""
+    other processes ran meanwhile. So too where the component counts its children through their
+    parent, when the parent (here the test) is not one of its processes."""
     early = spinner(1.0)  # works before the meter starts, then exits during it
     procs = [early]
     try:
-        meter = CpuMeter({"component": lambda: [p.pid for p in procs if p.poll() is None]})
+        meter = CpuMeter({"component": lambda: [p.pid for p in procs if p.poll() is None]}, reaping=reaping)
         meter.start()
         before_early = cpu_seconds(early.pid)
         assert before_early >= 0.9

@@ -1,16 +1,13 @@
 """The state store through psycopg 3 (``postgresql+psycopg://``) as well as psycopg2: runs go
-through, a submitter waiting on a run hears of its end, and ``SAS_PREPARED_STATEMENTS=false``
-turns off psycopg 3's own preparing, which a pooler in transaction mode does not keep; left on
-there, a lost prepared statement costs one transaction, as through psycopg2."""
+through, a submitter waiting on a run hears of its end, and psycopg 3 is kept from preparing
+statements under names that do not say what they stand for."""
 
 from __future__ import annotations
 
-import logging
 import time
 
 import pytest
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
 
 from sas_app import SasApp, Settings, migrate
 from sas_app.store import Store
@@ -52,41 +49,17 @@ def test_runs_go_through_and_a_waiting_submitter_hears_of_their_end(psycopg_url,
 
 
 @pytest.mark.parametrize("prepared", [True, False])
-def test_the_setting_decides_whether_psycopg_3_prepares(psycopg_url, prepared):
+def test_psycopg_3_prepares_nothing_whatever_the_setting(psycopg_url, prepared):
+    """psycopg 3 names what it prepares _pg3_0, _pg3_1… in each process: behind a pooler in
+    transaction mode, a process could run another's statement of the same name with its own
+    parameters. Left to itself it prepares a statement the fifth time a connection runs it."""
     migrate(psycopg_url)
     store = Store(psycopg_url, prepared=prepared)
     try:
-        for _ in range(8):  # psycopg 3 prepares a statement the fifth time a connection runs it
+        for _ in range(8):
             with store.begin() as tx:
                 assert tx.runs.lock_run("no-such-run") is None
         with store.engine.connect() as conn:  # the same connection: the process's only one
-            kept = conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one()
-        assert (kept > 0) is prepared
-    finally:
-        store.dispose()
-
-
-def test_a_pooler_that_loses_psycopg_3s_prepared_statements_costs_one_transaction(psycopg_url, caplog):
-    migrate(psycopg_url)
-    store = Store(psycopg_url)
-
-    def lock_runs(times: int) -> None:
-        for _ in range(times):
-            with store.begin() as tx:
-                assert tx.runs.lock_run("no-such-run") is None
-
-    try:
-        lock_runs(8)  # prepared by now
-        with store.engine.connect() as conn:  # what a pooler in transaction mode does, unknown to psycopg
-            conn.connection.driver_connection.pgconn.exec_(b"DEALLOCATE ALL")
-
-        with caplog.at_level(logging.ERROR, logger="sas_app.store.prepared"), \
-                pytest.raises(DBAPIError, match="does not exist"):
-            lock_runs(1)
-
-        assert "Set SAS_PREPARED_STATEMENTS=false" in caplog.text
-        lock_runs(8)  # a fresh connection, which prepares nothing
-        with store.engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one() == 0
     finally:
         store.dispose()

@@ -27,7 +27,6 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from sas_app.store.prepared import install as install_prepared
-from sas_app.store.prepared import install_protocol as install_protocol_prepared
 
 Clock = Callable[[], float]
 
@@ -94,23 +93,23 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
     any other lost connection: the transaction fails and what it was doing is retried or recovered.
 
     With ``prepared`` (SAS_PREPARED_STATEMENTS), on psycopg2, the statements marked for it are
-    prepared on each connection (see :mod:`~sas_app.store.prepared`). psycopg 3 prepares every
-    statement a connection has run a few times, at the protocol level; without ``prepared`` it is
-    told not to (``prepare_threshold=None``), for a pooler that does not keep them.
+    prepared on each connection (see :mod:`~sas_app.store.prepared`), each under a name its text
+    gives. psycopg 3 is told never to prepare (``prepare_threshold=None``): it names what it
+    prepares ``_pg3_0``, ``_pg3_1``… in each process, so behind a pooler in transaction mode a
+    process could run another's statement of the same name with its own parameters.
 
-    A process opens at most :data:`POOL_SIZE` connections, as it needs them, and keeps each one it
-    opened. A pool that closed the connections it kept over a smaller number (SQLAlchemy's
-    ``max_overflow``) would, in a worker of threads with more slots than that, open a new
-    connection every few dozen steps: a new PostgreSQL backend, and the statements prepared again."""
+    A process's pool opens at most :data:`POOL_SIZE` connections, as it needs them, and keeps each
+    one it opened (a submitter's ``handle.wait()`` on PostgreSQL takes one more for its LISTEN). A
+    pool that closed the connections it kept over a smaller number (SQLAlchemy's ``max_overflow``)
+    would, in a worker of threads with more slots than that, open a new connection every few
+    dozen steps: a new PostgreSQL backend, and the statements prepared again."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        unprepared = {"prepare_threshold": None} if not prepared and parsed.get_driver_name() == "psycopg" else {}
+        unprepared = {"prepare_threshold": None} if parsed.get_driver_name() == "psycopg" else {}
         engine = create_engine(url, pool_size=POOL_SIZE, max_overflow=0,
                                connect_args=connection_limits(url, **unprepared))
         if prepared and engine.dialect.driver == "psycopg2":
             install_prepared(engine)
-        elif prepared and engine.dialect.driver == "psycopg":
-            install_protocol_prepared(engine)
         if clock is not None:
             _tell_the_time(engine, clock)
         return engine

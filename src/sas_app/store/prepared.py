@@ -132,38 +132,16 @@ def install(engine: Engine) -> None:
                 else str(ctx.statement or "").startswith(("EXECUTE sas_", "PREPARE sas_")))  # see rows()
         if not ours:
             return
-        _failed_prepared(state, getattr(ctx.original_exception, "pgcode", None), ctx)
-
-
-def _failed_prepared(state: Preparing, code: str | None, ctx: Any) -> None:
-    """A statement failed with SQLSTATE ``code``: a prepared statement missing or already there
-    under its name (a pooler in front) stops this process preparing; either, or a plan gone stale
-    under a migration, drops the connection for a new one."""
-    if code in _POOLED:
-        if state.on:
-            log.error("a prepared statement was missing on its connection (%s): a pooler in transaction "
-                      "mode sits in front of PostgreSQL; this process prepares no more statements. Set "
-                      "SAS_PREPARED_STATEMENTS=false there", code)
-        state.on = False
-    if code in (*_POOLED, _STALE_PLAN):  # start again on a connection of its own
-        ctx.is_disconnect = True
-        ctx.invalidate_pool_on_disconnect = False
-
-
-def install_protocol(engine: Engine) -> None:
-    """On psycopg 3, which prepares at the protocol level every statement a connection runs often:
-    the same watch as :func:`install`'s for a pooler that loses them. Once one is missing, this
-    process's connections prepare nothing more (``prepare_threshold=None`` at each checkout)."""
-    state = Preparing()
-
-    @event.listens_for(engine, "checkout")
-    def _checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-        if not state.on:
-            dbapi_connection.prepare_threshold = None
-
-    @event.listens_for(engine, "handle_error")
-    def _failed(ctx: Any) -> None:
-        _failed_prepared(state, getattr(ctx.original_exception, "sqlstate", None), ctx)
+        code = getattr(ctx.original_exception, "pgcode", None)
+        if code in _POOLED:
+            if state.on:
+                log.error("a prepared statement was missing on its connection (%s): a pooler in transaction "
+                          "mode sits in front of PostgreSQL; this process prepares no more statements. Set "
+                          "SAS_PREPARED_STATEMENTS=false there", code)
+            state.on = False
+        if code in (*_POOLED, _STALE_PLAN):  # start again on a connection of its own
+            ctx.is_disconnect = True
+            ctx.invalidate_pool_on_disconnect = False
 
 
 @dataclass(frozen=True)
