@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import yaml
 from sqlalchemy import Engine, event
+from sqlalchemy.engine import make_url
 
 from sas_app import SasApp
 from sas_app.testing.clock import VirtualClock
@@ -125,3 +126,8 @@ def kustomized(folder: Path) -> list[dict[str, Any]]:
         path = folder / resource
         found += kustomized(path) if path.is_dir() else list(yaml.safe_load_all(path.read_text()))
     return found
+
+
+def through_psycopg_3(url: str) -> str:
+    """``url``, a PostgreSQL database, reached through psycopg 3."""
+    return make_url(url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)

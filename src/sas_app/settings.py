@@ -142,11 +142,10 @@ class Settings:
     #: each one's next step is the same agent's (no message for them); 0 sends every step through
     #: the broker. Default 8.
     eager_steps: int = 8
-    #: SAS_PREPARED_STATEMENTS — on PostgreSQL through psycopg2, the hot path's statements are
-    #: prepared once per connection, so PostgreSQL plans them once instead of on every step (through
-    #: psycopg 3 nothing is prepared). Turn it off behind a connection pooler in transaction mode
-    #: (PgBouncer), which does not keep a session's prepared statements from one transaction to the
-    #: next. Default on.
+    #: SAS_PREPARED_STATEMENTS — on PostgreSQL, the hot path's statements are prepared once per
+    #: connection, so PostgreSQL plans them once instead of on every step. Turn it off behind a
+    #: connection pooler in transaction mode (PgBouncer), which does not keep a session's prepared
+    #: statements from one transaction to the next. Default on.
     prepared_statements: bool = True
     #: SAS_FAULTS — fault points to arm, for tests and chaos runs only (see sas_app.fault_points).
     #: Default none.

@@ -23,7 +23,7 @@ from sas_app.store.prepared import PREPARE, rows
 from sas_app.store.recordset import rows_parameter
 from sas_app.store.steps import MARK_NEXT_RUNNING
 from sas_app.store.transitions import INSERT_EVENTS_JSON
-from tests.support import Pump
+from tests.support import Pump, through_psycopg_3
 from tests.testapp import install_test_workflows
 
 pytestmark = pytest.mark.integration
@@ -62,9 +62,11 @@ def test_runs_go_through_with_prepared_statements_on_and_off(db_url, tmp_path, p
         app.store.dispose()
 
 
-def test_a_pooler_that_loses_prepared_statements_costs_one_transaction(db_url, caplog):
-    migrate(db_url)
-    store = Store(db_url)
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg 3"])
+def test_a_pooler_that_loses_prepared_statements_costs_one_transaction(db_url, caplog, driver):
+    url = db_url if driver == "psycopg2" else through_psycopg_3(db_url)
+    migrate(url)
+    store = Store(url)
     statements = sent(store)
     try:
         with store.begin() as tx:

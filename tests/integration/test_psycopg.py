@@ -1,17 +1,17 @@
 """The state store through psycopg 3 (``postgresql+psycopg://``) as well as psycopg2: runs go
-through, a submitter waiting on a run hears of its end, and psycopg 3 is kept from preparing
-statements under names that do not say what they stand for."""
+through, a submitter waiting on a run hears of its end, and the hot statements are prepared as
+through psycopg2, under names their text gives, never psycopg 3's own (test_prepared.py has a
+pooler that loses them cost one transaction through either)."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
-from sqlalchemy.engine import make_url
 
 from sas_app import SasApp, Settings, migrate
 from sas_app.store import Store
-from tests.support import Pump
+from tests.support import Pump, through_psycopg_3
 from tests.testapp import install_test_workflows
 
 pytestmark = pytest.mark.integration
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def psycopg_url(db_url: str) -> str:
     """This test's database, reached through psycopg 3."""
-    return make_url(db_url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    return through_psycopg_3(db_url)
 
 
 def test_runs_go_through_and_a_waiting_submitter_hears_of_their_end(psycopg_url, tmp_path):
@@ -49,17 +49,18 @@ def test_runs_go_through_and_a_waiting_submitter_hears_of_their_end(psycopg_url,
 
 
 @pytest.mark.parametrize("prepared", [True, False])
-def test_psycopg_3_prepares_nothing_whatever_the_setting(psycopg_url, prepared):
-    """psycopg 3 names what it prepares _pg3_0, _pg3_1… in each process: behind a pooler in
-    transaction mode, a process could run another's statement of the same name with its own
-    parameters. Left to itself it prepares a statement the fifth time a connection runs it."""
+def test_psycopg_3_prepares_under_each_statements_own_name_or_not_at_all(psycopg_url, prepared):
+    """As through psycopg2: each hot statement prepared under a name its text gives, or nothing with
+    SAS_PREPARED_STATEMENTS off. Never psycopg 3's own _pg3_0, _pg3_1…, counted in each process:
+    behind a pooler in transaction mode a process could run another's statement of that name."""
     migrate(psycopg_url)
     store = Store(psycopg_url, prepared=prepared)
     try:
-        for _ in range(8):
+        for _ in range(8):  # psycopg 3 would prepare a statement the fifth time a connection runs it
             with store.begin() as tx:
                 assert tx.runs.lock_run("no-such-run") is None
         with store.engine.connect() as conn:  # the same connection: the process's only one
-            assert conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one() == 0
+            names = list(conn.exec_driver_sql("SELECT name FROM pg_prepared_statements").scalars())
+        assert len(names) == (1 if prepared else 0) and all(name.startswith("sas_") for name in names)
     finally:
         store.dispose()

@@ -92,11 +92,12 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
     acknowledges the statement and answers the probes while it runs. Giving up is an error like
     any other lost connection: the transaction fails and what it was doing is retried or recovered.
 
-    With ``prepared`` (SAS_PREPARED_STATEMENTS), on psycopg2, the statements marked for it are
-    prepared on each connection (see :mod:`~sas_app.store.prepared`), each under a name its text
-    gives. psycopg 3 is told never to prepare (``prepare_threshold=None``): it names what it
-    prepares ``_pg3_0``, ``_pg3_1``… in each process, so behind a pooler in transaction mode a
-    process could run another's statement of the same name with its own parameters.
+    With ``prepared`` (SAS_PREPARED_STATEMENTS), the statements marked for it are prepared on
+    each connection (see :mod:`~sas_app.store.prepared`), each under a name its text gives.
+    psycopg 3 binds parameters on the client here (its ``ClientCursor``), as psycopg2 does: SQL
+    ``EXECUTE`` takes no server-side parameters, and psycopg 3's own preparing, which a
+    ``ClientCursor`` never does, names statements ``_pg3_0``, ``_pg3_1``… in each process, so
+    behind a pooler in transaction mode a process could run another's statement of that name.
 
     A process's pool opens at most :data:`POOL_SIZE` connections, as it needs them, and keeps each
     one it opened (a submitter's ``handle.wait()`` on PostgreSQL takes one more for its LISTEN). A
@@ -105,10 +106,10 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
     dozen steps: a new PostgreSQL backend, and the statements prepared again."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        unprepared = {"prepare_threshold": None} if parsed.get_driver_name() == "psycopg" else {}
+        client_side = {"cursor_factory": _client_cursor()} if parsed.get_driver_name() == "psycopg" else {}
         engine = create_engine(url, pool_size=POOL_SIZE, max_overflow=0,
-                               connect_args=connection_limits(url, **unprepared))
-        if prepared and engine.dialect.driver == "psycopg2":
+                               connect_args=connection_limits(url, **client_side))
+        if prepared and engine.dialect.driver in ("psycopg2", "psycopg"):
             install_prepared(engine)
         if clock is not None:
             _tell_the_time(engine, clock)
@@ -136,6 +137,13 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _client_cursor() -> Any:
+    """psycopg 3's cursor that binds parameters on the client (imported only for a psycopg URL)."""
+    import psycopg
+
+    return psycopg.ClientCursor
 
 
 def connection_limits(url: str | URL, **override: Any) -> dict[str, Any]:

@@ -2,10 +2,11 @@
 
 PostgreSQL plans a statement every time it runs one, unless it was prepared. The hot path's
 statement (complete a step, start the next: :mod:`~sas_app.store.hot_path`) costs more to plan
-than to run. A statement run with the execution option ``sas_prepare=True`` is therefore, on a psycopg2
-connection, prepared (``PREPARE``) the first time that connection runs it, and run with ``EXECUTE``
-from then on, so PostgreSQL reuses its plan. A prepared statement outlives a rolled-back
-transaction and dies with its connection, so each connection prepares its own, once.
+than to run. A statement run with the execution option ``sas_prepare=True`` is therefore, on a
+psycopg2 or psycopg 3 connection, prepared (``PREPARE``) the first time that connection runs it,
+and run with ``EXECUTE`` from then on, so PostgreSQL reuses its plan. A prepared statement
+outlives a rolled-back transaction and dies with its connection, so each connection prepares its
+own, once.
 
 The hot statements (:func:`rows`) go one step further: they run their ``EXECUTE`` on the DBAPI
 cursor of the transaction's connection, not through SQLAlchemy's execution. SQLAlchemy's own
@@ -112,8 +113,8 @@ def _prepare_once(conn: Connection, cursor: Any, name: str, prepare: str) -> Non
 
 
 def install(engine: Engine) -> None:
-    """Prepare the statements marked ``sas_prepare`` on ``engine``'s connections (psycopg2), and
-    let :func:`rows` run them on the cursor."""
+    """Prepare the statements marked ``sas_prepare`` on ``engine``'s connections (psycopg2, or
+    psycopg 3 binding parameters on the client), and let :func:`rows` run them on the cursor."""
     state = Preparing()
     engine.dialect.sas_preparing = state  # type: ignore[attr-defined]
 
@@ -132,7 +133,8 @@ def install(engine: Engine) -> None:
                 else str(ctx.statement or "").startswith(("EXECUTE sas_", "PREPARE sas_")))  # see rows()
         if not ours:
             return
-        code = getattr(ctx.original_exception, "pgcode", None)
+        # psycopg2 calls it pgcode, psycopg 3 sqlstate
+        code = getattr(ctx.original_exception, "pgcode", None) or getattr(ctx.original_exception, "sqlstate", None)
         if code in _POOLED:
             if state.on:
                 log.error("a prepared statement was missing on its connection (%s): a pooler in transaction "
@@ -189,7 +191,7 @@ def _shape(state: Preparing, statement: Executable, dialect: Dialect) -> _Shape 
 def rows(conn: Connection, statement: Executable, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Run ``statement`` (one built once, marked :data:`PREPARED`) with ``parameters`` in
     ``conn``'s transaction and return its rows, each a dict by column name. Where ``conn``
-    prepares (psycopg2, SAS_PREPARED_STATEMENTS on), on its DBAPI cursor (see the module's
+    prepares (SAS_PREPARED_STATEMENTS on), on its DBAPI cursor (see the module's
     docstring); otherwise through SQLAlchemy."""
     state = _preparing(conn.dialect)
     shape = _shape(state, statement, conn.dialect) if state is not None and state.on else None
