@@ -36,12 +36,17 @@ def stranded() -> Select[tuple[str]]:
     """The ids of live runs, not paused, with nothing due: no complete-by of their own, no step
     running (a child run's step runs while its child does), none pending with a due time. Nothing
     would ever move such a run on; sas_app leaves none (every message it sends has a row behind
-    it), so any found is a bug to report."""
-    live_step = exists().where(steps.c.run_id == runs.c.id, or_(
-        steps.c.state == StepState.RUNNING.value,
-        and_(steps.c.state == StepState.PENDING.value, steps.c.complete_by.is_not(None))))
+    it), so any found is a bug to report.
+
+    A live step is looked for in two halves, each the predicate of a partial index of live steps
+    (one due at its complete-by, one running with none): asked as one condition, PostgreSQL read
+    every step of the history to rule them out."""
+    due_step = exists().where(steps.c.run_id == runs.c.id, steps.c.complete_by.is_not(None),
+                              steps.c.state.in_(_LIVE_STEP_STATES))
+    untimed_step = exists().where(steps.c.run_id == runs.c.id, steps.c.state == StepState.RUNNING.value,
+                                  steps.c.complete_by.is_(None))
     return select(runs.c.id).where(runs.c.process_state.in_(_WORKING), runs.c.paused_by.is_(None),
-                                   runs.c.complete_by.is_(None), ~live_step)
+                                   runs.c.complete_by.is_(None), ~due_step, ~untimed_step)
 
 
 @dataclass(frozen=True)
