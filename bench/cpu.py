@@ -16,6 +16,15 @@ TICK = os.sysconf("SC_CLK_TCK")
 Pids = Callable[[], Iterable[int]]
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (the state is the first, the
+    stat's third); none once the process has gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return []
+
+
 def cpu_seconds(pid: int) -> float:
     """Seconds one process has run on a CPU, its live threads included: the scheduler's count in
     nanoseconds (``/proc/<pid>/task/*/schedstat``), where user + system time (``stat``) counts
@@ -23,39 +32,32 @@ def cpu_seconds(pid: int) -> float:
     the kernel keeps no schedstat, ``stat``'s ticks. 0 once the process has gone."""
     try:
         threads = [int((task / "schedstat").read_text().split()[0]) for task in Path(f"/proc/{pid}/task").iterdir()]
-        if any(threads):
-            return sum(threads) / 1e9
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime: fields 14 and 15 of stat
+    if any(threads):
+        return sum(threads) / 1e9
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / TICK if fields else 0.0  # utime, stime: stat's 14th and 15th
 
 
 def reaped_seconds(pid: int) -> float:
     """Seconds the children of ``pid`` that have exited and that it has waited for ran on a CPU,
     theirs included (``stat``'s cutime and cstime: whole clock ticks in all). 0 once ``pid`` has gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return 0.0
-    return (int(fields[13]) + int(fields[14])) / TICK  # cutime, cstime: fields 16 and 17 of stat
+    fields = _stat(pid)
+    return (int(fields[13]) + int(fields[14])) / TICK if fields else 0.0  # cutime, cstime: stat's 16th and 17th
 
 
 def parent(pid: int) -> int:
     """The id of ``pid``'s parent (``stat``'s fourth field); 0 once it has gone."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-        return 0
+    fields = _stat(pid)
+    return int(fields[1]) if fields else 0
 
 
 def started(pid: int) -> str:
-    """When ``pid`` started (``/proc/<pid>/stat``'s start time, in clock ticks since boot): with
-    the id, it names one process even if the id is used again. Empty once the process has gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return ""
+    """When ``pid`` started (``stat``'s 22nd field, in clock ticks since boot): with the id, it
+    names one process even if the id is used again. Empty once the process has gone."""
+    fields = _stat(pid)
+    return fields[19] if fields else ""
 
 
 def children(pid: int) -> list[int]:

@@ -108,7 +108,7 @@ def make_engine(url: str, clock: Clock | None = None, *, prepared: bool = True) 
     if parsed.get_backend_name() != "sqlite":
         client_side = {"cursor_factory": _client_cursor()} if parsed.get_driver_name() == "psycopg" else {}
         engine = create_engine(url, pool_size=POOL_SIZE, max_overflow=0,
-                               connect_args=connection_limits(url, **client_side))
+                               connect_args={**connection_limits(url), **client_side})
         if prepared and engine.dialect.driver in ("psycopg2", "psycopg"):
             install_prepared(engine)
         if clock is not None:
